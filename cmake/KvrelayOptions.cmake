@@ -1,0 +1,72 @@
+# Optional parts: each is AUTO (on when found), ON (required) or OFF.
+# Configure prints one line saying what was found and what is off.
+
+option(KVRELAY_WERROR "Treat compiler warnings as errors" OFF)
+
+foreach(opt CUDA RDMA PYTHON)
+  set(KVRELAY_${opt} AUTO CACHE STRING "Build the ${opt} part: AUTO, ON or OFF")
+  set_property(CACHE KVRELAY_${opt} PROPERTY STRINGS AUTO ON OFF)
+endforeach()
+
+set(_kvrelay_summary "")
+
+# --- CUDA: GPU copy kernels and CUDA IPC pools.
+set(KVRELAY_HAVE_CUDA OFF)
+if(NOT KVRELAY_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE)
+    if(NOT DEFINED CMAKE_CUDA_COMPILER)
+      set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
+    endif()
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)  # A100, H100/H200
+    endif()
+    enable_language(CUDA)
+    set(KVRELAY_HAVE_CUDA ON)
+    list(APPEND _kvrelay_summary "CUDA on (nvcc ${CUDAToolkit_VERSION})")
+  elseif(KVRELAY_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "KVRELAY_CUDA=ON but no CUDA toolkit (nvcc) was found")
+  else()
+    list(APPEND _kvrelay_summary "CUDA off (no nvcc found)")
+  endif()
+else()
+  list(APPEND _kvrelay_summary "CUDA off (KVRELAY_CUDA=OFF)")
+endif()
+
+# --- RDMA: rdma-core verbs and the connection manager.
+set(KVRELAY_HAVE_RDMA OFF)
+if(NOT KVRELAY_RDMA STREQUAL "OFF")
+  find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
+  find_library(IBVERBS_LIBRARY ibverbs)
+  find_library(RDMACM_LIBRARY rdmacm)
+  if(IBVERBS_INCLUDE_DIR AND IBVERBS_LIBRARY AND RDMACM_LIBRARY)
+    set(KVRELAY_HAVE_RDMA ON)
+    list(APPEND _kvrelay_summary "RDMA on (libibverbs, librdmacm)")
+  elseif(KVRELAY_RDMA STREQUAL "ON")
+    message(FATAL_ERROR "KVRELAY_RDMA=ON but libibverbs/librdmacm were not found (libibverbs-dev, librdmacm-dev)")
+  else()
+    list(APPEND _kvrelay_summary "RDMA off (libibverbs-dev/librdmacm-dev not found)")
+  endif()
+else()
+  list(APPEND _kvrelay_summary "RDMA off (KVRELAY_RDMA=OFF)")
+endif()
+
+# --- Python: the pybind11 module.
+set(KVRELAY_HAVE_PYTHON OFF)
+if(NOT KVRELAY_PYTHON STREQUAL "OFF")
+  find_package(Python3 QUIET COMPONENTS Interpreter Development.Module)
+  find_package(pybind11 CONFIG QUIET)
+  if(Python3_FOUND AND pybind11_FOUND)
+    set(KVRELAY_HAVE_PYTHON ON)
+    list(APPEND _kvrelay_summary "Python on (${Python3_VERSION}, pybind11 ${pybind11_VERSION})")
+  elseif(KVRELAY_PYTHON STREQUAL "ON")
+    message(FATAL_ERROR "KVRELAY_PYTHON=ON but Python3 development files or pybind11 were not found")
+  else()
+    list(APPEND _kvrelay_summary "Python off (python3-dev/pybind11-dev not found)")
+  endif()
+else()
+  list(APPEND _kvrelay_summary "Python off (KVRELAY_PYTHON=OFF)")
+endif()
+
+list(JOIN _kvrelay_summary ", " _kvrelay_summary)
+message(STATUS "kvrelay: ${_kvrelay_summary}")

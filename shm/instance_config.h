@@ -1,0 +1,71 @@
+// The configuration of a kvrelay instance, as stored in its control segment
+// header. Every process that attaches reads it from there, so the geometry
+// and ring sizes are decided once, by the coordinator, and can be inspected
+// by kvrelay-dump.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "shm/result.h"
+
+namespace kvrelay {
+
+inline constexpr uint32_t kMaxTpSize = 16;
+
+enum class Role : uint32_t { kMixed = 0, kPrefill = 1, kDecode = 2 };
+enum class CacheDtype : uint32_t { kBf16 = 0, kFp16 = 1, kUint8 = 2, kFp8 = 3 };
+
+const char* role_name(Role r);
+const char* dtype_name(CacheDtype d);
+uint32_t dtype_bytes(CacheDtype d);
+
+// Plain data, fixed size: it lives in shared memory. Every numeric field is
+// validated by validate_config() before a process trusts it.
+struct InstanceConfig {
+  char instance[72];  // NUL-terminated instance name
+
+  uint32_t role;     // Role
+  uint32_t tp_size;  // tensor-parallel ranks = worker processes
+
+  // KV-cache geometry of one rank's pool (DESIGN.md section 6).
+  uint32_t num_layers;
+  uint32_t extra_layers;  // speculative-decoding extra cache layers
+  uint32_t num_blocks;
+  uint32_t extra_layer_blocks;  // blocks in each extra layer
+  uint32_t block_size;          // tokens per block
+  uint32_t kv_heads;            // per rank
+  uint32_t head_dim;
+  uint32_t dtype;       // CacheDtype
+  uint32_t has_scales;  // 1: fp8 block-wise scales travel with K/V
+  uint32_t reserved_geometry[7];
+
+  // Rings. Byte rings are sized in bytes, fixed-record rings in records.
+  uint32_t submit_ring_bytes;      // clients -> coordinator (multi-producer)
+  uint32_t completion_ring_bytes;  // coordinator -> engine
+  uint32_t task_ring_bytes;        // coordinator -> each worker
+  uint32_t signal_ring_records;    // engine -> each worker (layer signals)
+  uint32_t signal_record_bytes;
+  uint32_t report_ring_records;  // each worker -> coordinator
+  uint32_t report_record_bytes;
+  uint32_t reserved_rings[5];
+
+  // Time limits.
+  uint32_t request_deadline_ms;  // default per-request deadline
+  uint32_t heartbeat_interval_ms;
+  uint32_t peer_timeout_ms;   // heartbeat age after which a peer is presumed dead
+  uint32_t stall_timeout_ms;  // half-written ring records are skipped after this
+  uint32_t reserved_time[4];
+};
+static_assert(sizeof(InstanceConfig) == 72 + 8 + 64 + 48 + 32);
+
+// Sensible defaults for `instance` (which the caller must have validated).
+InstanceConfig default_config(std::string_view instance, uint32_t tp_size);
+
+// ok, or an error naming the field, its value, and the limit.
+Status validate_config(const InstanceConfig& config);
+
+std::string instance_of(const InstanceConfig& config);
+
+}  // namespace kvrelay

@@ -1,0 +1,154 @@
+#include "shm/liveness.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace kvrelay {
+
+const char* slot_state_name(uint32_t state) {
+  switch (static_cast<SlotState>(state)) {
+    case SlotState::kEmpty:
+      return "empty";
+    case SlotState::kStarting:
+      return "starting";
+    case SlotState::kReady:
+      return "ready";
+    case SlotState::kExiting:
+      return "exiting";
+  }
+  return "invalid";
+}
+
+void register_self(LivenessSlot& slot, SlotState state) {
+  const ProcessIdentity me = self_identity();
+  const uint32_t seq = slot.sequence.load(std::memory_order_relaxed);
+  slot.sequence.store(seq | 1U, std::memory_order_relaxed);  // odd: being rewritten
+  std::atomic_thread_fence(std::memory_order_release);
+  slot.pid.store(me.pid, std::memory_order_relaxed);
+  slot.start_time.store(me.start_time, std::memory_order_relaxed);
+  const uint64_t now = mono_now_ns();
+  slot.registered_ns.store(now, std::memory_order_relaxed);
+  slot.heartbeat_ns.store(now, std::memory_order_relaxed);
+  slot.registrations.fetch_add(1, std::memory_order_relaxed);
+  slot.state.store(static_cast<uint32_t>(state), std::memory_order_relaxed);
+  slot.sequence.store((seq | 1U) + 1, std::memory_order_release);  // even: consistent
+}
+
+void release_slot(LivenessSlot& slot) {
+  set_state(slot, SlotState::kEmpty);
+}
+
+SlotSnapshot read_slot(const LivenessSlot& slot) {
+  SlotSnapshot s;
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const uint32_t before = slot.sequence.load(std::memory_order_acquire);
+    if ((before & 1U) != 0) continue;
+    s.owner.pid = slot.pid.load(std::memory_order_relaxed);
+    s.owner.start_time = slot.start_time.load(std::memory_order_relaxed);
+    s.registrations = slot.registrations.load(std::memory_order_relaxed);
+    s.registered_ns = slot.registered_ns.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (slot.sequence.load(std::memory_order_relaxed) == before) break;
+  }
+  const uint32_t state = slot.state.load(std::memory_order_acquire);
+  s.state = state <= static_cast<uint32_t>(SlotState::kExiting) ? static_cast<SlotState>(state)
+                                                                : SlotState::kEmpty;
+  s.heartbeat_ns = slot.heartbeat_ns.load(std::memory_order_acquire);
+  return s;
+}
+
+const char* peer_health_name(PeerHealth h) {
+  switch (h) {
+    case PeerHealth::kAbsent:
+      return "absent";
+    case PeerHealth::kHealthy:
+      return "healthy";
+    case PeerHealth::kSilent:
+      return "silent";
+    case PeerHealth::kDead:
+      return "dead";
+  }
+  return "unknown";
+}
+
+PeerHealth judge_peer(const SlotSnapshot& slot, Nanos max_heartbeat_age) {
+  if (slot.state == SlotState::kEmpty || slot.owner.pid == 0) return PeerHealth::kAbsent;
+  if (check_liveness(slot.owner, {}) != Liveness::kAlive) return PeerHealth::kDead;
+  const uint64_t now = mono_now_ns();
+  const uint64_t age = now > slot.heartbeat_ns ? now - slot.heartbeat_ns : 0;
+  return age > static_cast<uint64_t>(max_heartbeat_age.count()) ? PeerHealth::kSilent
+                                                                : PeerHealth::kHealthy;
+}
+
+std::string PidfdWatcher::Exit::describe() const {
+  if (signal != 0) {
+    const char* abbrev = sigabbrev_np(signal);
+    return fmt::format("killed by SIG{}", abbrev != nullptr ? abbrev : std::to_string(signal));
+  }
+  return fmt::format("exit code {}", exit_code);
+}
+
+PidfdWatcher::~PidfdWatcher() {
+  for (const Entry& e : entries_)
+    close(e.fd);
+}
+
+Status PidfdWatcher::watch(uint32_t pid) {
+  const long fd = syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
+  if (fd < 0) return system_error(fmt::format("pidfd_open({})", pid), errno);
+  entries_.push_back(Entry{pid, static_cast<int>(fd)});
+  return {};
+}
+
+std::vector<PidfdWatcher::Exit> PidfdWatcher::wait(Deadline deadline) {
+  std::vector<Exit> exits;
+  if (entries_.empty()) return exits;
+  std::vector<pollfd> fds;
+  fds.reserve(entries_.size());
+  for (const Entry& e : entries_)
+    fds.push_back(pollfd{e.fd, POLLIN, 0});
+  for (;;) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining());
+    // Round up so that a sub-millisecond remainder still sleeps.
+    const int timeout = deadline.passed() ? 0 : static_cast<int>(ms.count()) + 1;
+    const int n = poll(fds.data(), fds.size(), timeout);
+    if (n >= 0) break;
+    if (errno != EINTR) return exits;
+  }
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+    siginfo_t info{};
+    if (waitid(P_PIDFD, static_cast<id_t>(entries_[i].fd), &info, WEXITED | WNOHANG) != 0) {
+      if (errno != ECHILD) continue;  // not our child (cannot reap): still report the exit
+    } else if (info.si_pid == 0) {
+      continue;  // readable but not yet reapable: look again next time
+    }
+    Exit exit;
+    exit.pid = entries_[i].pid;
+    if (info.si_code == CLD_EXITED) {
+      exit.exit_code = info.si_status;
+    } else if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) {
+      exit.signal = info.si_status;
+    }
+    exits.push_back(exit);
+  }
+  for (const Exit& x : exits) {
+    auto it = std::find_if(entries_.begin(), entries_.end(),
+                           [&](const Entry& e) { return e.pid == x.pid; });
+    if (it != entries_.end()) {
+      close(it->fd);
+      entries_.erase(it);
+    }
+  }
+  return exits;
+}
+
+}  // namespace kvrelay

@@ -1,0 +1,109 @@
+// Liveness slots and the pidfd watcher: how kvrelay processes notice that a
+// peer died, within a second and without hanging.
+//
+// Every process owns a slot in the control segment holding its identity
+// (pid, start time) and a heartbeat. Peers judge each other by heartbeat age
+// and, when that is suspicious, by checking the recorded identity against
+// /proc. A supervisor that started a process watches it with a pidfd, which
+// becomes readable the moment the child exits.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "shm/clock.h"
+#include "shm/process_identity.h"
+#include "shm/result.h"
+
+namespace kvrelay {
+
+enum class SlotState : uint32_t {
+  kEmpty = 0,     // never registered, or released on clean exit
+  kStarting = 1,  // registered, not ready yet
+  kReady = 2,     // serving
+  kExiting = 3,   // shutting down cleanly
+};
+const char* slot_state_name(uint32_t state);
+
+// One per process. Written only by its owner (register, heartbeat, state),
+// except that a supervisor may reset the slot of a process it saw die.
+// Fields are published under a sequence counter (odd while being rewritten)
+// so a reader never mixes two owners' pid and start time.
+struct alignas(64) LivenessSlot {
+  std::atomic<uint32_t> sequence;  // odd while the identity is rewritten
+  std::atomic<uint32_t> state;     // SlotState
+  std::atomic<uint32_t> pid;
+  std::atomic<uint32_t> registrations;  // how many processes have owned this slot
+  std::atomic<uint64_t> start_time;     // clock ticks after boot
+  std::atomic<uint64_t> heartbeat_ns;   // CLOCK_MONOTONIC of the last heartbeat
+  std::atomic<uint64_t> registered_ns;
+  uint8_t reserved[24];
+};
+static_assert(sizeof(LivenessSlot) == 64);
+
+struct SlotSnapshot {
+  SlotState state = SlotState::kEmpty;
+  ProcessIdentity owner;
+  uint32_t registrations = 0;
+  uint64_t heartbeat_ns = 0;
+  uint64_t registered_ns = 0;
+};
+
+// Owner side.
+void register_self(LivenessSlot& slot, SlotState state = SlotState::kStarting);
+inline void heartbeat(LivenessSlot& slot) {
+  slot.heartbeat_ns.store(mono_now_ns(), std::memory_order_release);
+}
+inline void set_state(LivenessSlot& slot, SlotState state) {
+  slot.state.store(static_cast<uint32_t>(state), std::memory_order_release);
+}
+// Clean exit: marks the slot empty so that nobody mistakes it for a crash.
+void release_slot(LivenessSlot& slot);
+
+// Observer side.
+SlotSnapshot read_slot(const LivenessSlot& slot);
+
+enum class PeerHealth {
+  kAbsent,   // slot empty
+  kHealthy,  // heartbeat fresh
+  kSilent,   // heartbeat older than the limit, but the process still exists (stopped, stuck)
+  kDead,     // its process is gone (or the pid now belongs to someone else)
+};
+const char* peer_health_name(PeerHealth h);
+
+// Judges a peer: process gone beats everything; then heartbeat age.
+PeerHealth judge_peer(const SlotSnapshot& slot, Nanos max_heartbeat_age);
+
+// Watches child processes through pidfds. Not thread-safe; one owner.
+class PidfdWatcher {
+ public:
+  struct Exit {
+    uint32_t pid = 0;
+    int exit_code = -1;            // when exited normally
+    int signal = 0;                // when killed by a signal
+    std::string describe() const;  // "exit code 3" / "killed by SIGKILL"
+  };
+
+  PidfdWatcher() = default;
+  PidfdWatcher(const PidfdWatcher&) = delete;
+  PidfdWatcher& operator=(const PidfdWatcher&) = delete;
+  ~PidfdWatcher();
+
+  // Starts watching `pid` (a child of this process, not yet reaped).
+  Status watch(uint32_t pid);
+  // Waits until at least one watched child exits or `deadline` passes, then
+  // reaps every exited child and returns them (possibly none).
+  std::vector<Exit> wait(Deadline deadline);
+  size_t watched() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    uint32_t pid;
+    int fd;
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace kvrelay

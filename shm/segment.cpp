@@ -1,0 +1,109 @@
+#include "shm/segment.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/interprocess/exceptions.hpp>
+#include <cerrno>
+
+namespace kvrelay {
+
+namespace bip = boost::interprocess;
+
+namespace {
+
+Error from_boost(const std::string& what, const bip::interprocess_exception& e) {
+  const int err = e.get_native_error();
+  switch (e.get_error_code()) {
+    case bip::already_exists_error:
+      return make_error(Errc::kAlreadyExists, fmt::format("{}: segment already exists", what));
+    case bip::not_found_error:
+      return make_error(Errc::kNotFound, fmt::format("{}: no such segment", what));
+    case bip::security_error:
+      return make_error(Errc::kPermissionDenied, fmt::format("{}: permission denied", what));
+    default:
+      return err != 0 ? system_error(what, err)
+                      : make_error(Errc::kSystem, fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+}  // namespace
+
+Result<SharedSegment> SharedSegment::create(const std::string& name, size_t bytes,
+                                            const SegmentOptions& options) {
+  if (bytes == 0) return make_error(Errc::kInvalidArgument, "segment size must be positive");
+  const mode_t mode = options.group_access ? 0660 : 0600;
+  SharedSegment seg;
+  seg.name_ = name;
+  try {
+    bip::permissions perm(static_cast<int>(mode));
+    seg.shm_ = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write, perm);
+    seg.shm_.truncate(static_cast<bip::offset_t>(bytes));  // tmpfs zero-fills
+  } catch (const bip::interprocess_exception& e) {
+    if (e.get_error_code() != bip::already_exists_error)
+      bip::shared_memory_object::remove(name.c_str());
+    return from_boost(fmt::format("create /{}", name), e);
+  }
+  // Boost fchmods after creation; do it again so that the umask can never
+  // widen or narrow what was asked for.
+  if (fchmod(seg.fd(), mode) != 0) {
+    const int err = errno;
+    bip::shared_memory_object::remove(name.c_str());
+    return system_error(fmt::format("fchmod /{}", name), err);
+  }
+  if (Status s = seg.map(SegmentAccess::kReadWrite); !s) {
+    bip::shared_memory_object::remove(name.c_str());
+    return s.error();
+  }
+  return seg;
+}
+
+Result<SharedSegment> SharedSegment::open(const std::string& name, SegmentAccess access) {
+  SharedSegment seg;
+  seg.name_ = name;
+  try {
+    seg.shm_ = bip::shared_memory_object(
+        bip::open_only, name.c_str(),
+        access == SegmentAccess::kReadOnly ? bip::read_only : bip::read_write);
+  } catch (const bip::interprocess_exception& e) {
+    return from_boost(fmt::format("open /{}", name), e);
+  }
+  if (Status s = seg.map(access); !s) return s.error();
+  return seg;
+}
+
+// Checks ownership and size through the descriptor, then maps.
+Status SharedSegment::map(SegmentAccess access) {
+  struct stat st {};
+  if (fstat(fd(), &st) != 0) return system_error(fmt::format("fstat /{}", name_), errno);
+  inode_ = st.st_ino;
+  owner_uid_ = st.st_uid;
+  mode_ = st.st_mode & 07777;
+  if (st.st_uid != geteuid()) {
+    return make_error(Errc::kPermissionDenied,
+                      fmt::format("segment /{} belongs to uid {}, this process runs as uid {}; "
+                                  "kvrelay does not attach to other users' segments",
+                                  name_, st.st_uid, geteuid()));
+  }
+  if (st.st_size <= 0)
+    return make_error(Errc::kSizeMismatch, fmt::format("segment /{} is empty", name_));
+  try {
+    region_ = bip::mapped_region(
+        shm_, access == SegmentAccess::kReadOnly ? bip::read_only : bip::read_write);
+  } catch (const bip::interprocess_exception& e) {
+    return from_boost(fmt::format("map /{}", name_), e);
+  }
+  return {};
+}
+
+Status SharedSegment::unlink(const std::string& name) {
+  if (!bip::shared_memory_object::remove(name.c_str())) {
+    return errno == ENOENT
+               ? Status(make_error(Errc::kNotFound, fmt::format("/{}: no such segment", name)))
+               : Status(system_error(fmt::format("unlink /{}", name), errno));
+  }
+  return {};
+}
+
+}  // namespace kvrelay

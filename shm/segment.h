@@ -1,0 +1,61 @@
+// A named POSIX shared-memory segment, created or opened through
+// Boost.Interprocess and mapped into this process.
+//
+// Rules (DESIGN.md section 3): creation is exclusive (O_EXCL); the mode is
+// 0600 unless group access is asked for explicitly; opening a segment owned
+// by another uid is refused before a single byte of it is read.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+#include <cstddef>
+#include <string>
+
+#include "shm/result.h"
+
+namespace kvrelay {
+
+struct SegmentOptions {
+  bool group_access = false;  // 0660 instead of 0600
+};
+
+enum class SegmentAccess { kReadWrite, kReadOnly };
+
+class SharedSegment {
+ public:
+  // Creates `name` with `bytes` zeroed bytes. kAlreadyExists when it exists.
+  static Result<SharedSegment> create(const std::string& name, size_t bytes,
+                                      const SegmentOptions& options = {});
+  // Opens and maps an existing segment. kNotFound when missing,
+  // kPermissionDenied when it belongs to another uid.
+  static Result<SharedSegment> open(const std::string& name,
+                                    SegmentAccess access = SegmentAccess::kReadWrite);
+  // Removes the name; mappings stay valid until unmapped. kNotFound if absent.
+  static Status unlink(const std::string& name);
+
+  SharedSegment(SharedSegment&&) noexcept = default;
+  SharedSegment& operator=(SharedSegment&&) noexcept = default;
+
+  const std::string& name() const { return name_; }
+  std::byte* data() const { return static_cast<std::byte*>(region_.get_address()); }
+  size_t size() const { return region_.get_size(); }
+  int fd() const { return static_cast<int>(shm_.get_mapping_handle().handle); }
+  ino_t inode() const { return inode_; }
+  uid_t owner_uid() const { return owner_uid_; }
+  mode_t mode() const { return mode_; }
+
+ private:
+  SharedSegment() = default;
+  Status map(SegmentAccess access);
+
+  std::string name_;
+  boost::interprocess::shared_memory_object shm_;
+  boost::interprocess::mapped_region region_;
+  ino_t inode_ = 0;
+  uid_t owner_uid_ = 0;
+  mode_t mode_ = 0;
+};
+
+}  // namespace kvrelay

@@ -1,0 +1,101 @@
+#include "support/processes.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <thread>
+
+namespace kvrelay::testing {
+
+pid_t fork_child(const std::function<int()>& body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int code = 99;
+    try {
+      code = body();
+    } catch (...) {
+      code = 99;
+    }
+    _exit(code);
+  }
+  return pid;
+}
+
+std::optional<ChildExit> wait_child(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      ChildExit e;
+      if (WIFEXITED(status)) {
+        e.exited = true;
+        e.code = WEXITSTATUS(status);
+      } else if (WIFSIGNALED(status)) {
+        e.signal = WTERMSIG(status);
+      }
+      return e;
+    }
+    if (r < 0 && errno != EINTR) return std::nullopt;
+    if (std::chrono::steady_clock::now() >= until) {
+      kill_child(pid);
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void kill_child(pid_t pid) {
+  kill(pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+std::string unique_instance(const std::string& suffix) {
+  return "t" + std::to_string(getpid()) + "-" + suffix;
+}
+
+ReadyPipe::ReadyPipe() {
+  if (pipe2(fds_, O_CLOEXEC) != 0) fds_[0] = fds_[1] = -1;
+}
+
+ReadyPipe::~ReadyPipe() {
+  if (fds_[0] >= 0) close(fds_[0]);
+  if (fds_[1] >= 0) close(fds_[1]);
+}
+
+void ReadyPipe::signal() {
+  const char b = 1;
+  (void)!write(fds_[1], &b, 1);
+}
+
+bool ReadyPipe::wait(std::chrono::milliseconds timeout) {
+  pollfd p{fds_[0], POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(timeout.count())) != 1) return false;
+  char b = 0;
+  return read(fds_[0], &b, 1) == 1;
+}
+
+}  // namespace kvrelay::testing
+
+#include <sys/mman.h>
+
+#include <stdexcept>
+
+namespace kvrelay::testing {
+
+SharedRegion::SharedRegion(size_t bytes) : bytes_(bytes) {
+  data_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (data_ == MAP_FAILED) throw std::runtime_error("mmap failed");
+}
+
+SharedRegion::~SharedRegion() {
+  munmap(data_, bytes_);
+}
+
+}  // namespace kvrelay::testing

@@ -1,0 +1,73 @@
+// Helpers for tests that run real processes: fork children that run a
+// function, wait for them with a deadline (never forever), and give each test
+// its own instance name so that ctest -j cannot make tests collide.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace kvrelay::testing {
+
+// Forks; the child runs `body` and _exits with its return value (a thrown
+// exception or a failed gtest assertion inside the child becomes exit 99).
+pid_t fork_child(const std::function<int()>& body);
+
+struct ChildExit {
+  bool exited = false;  // normal exit
+  int code = -1;
+  int signal = 0;
+};
+
+// Waits for `pid` up to `timeout`; on timeout kills it (SIGKILL) and
+// returns nullopt, so a hung child fails the test instead of hanging it.
+std::optional<ChildExit> wait_child(pid_t pid, std::chrono::milliseconds timeout);
+
+// Kills with SIGKILL and reaps.
+void kill_child(pid_t pid);
+
+// "t<pid>-<suffix>": unique per test process, a valid instance name.
+std::string unique_instance(const std::string& suffix);
+
+// A one-byte pipe for "I am ready" handshakes between parent and child.
+class ReadyPipe {
+ public:
+  ReadyPipe();
+  ~ReadyPipe();
+  ReadyPipe(const ReadyPipe&) = delete;
+  ReadyPipe& operator=(const ReadyPipe&) = delete;
+  void signal();                                 // child side
+  bool wait(std::chrono::milliseconds timeout);  // parent side
+
+ private:
+  int fds_[2];
+};
+
+}  // namespace kvrelay::testing
+
+namespace kvrelay::testing {
+
+// Anonymous MAP_SHARED memory, zeroed, inherited by forked children: the
+// cheapest stand-in for a segment when a test only needs "shared memory".
+class SharedRegion {
+ public:
+  explicit SharedRegion(size_t bytes);
+  ~SharedRegion();
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_;
+  size_t bytes_;
+};
+
+}  // namespace kvrelay::testing

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything kvrelay needs to build, test and benchmark on Debian 12.
+# Idempotent: when every package is already present it returns at once without
+# touching apt. Run as root (or through sudo).
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config clang clang-tidy clang-format libclang-rt-14-dev
+  # libraries (DESIGN.md section 2)
+  libboost-dev capnproto libcapnp-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+  libibverbs-dev librdmacm-dev
+  # Python bindings and their tests
+  python3 python3-dev pybind11-dev python3-pytest python3-numpy
+  # tools used by tests and benchmarks: setpriv (util-linux), procps, gnuplot for plots
+  util-linux procps gnuplot-nox
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+
+echo "setup: installing ${missing[*]}"
+"${sudo_cmd[@]}" apt-get update -q
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "setup: done"
