@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "shm/chaos.h"
 #include "shm/futex.h"
 #include "shm/wait_event.h"
 
@@ -56,6 +57,7 @@ BarrierResult Barrier::wait(Deadline deadline) {
   uint32_t gen = 0;
   uint16_t parties = 0;
   for (;;) {
+    KVRELAY_CHAOS_POINT();
     gen = generation_of(w);
     parties = parties_of(w);
     const uint16_t arrived = arrived_of(w);

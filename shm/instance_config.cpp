@@ -114,6 +114,8 @@ Status validate_config(const InstanceConfig& c) {
   if (c.dtype > static_cast<uint32_t>(CacheDtype::kFp8))
     return out_of_range("dtype", c.dtype, "must be 0 (bf16), 1 (fp16), 2 (uint8) or 3 (fp8)");
   if (c.has_scales > 1) return out_of_range("has_scales", c.has_scales, "must be 0 or 1");
+  if (c.host_blocks > (1U << 24))
+    return out_of_range("host_blocks", c.host_blocks, "must be in [0, 16777216]");
 
   const struct {
     const char* name;

@@ -37,9 +37,10 @@ struct InstanceConfig {
   uint32_t block_size;          // tokens per block
   uint32_t kv_heads;            // per rank
   uint32_t head_dim;
-  uint32_t dtype;       // CacheDtype
-  uint32_t has_scales;  // 1: fp8 block-wise scales travel with K/V
-  uint32_t reserved_geometry[7];
+  uint32_t dtype;        // CacheDtype
+  uint32_t has_scales;   // 1: fp8 block-wise scales travel with K/V
+  uint32_t host_blocks;  // blocks in the host (offload) tier of swap tasks; 0: none
+  uint32_t reserved_geometry[6];
 
   // Rings. Byte rings are sized in bytes, fixed-record rings in records.
   uint32_t submit_ring_bytes;      // clients -> coordinator (multi-producer)

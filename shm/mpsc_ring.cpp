@@ -7,6 +7,7 @@
 #include <new>
 
 #include "shm/bits.h"
+#include "shm/chaos.h"
 #include "shm/process_identity.h"
 
 namespace kvrelay {
@@ -69,8 +70,14 @@ uint64_t MpscRing::used_bytes() const {
   return tail >= head ? tail - head : 0;
 }
 
+// Whether `required` bytes can be claimed at `tail` with the consumer at
+// `head`. The difference tail - head is taken only when head <= tail: a head
+// read after the tail may already be past it (the caller then re-reads the
+// tail), and an unsigned difference would wrap and report a full ring as
+// empty.
 bool MpscRing::fits(uint64_t tail, uint64_t head, uint64_t required) const {
-  if (required > capacity_ - (tail - head)) return false;
+  if (head > tail) return true;  // stale tail: let try_claim look again
+  if (tail - head > capacity_ - required) return false;
   const uint64_t to_end = capacity_ - (tail & mask_);
   return required <= to_end || required <= (head & mask_);  // before the end, or after a wrap
 }
@@ -86,11 +93,16 @@ Result<MpscClaim> MpscRing::try_claim(size_t payload_bytes) {
   uint64_t tail = 0;
   uint64_t padding = 0;
   for (;;) {
+    // head_cache first, then tail: the cache is then never ahead of the
+    // tail, so tail - head cannot wrap. A cache that is a lap or more behind
+    // makes the ring look full, and is refreshed below.
     uint64_t head = h_->head_cache.load(std::memory_order_acquire);
+    KVRELAY_CHAOS_POINT();
     tail = h_->tail.load(std::memory_order_acquire);
-    if (required > capacity_ - (tail - head)) {
+    if (tail - head > capacity_ - required) {
       head = h_->head.load(std::memory_order_acquire);
-      if (required > capacity_ - (tail - head)) {
+      if (head > tail) continue;  // the tail moved on meanwhile: start again
+      if (tail - head > capacity_ - required) {
         h_->full_events.fetch_add(1, std::memory_order_relaxed);
         return make_error(Errc::kFull, "ring full");
       }
@@ -105,6 +117,7 @@ Result<MpscClaim> MpscRing::try_claim(size_t payload_bytes) {
       uint64_t head_index = head & mask_;
       if (required > head_index) {
         head = h_->head.load(std::memory_order_acquire);
+        if (head > tail) continue;
         head_index = head & mask_;
         if (required > head_index) {
           h_->full_events.fetch_add(1, std::memory_order_relaxed);
@@ -120,12 +133,14 @@ Result<MpscClaim> MpscRing::try_claim(size_t payload_bytes) {
     }
   }
 
+  KVRELAY_CHAOS_POINT();
   uint64_t offset = tail & mask_;
   if (padding != 0) {
     MpscRecordHeader& pad = record_at(offset);
     pad.type.store(kPaddingType, std::memory_order_relaxed);
     pad.length.store(static_cast<int32_t>(padding), std::memory_order_release);
     offset = 0;
+    KVRELAY_CHAOS_POINT();
   }
   MpscRecordHeader& rec = record_at(offset);
   rec.type.store(self_pid_marker(), std::memory_order_relaxed);
@@ -137,7 +152,7 @@ Result<MpscClaim> MpscRing::try_claim(size_t payload_bytes) {
 Result<MpscClaim> MpscRing::claim(size_t payload_bytes, Deadline deadline) {
   for (;;) {
     Result<MpscClaim> c = try_claim(payload_bytes);
-    if (c.ok() || c.code() != Errc::kFull) return c;
+    if (c.ok() || c.code() != Errc::kFull || deadline.passed()) return c;
     const uint64_t required = align_up(kRecordHeaderBytes + payload_bytes, kAlignment);
     // Wake when the record would fit, wrap padding included (a weaker test
     // would spin: free bytes split across the end do not make room).
@@ -158,6 +173,7 @@ Result<MpscClaim> MpscRing::claim(size_t payload_bytes, Deadline deadline) {
 }
 
 void MpscRing::commit(const MpscClaim& claim, int32_t type) {
+  KVRELAY_CHAOS_POINT();
   MpscRecordHeader& rec = record_at(claim.offset);
   rec.type.store(type, std::memory_order_relaxed);
   rec.length.store(claim.record_length, std::memory_order_release);  // publish
@@ -199,6 +215,7 @@ size_t MpscRing::read_contiguous(const Handler& handler, size_t max_records, boo
     MpscRecordHeader& rec = record_at(offset);
     const int32_t length = rec.length.load(std::memory_order_acquire);
     if (length <= 0) break;
+    KVRELAY_CHAOS_POINT();
     const uint64_t aligned = align_up(static_cast<uint64_t>(length), kAlignment);
     const int32_t type = rec.type.load(std::memory_order_relaxed);
     if (static_cast<uint64_t>(length) < kRecordHeaderBytes || aligned > contiguous - bytes_read ||
@@ -223,7 +240,9 @@ size_t MpscRing::read_contiguous(const Handler& handler, size_t max_records, boo
   if (progressed) {
     // Zero before releasing, so that a producer's claim always starts from
     // zeroed headers (length 0 means "nothing written yet").
+    KVRELAY_CHAOS_POINT();
     std::memset(buffer_ + head_index, 0, bytes_read);
+    KVRELAY_CHAOS_POINT();
     h_->records_read.fetch_add(records, std::memory_order_relaxed);
     h_->head.store(head + bytes_read, std::memory_order_release);
     notify_waiters(h_->not_full);

@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "shm/bits.h"
+#include "shm/chaos.h"
 #include "shm/clock.h"
 #include "shm/result.h"
 #include "shm/wait_event.h"
@@ -127,7 +128,9 @@ class SpscRing {
                             std::memory_order_relaxed);
       return false;
     }
+    KVRELAY_CHAOS_POINT();
     std::memcpy(s + 8, &record, sizeof(T));
+    KVRELAY_CHAOS_POINT();
     sequence(s).store(w + 1, std::memory_order_release);  // publish the record
     h_->write_index.store(w + 1, std::memory_order_relaxed);
     notify_waiters(h_->not_empty);
@@ -153,7 +156,9 @@ class SpscRing {
     const uint64_t r = h_->read_index.load(std::memory_order_relaxed);
     std::byte* s = slot(r);
     if (sequence(s).load(std::memory_order_acquire) != r + 1) return false;
+    KVRELAY_CHAOS_POINT();
     std::memcpy(&out, s + 8, sizeof(T));
+    KVRELAY_CHAOS_POINT();
     sequence(s).store(r + cap_, std::memory_order_release);  // free for the next lap
     h_->read_index.store(r + 1, std::memory_order_relaxed);
     notify_waiters(h_->not_full);

@@ -108,6 +108,31 @@ TEST(MpscRing, FullRingRefusesTryWriteAndNeverOverwrites) {
   EXPECT_EQ(next, written);
 }
 
+// Regression: a producer's cached head more than a lap behind the tail made
+// the free space computation wrap around, and a full ring looked empty.
+TEST(MpscRing, HeadCacheALapBehindStillSeesAFullRing) {
+  SharedRegion mem(MpscRing::bytes_for(256));
+  auto ring = make_ring(mem, 256);
+  for (uint32_t i = 0; i < 100; ++i) {  // go round the ring many times
+    ASSERT_TRUE(ring.try_write(1, as_bytes(make_payload(0, i, 24))).ok());
+    ring.read([](int32_t, std::span<const std::byte>) {});
+  }
+  uint32_t written = 0;
+  while (ring.try_write(1, as_bytes(make_payload(0, 1000 + written, 24))).ok())
+    ++written;
+  ASSERT_GT(written, 0u);
+  mem.as<MpscRingHeader>()->head_cache.store(
+      0);  // as a long-descheduled producer would have left it
+  EXPECT_EQ(ring.try_write(1, as_bytes(make_payload(0, 9999, 24))).code(), Errc::kFull);
+  uint32_t next = 1000;
+  ring.read([&](int32_t, std::span<const std::byte> p) {
+    uint32_t producer = 0, seq = 0;
+    ASSERT_TRUE(payload_intact(p, producer, seq));
+    EXPECT_EQ(seq, next++) << "nothing was overwritten";
+  });
+  EXPECT_EQ(next, 1000 + written);
+}
+
 TEST(MpscRing, BlockingWriteOnAFullRingWaitsThenTimesOut) {
   SharedRegion mem(MpscRing::bytes_for(256));
   auto ring = make_ring(mem, 256);
@@ -230,6 +255,7 @@ TEST(MpscRingProcesses, ManyProducersEveryRecordExactlyOncePerProducerOrderIntac
   for (uint32_t p = 0; p < kProducers; ++p)
     EXPECT_EQ(next[p], kPerProducer) << "producer " << p;
   EXPECT_EQ(ring.header().skipped_records.load(), 0u);
+  EXPECT_EQ(ring.header().corrupt_records.load(), 0u);
 }
 
 // A producer process claims a record and is SIGKILLed before committing it.
