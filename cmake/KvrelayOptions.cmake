@@ -2,6 +2,10 @@
 # Configure prints one line saying what was found and what is off.
 
 option(KVRELAY_WERROR "Treat compiler warnings as errors" OFF)
+option(KVRELAY_FUZZ "Build the libFuzzer targets (needs clang)" OFF)
+if(KVRELAY_FUZZ AND NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  message(FATAL_ERROR "KVRELAY_FUZZ needs clang (use the fuzz preset)")
+endif()
 
 foreach(opt CUDA RDMA PYTHON)
   set(KVRELAY_${opt} AUTO CACHE STRING "Build the ${opt} part: AUTO, ON or OFF")

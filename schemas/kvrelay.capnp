@@ -1,0 +1,362 @@
+# kvrelay's messages: everything variable-length that crosses a process or
+# host boundary (DESIGN.md section 4).
+#
+# Where they travel:
+#   engine (client library)  -> submit ring       -> coordinator : CacheTask, CacheDest, SwapTask,
+#                                                                  ConnectTask, Cancel, RegisterPool
+#   coordinator              -> task ring (rank r) -> worker r   : WorkerTask
+#   coordinator              -> completion ring    -> engine     : Completion
+#   worker <-> peer worker over TCP/RDMA (network transports)    : TransportHello, TransportHelloAck,
+#                                                                  RdmaQpInfo, RdmaMemoryRegions, TcpFrameHeader
+#
+# A ring record's 32-bit type is the MessageType ordinal of the message it
+# holds, so a reader (and kvrelay-dump) knows which struct to decode.
+#
+# Every field says what it means, its unit, and which process writes it.
+# Block ids index a pool's block dimension ([num_blocks, kv_heads,
+# block_size, head_dim]); layers index its layer dimension. All of it is
+# validated by the receiver before use (schemas/validate.h): shared memory
+# and sockets are input from another process.
+
+@0xb7b525293b21d0ec;
+
+$import "/capnp/c++.capnp".namespace("kvrelay::schema");
+
+enum MessageType {
+  invalid @0;
+  cacheTask @1;
+  cacheDest @2;
+  swapTask @3;
+  connectTask @4;
+  cancel @5;
+  registerPool @6;
+  workerTask @7;
+  completion @8;
+  transportHello @9;
+  transportHelloAck @10;
+  rdmaQpInfo @11;
+  rdmaMemoryRegions @12;
+  tcpFrameHeader @13;
+}
+
+enum TransferProtocol {
+  # How a prefill worker reaches the decode instance's pool for its rank.
+  ipc @0;   # same host: map the peer pool (shared memory, or CUDA IPC for GPU pools)
+  tcp @1;   # across hosts without RDMA: stream frames to the peer worker
+  rdma @2;  # across hosts: RDMA WRITE into the peer pool (rdma-core verbs)
+}
+
+enum CacheDtype {
+  bfloat16 @0;
+  float16 @1;
+  uint8 @2;
+  fp8 @3;
+}
+
+# ---------------------------------------------------------------------------
+# Engine -> coordinator (submit ring). Written by the engine's client library.
+
+struct CacheTask {
+  # The prefill half of a prefill->decode transfer: which local blocks hold the
+  # request's KV cache, and how to follow its prefill. Submitted to the
+  # prefill instance. Merged with the CacheDest of the same request id.
+
+  requestId @0 :Text;
+  # The engine's request id: 1..128 printable ASCII characters, no spaces.
+  # Unique among the instance's live requests.
+
+  srcBlockIds @1 :List(UInt32);
+  # The request's block table on this (prefill) instance, in token order:
+  # block i holds tokens [i*block_size, (i+1)*block_size). Each id < num_blocks.
+
+  needPrefillTokens @2 :UInt64;
+  # Tokens this request must prefill in total (the original's
+  # need_prefill_tokens). Unit: tokens. The last chunk is the one whose signal
+  # brings the prefilled count to this value.
+
+  union {
+    engineSlot @3 :UInt32;
+    # Per-chunk mode: the engine's batch slot that prefills this request (the
+    # original's current_id). Layer signals name slots; < 512.
+
+    legacyPrefillStep @4 :UInt64;
+    # Legacy per-query mode (the original's CacheMessager): the engine step at
+    # which this request is prefilled; its layers are sent as soon as the
+    # (step, layer) signal passes them. Steps are u64 and never wrap.
+  }
+
+  deadlineMs @5 :UInt32;
+  # Per-request deadline, in milliseconds after submission; 0 takes the
+  # instance's default. When it passes, the request completes with `timeout`.
+}
+
+struct CacheDest {
+  # The decode half: where the blocks go. Submitted to the prefill instance by
+  # the engine once the decode side has allocated (the original's
+  # dest_block_ids / transfer_protocol / ip / rdma_ports / device_ids).
+
+  requestId @0 :Text;
+  # Same rules as CacheTask.requestId; pairs the two halves.
+
+  destBlockIds @1 :List(UInt32);
+  # Block ids on the decode instance. May be shorter than srcBlockIds: the
+  # decode side already holds the first len(src)-len(dest) blocks (prefix
+  # cache) and those are never sent. No duplicates; each id < the decode
+  # pool's num_blocks.
+
+  protocol @2 :TransferProtocol;
+
+  peerInstance @3 :Text;
+  # ipc: the decode instance's name on this host (its control segment
+  # /kvrelay-<peerInstance> leads to its pools).
+
+  peerAddress @4 :Text;
+  # tcp/rdma: the decode host's address (IPv4/IPv6 literal or host name).
+
+  rdmaPorts @5 :List(UInt16);
+  # rdma: one TCP port per TP rank, on which the decode rank's worker accepts
+  # the RDMA connection handshake. Index = rank.
+
+  tcpPorts @6 :List(UInt16);
+  # tcp: one port per TP rank for the decode rank's frame receiver.
+
+  deviceIds @7 :List(UInt32);
+  # ipc: one GPU device id per TP rank of the decode instance (the original's
+  # device_ids); for host-memory pools, the decode rank itself.
+
+  errorMessage @8 :Text;
+  # Set (non-empty) instead of destBlockIds when the decode side could not
+  # take the request (the original's error_msg); the request completes with
+  # `error` carrying this text, and nothing is sent.
+}
+
+struct SwapTask {
+  # Move blocks between the device tier and the host tier of this instance's
+  # own pools (the original's transfer manager). One completion.
+
+  requestId @0 :Text;
+  # Same rules as CacheTask.requestId; also the ticket for per-layer waits.
+
+  direction @1 :Direction;
+  enum Direction {
+    evict @0;  # device -> host, all requested layers, in the background
+    load @1;   # host -> device, layer by layer, publishing a per-layer done counter
+  }
+
+  deviceBlockIds @2 :List(UInt32);
+  hostBlockIds @3 :List(UInt32);
+  # Pairs: deviceBlockIds[i] <-> hostBlockIds[i]. Equal lengths; each id below
+  # its tier's num_blocks; no id twice within a list.
+
+  firstLayer @4 :UInt32;
+  layerCount @5 :UInt32;
+  # Layers [firstLayer, firstLayer+layerCount); layerCount 0 means every layer
+  # (extra speculative layers included).
+
+  deadlineMs @6 :UInt32;
+  # As CacheTask.deadlineMs.
+}
+
+struct ConnectTask {
+  # Ask every rank to connect to a peer decode instance ahead of time (the
+  # original's connect_rdma_task). Answered with one Completion: finished
+  # when every rank connected (the AND of the ranks' answers).
+
+  taskId @0 :UInt64;
+  # The engine's id for this task; echoed in the completion's requestId as
+  # "connect-<taskId>".
+
+  protocol @1 :TransferProtocol;
+  peerAddress @2 :Text;
+  # As CacheDest.peerAddress.
+
+  ports @3 :List(UInt16);
+  # One port per TP rank (rdmaPorts for rdma, tcpPorts for tcp).
+
+  peerInstance @4 :Text;
+  # ipc: the peer instance name on this host.
+}
+
+struct Cancel {
+  # Withdraw a request. Exactly one completion still arrives for it
+  # (`cancelled`, unless it had already finished). Written by the engine.
+  requestId @0 :Text;
+}
+
+struct PoolDescriptor {
+  # One rank's KV pool: num_layers (+ extra layers) x {K, V[, K scale, V scale]}
+  # tensors of shape [num_blocks, kv_heads, block_size, head_dim].
+
+  rank @0 :UInt32;
+  tier @1 :Tier;
+  enum Tier {
+    device @0;  # the pool the engine computes on (GPU memory, or host memory on the host default)
+    host @1;    # the offload tier of swap tasks
+  }
+
+  location @2 :Location;
+  enum Location {
+    hostSegment @0;  # a POSIX shared-memory segment, named in segmentName
+    cudaIpc @1;      # GPU memory, one CUDA IPC handle per tensor in cudaIpcHandles
+  }
+
+  segmentName @3 :Text;
+  # hostSegment: the segment's name without the leading '/'.
+
+  cudaIpcHandles @4 :List(Data);
+  # cudaIpc: cudaIpcMemHandle_t bytes (64 each), ordered layer-major:
+  # [layer0 K, layer0 V, (layer0 K scale, layer0 V scale,) layer1 K, ...].
+
+  deviceId @5 :UInt32;
+  # cudaIpc: the GPU that holds the pool.
+
+  numLayers @6 :UInt32;
+  extraLayers @7 :UInt32;
+  # Speculative-decoding extra cache layers, after the model's layers.
+
+  numBlocks @8 :UInt32;
+  extraLayerBlocks @9 :UInt32;
+  # Blocks in each extra layer (the original's num_gpu_block_expand_ratio).
+
+  kvHeads @10 :UInt32;
+  blockSize @11 :UInt32;
+  # Tokens per block.
+  headDim @12 :UInt32;
+  dtype @13 :CacheDtype;
+
+  hasScales @14 :Bool;
+  # fp8 block-wise: float32 scale tensors of shape [num_blocks, kv_heads,
+  # block_size] travel with K and V.
+
+  hasValues @15 :Bool = true;
+  # False for MLA latent caches, which have K (the latent) and no V.
+}
+
+struct RegisterPool {
+  # Tell the instance where a rank's pool lives. Written by the engine (or by
+  # the worker that created the pool itself).
+  pool @0 :PoolDescriptor;
+}
+
+# ---------------------------------------------------------------------------
+# Coordinator -> worker (task ring of one rank). Written by the coordinator.
+
+struct WorkerTask {
+  handle @0 :UInt64;
+  # The coordinator's handle for the request: the worker's reports name it.
+
+  requestId @1 :Text;
+  # For logs and for the pool-side bookkeeping of swap waits.
+
+  union {
+    send @2 :SendTask;
+    swap @3 :SwapTask;
+    connect @4 :ConnectTask;
+    cancel @5 :Void;
+    # Withdraw `handle`: stop its copies, report `cancelled`.
+    registerPool @6 :PoolDescriptor;
+  }
+}
+
+struct SendTask {
+  # A merged, validated prefill->decode request as a worker runs it.
+  task @0 :CacheTask;
+  dest @1 :CacheDest;
+}
+
+# ---------------------------------------------------------------------------
+# Coordinator -> engine (completion ring). Written by the coordinator; the
+# engine reads exactly one per request.
+
+struct Completion {
+  requestId @0 :Text;
+  # The request's id; "connect-<taskId>" for connect tasks.
+
+  kind @1 :Kind;
+  enum Kind {
+    cache @0;
+    swap @1;
+    connect @2;
+    registerPool @3;
+    other @4;  # a record that could not be decoded far enough to know
+  }
+
+  status @2 :Status;
+  enum Status {
+    finished @0;   # every rank finished; data is globally visible
+    error @1;      # a rank failed (errorRank, message), or the input was invalid (errorRank -1)
+    cancelled @2;  # withdrawn by Cancel before it finished
+    timeout @3;    # its deadline passed; its work was withdrawn from every rank
+  }
+
+  errorRank @3 :Int32 = -1;
+  # The rank that failed, or -1 (not rank-specific: validation, timeout, ...).
+
+  message @4 :Text;
+  # Empty when finished; otherwise what went wrong, for a person to act on.
+
+  bytesMoved @5 :UInt64;
+  # Bytes copied by all ranks together. Unit: bytes.
+
+  submittedNs @6 :UInt64;
+  completedNs @7 :UInt64;
+  # CLOCK_MONOTONIC timestamps (ns) of submission and completion.
+}
+
+# ---------------------------------------------------------------------------
+# Network transports: worker <-> peer worker handshakes. Written by the
+# connecting (prefill) worker and answered by the accepting (decode) worker.
+
+struct TransportHello {
+  protocolVersion @0 :UInt32;
+  # kvrelay wire protocol version; a mismatch is refused with both versions named.
+  instance @1 :Text;
+  # The connecting worker's instance name (for the peer's logs).
+  rank @2 :UInt32;
+  tpSize @3 :UInt32;
+  # The connecting side's TP geometry (mismatched TP maps blocks by rank).
+  pool @4 :PoolDescriptor;
+  # The connecting side's pool geometry: the peer checks block sizes agree.
+}
+
+struct TransportHelloAck {
+  accepted @0 :Bool;
+  reason @1 :Text;
+  # Why not, when refused.
+  pool @2 :PoolDescriptor;
+  # The accepting side's pool geometry.
+}
+
+struct RdmaQpInfo {
+  # RC queue-pair parameters exchanged before RTR/RTS (the original's lid, qpn,
+  # psn, gid, mtu).
+  lid @0 :UInt16;
+  qpn @1 :UInt32;
+  psn @2 :UInt32;
+  gid @3 :Data;     # 16 bytes
+  mtu @4 :UInt32;   # bytes: 256..4096
+}
+
+struct RdmaMemoryRegions {
+  # Where the accepting side's tensors are, for RDMA WRITE.
+  regions @0 :List(Region);
+  struct Region {
+    layer @0 :UInt32;
+    tensor @1 :UInt32;   # 0 K, 1 V, 2 K scale, 3 V scale
+    address @2 :UInt64;  # remote virtual address
+    rkey @3 :UInt32;
+    bytes @4 :UInt64;
+  }
+}
+
+struct TcpFrameHeader {
+  # Precedes `bytes` raw bytes on a tcp transport stream.
+  handle @0 :UInt64;   # the sender's request handle, for the final ack
+  layer @1 :UInt32;
+  tensor @2 :UInt32;   # 0 K, 1 V, 2 K scale, 3 V scale
+  dstOffset @3 :UInt64;
+  # Byte offset in the destination tensor.
+  bytes @4 :UInt64;
+  last @5 :Bool;
+  # The request's final frame: the receiver acks after writing it.
+}

@@ -1,0 +1,324 @@
+#include "schemas/validate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shm/names.h"
+
+namespace kvrelay::messages {
+
+namespace {
+
+using schema::TransferProtocol;
+
+Error invalid(std::string text) {
+  return make_error(Errc::kInvalidArgument, std::move(text));
+}
+
+// "CacheTask 'req-17'" - the request id is shown only once it is known to be
+// printable (validate_request_id runs first).
+std::string who(std::string_view message, capnp::Text::Reader id) {
+  return fmt::format("{} '{}'", message, std::string_view(id.cStr(), id.size()));
+}
+
+const char* protocol_name(TransferProtocol p) {
+  switch (p) {
+    case TransferProtocol::IPC:
+      return "ipc";
+    case TransferProtocol::TCP:
+      return "tcp";
+    case TransferProtocol::RDMA:
+      return "rdma";
+  }
+  return "unknown";
+}
+
+bool protocol_known(TransferProtocol p) {
+  return static_cast<uint16_t>(p) <= 2;
+}
+
+std::string entries(size_t n) {
+  return fmt::format("{} {}", n, n == 1 ? "entry" : "entries");
+}
+
+// Each id below `limit`; at most `limit` ids in all; optionally no id twice.
+Status check_block_list(const std::string& who, std::string_view field,
+                        capnp::List<uint32_t>::Reader ids, uint32_t limit, std::string_view pool,
+                        bool unique) {
+  if (ids.size() > limit)
+    return invalid(fmt::format("{}: {} has {}; the {} has only {} blocks", who, field,
+                               entries(ids.size()), pool, limit));
+  for (uint32_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= limit)
+      return invalid(fmt::format("{}: {}[{}] = {} is out of range: the {} has {} blocks", who,
+                                 field, i, ids[i], pool, limit));
+  }
+  if (unique) {
+    std::vector<std::pair<uint32_t, uint32_t>> sorted;  // (id, position)
+    sorted.reserve(ids.size());
+    for (uint32_t i = 0; i < ids.size(); ++i)
+      sorted.emplace_back(ids[i], i);
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 1; i < sorted.size(); ++i) {
+      if (sorted[i].first == sorted[i - 1].first)
+        return invalid(fmt::format("{}: {} has block {} twice (at {} and {})", who, field,
+                                   sorted[i].first, sorted[i - 1].second, sorted[i].second));
+    }
+  }
+  return {};
+}
+
+// One port per rank, none zero.
+Status check_ports(const std::string& who, std::string_view field,
+                   capnp::List<uint16_t>::Reader ports, uint32_t tp_size) {
+  if (ports.size() != tp_size)
+    return invalid(fmt::format("{}: {} has {} but the instance has {} ranks (one port per rank)",
+                               who, field, entries(ports.size()), tp_size));
+  for (uint32_t r = 0; r < ports.size(); ++r) {
+    if (ports[r] == 0) return invalid(fmt::format("{}: {}[{}] = 0 is not a port", who, field, r));
+  }
+  return {};
+}
+
+Status check_address(const std::string& who, capnp::Text::Reader address, TransferProtocol p) {
+  if (address.size() == 0)
+    return invalid(fmt::format("{}: protocol {} needs peer_address", who, protocol_name(p)));
+  if (address.size() > kMaxAddressBytes)
+    return invalid(fmt::format("{}: peer_address is {} bytes; at most {} are allowed", who,
+                               address.size(), kMaxAddressBytes));
+  for (char c : std::string_view(address.cStr(), address.size())) {
+    if (c <= ' ' || c > '~')
+      return invalid(fmt::format("{}: peer_address contains a space or non-printable byte", who));
+  }
+  return {};
+}
+
+Status check_peer_instance(const std::string& who, capnp::Text::Reader instance) {
+  if (instance.size() == 0)
+    return invalid(fmt::format("{}: protocol ipc needs peer_instance", who));
+  if (Status s = validate_instance_name(std::string_view(instance.cStr(), instance.size())); !s)
+    return invalid(fmt::format("{}: peer_instance: {}", who, s.error().message));
+  return {};
+}
+
+}  // namespace
+
+Limits Limits::from(const InstanceConfig& c) {
+  Limits l;
+  l.tp_size = c.tp_size;
+  l.num_layers = c.num_layers;
+  l.extra_layers = c.extra_layers;
+  l.num_blocks = c.num_blocks;
+  l.extra_layer_blocks = c.extra_layer_blocks;
+  l.host_blocks = c.host_blocks;
+  l.block_size = c.block_size;
+  l.kv_heads = c.kv_heads;
+  l.head_dim = c.head_dim;
+  l.dtype = c.dtype;
+  l.has_scales = c.has_scales != 0;
+  return l;
+}
+
+Status validate_request_id(std::string_view message, capnp::Text::Reader id) {
+  if (id.size() == 0) return invalid(fmt::format("{}: request_id is empty", message));
+  if (id.size() > kMaxRequestIdBytes)
+    return invalid(fmt::format("{}: request_id is {} bytes; at most {} are allowed", message,
+                               id.size(), kMaxRequestIdBytes));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(id.cStr());
+  for (size_t i = 0; i < id.size(); ++i) {
+    if (bytes[i] <= 0x20 || bytes[i] >= 0x7f)
+      return invalid(
+          fmt::format("{}: request_id has byte 0x{:02x} at position {}; request ids are "
+                      "printable ASCII without spaces",
+                      message, bytes[i], i));
+  }
+  return {};
+}
+
+Status validate(schema::CacheTask::Reader task, const Limits& limits) {
+  if (Status s = validate_request_id("CacheTask", task.getRequestId()); !s) return s;
+  const std::string w = who("CacheTask", task.getRequestId());
+  const auto src = task.getSrcBlockIds();
+  if (src.size() == 0) return invalid(fmt::format("{}: src_block_ids is empty", w));
+  if (Status s = check_block_list(w, "src_block_ids", src, limits.num_blocks, "pool", false); !s)
+    return s;
+  const uint64_t tokens = task.getNeedPrefillTokens();
+  if (tokens == 0) return invalid(fmt::format("{}: need_prefill_tokens is 0", w));
+  const uint64_t blocks_needed = (tokens + limits.block_size - 1) / limits.block_size;
+  if (blocks_needed > src.size())
+    return invalid(
+        fmt::format("{}: need_prefill_tokens {} needs {} blocks of {} tokens but "
+                    "src_block_ids has {}",
+                    w, tokens, blocks_needed, limits.block_size, entries(src.size())));
+  if (task.isEngineSlot() && task.getEngineSlot() >= kMaxEngineSlots)
+    return invalid(fmt::format("{}: engine_slot {} is out of range: slots are 0..{}", w,
+                               task.getEngineSlot(), kMaxEngineSlots - 1));
+  return {};
+}
+
+Status validate(schema::CacheDest::Reader dest, const Limits& limits,
+                std::optional<uint32_t> peer_num_blocks) {
+  if (Status s = validate_request_id("CacheDest", dest.getRequestId()); !s) return s;
+  const std::string w = who("CacheDest", dest.getRequestId());
+  if (dest.getErrorMessage().size() > 0) return {};  // the decode side refused: nothing to check
+  const TransferProtocol p = dest.getProtocol();
+  if (!protocol_known(p))
+    return invalid(fmt::format("{}: protocol {} is unknown (expected ipc, tcp or rdma)", w,
+                               static_cast<uint16_t>(p)));
+  switch (p) {
+    case TransferProtocol::IPC:
+      if (Status s = check_peer_instance(w, dest.getPeerInstance()); !s) return s;
+      if (dest.getDeviceIds().size() != limits.tp_size)
+        return invalid(
+            fmt::format("{}: device_ids has {} but the instance has {} ranks (one "
+                        "device id per rank)",
+                        w, entries(dest.getDeviceIds().size()), limits.tp_size));
+      break;
+    case TransferProtocol::TCP:
+      if (Status s = check_address(w, dest.getPeerAddress(), p); !s) return s;
+      if (Status s = check_ports(w, "tcp_ports", dest.getTcpPorts(), limits.tp_size); !s) return s;
+      break;
+    case TransferProtocol::RDMA:
+      if (Status s = check_address(w, dest.getPeerAddress(), p); !s) return s;
+      if (Status s = check_ports(w, "rdma_ports", dest.getRdmaPorts(), limits.tp_size); !s)
+        return s;
+      break;
+  }
+  const uint32_t dest_limit = peer_num_blocks.value_or(1U << 24);
+  return check_block_list(w, "dest_block_ids", dest.getDestBlockIds(), dest_limit,
+                          peer_num_blocks ? "decode pool" : "largest possible pool", true);
+}
+
+Status validate_pair(schema::CacheTask::Reader task, schema::CacheDest::Reader dest) {
+  if (dest.getErrorMessage().size() > 0) return {};
+  const size_t src = task.getSrcBlockIds().size();
+  const size_t dst = dest.getDestBlockIds().size();
+  if (dst > src)
+    return invalid(fmt::format("{}: dest_block_ids has {} but src_block_ids has {}",
+                               who("CacheDest", dest.getRequestId()), entries(dst), src));
+  return {};
+}
+
+Status validate(schema::SwapTask::Reader swap, const Limits& limits) {
+  if (Status s = validate_request_id("SwapTask", swap.getRequestId()); !s) return s;
+  const std::string w = who("SwapTask", swap.getRequestId());
+  const auto dir = static_cast<uint16_t>(swap.getDirection());
+  if (dir > 1)
+    return invalid(fmt::format("{}: direction {} is unknown (expected evict or load)", w, dir));
+  if (limits.host_blocks == 0)
+    return invalid(fmt::format("{}: this instance has no host tier (host_blocks is 0)", w));
+  const auto device = swap.getDeviceBlockIds();
+  const auto host = swap.getHostBlockIds();
+  if (device.size() != host.size())
+    return invalid(fmt::format("{}: device_block_ids has {} but host_block_ids has {}", w,
+                               entries(device.size()), host.size()));
+  if (device.size() == 0) return invalid(fmt::format("{}: device_block_ids is empty", w));
+  if (Status s =
+          check_block_list(w, "device_block_ids", device, limits.num_blocks, "device pool", true);
+      !s)
+    return s;
+  if (Status s = check_block_list(w, "host_block_ids", host, limits.host_blocks, "host pool", true);
+      !s)
+    return s;
+  const uint64_t first = swap.getFirstLayer();
+  const uint64_t count =
+      swap.getLayerCount() == 0 ? limits.total_layers() - first : swap.getLayerCount();
+  if (first >= limits.total_layers() || first + count > limits.total_layers())
+    return invalid(fmt::format("{}: layers [{}, {}) exceed the pool's {} layers", w, first,
+                               first + count, limits.total_layers()));
+  return {};
+}
+
+Status validate(schema::ConnectTask::Reader connect, const Limits& limits) {
+  const std::string w = fmt::format("ConnectTask {}", connect.getTaskId());
+  const TransferProtocol p = connect.getProtocol();
+  if (!protocol_known(p))
+    return invalid(fmt::format("{}: protocol {} is unknown (expected ipc, tcp or rdma)", w,
+                               static_cast<uint16_t>(p)));
+  if (p == TransferProtocol::IPC) return check_peer_instance(w, connect.getPeerInstance());
+  if (Status s = check_address(w, connect.getPeerAddress(), p); !s) return s;
+  return check_ports(w, "ports", connect.getPorts(), limits.tp_size);
+}
+
+Status validate(schema::Cancel::Reader cancel, const Limits& /*limits*/) {
+  return validate_request_id("Cancel", cancel.getRequestId());
+}
+
+Status validate(schema::RegisterPool::Reader reg, const Limits& limits) {
+  if (!reg.hasPool()) return invalid("RegisterPool: pool is missing");
+  const auto pool = reg.getPool();
+  const std::string w = fmt::format("RegisterPool rank {}", pool.getRank());
+  if (pool.getRank() >= limits.tp_size)
+    return invalid(fmt::format("{}: rank {} is out of range: the instance has {} ranks", w,
+                               pool.getRank(), limits.tp_size));
+  const auto tier = static_cast<uint16_t>(pool.getTier());
+  if (tier > 1)
+    return invalid(fmt::format("{}: tier {} is unknown (expected device or host)", w, tier));
+  const bool host_tier = pool.getTier() == schema::PoolDescriptor::Tier::HOST;
+  const uint32_t want_blocks = host_tier ? limits.host_blocks : limits.num_blocks;
+  const struct {
+    const char* field;
+    uint64_t got;
+    uint64_t want;
+  } geometry[] = {
+      {"num_layers", pool.getNumLayers(), limits.num_layers},
+      {"extra_layers", pool.getExtraLayers(), limits.extra_layers},
+      {"num_blocks", pool.getNumBlocks(), want_blocks},
+      {"extra_layer_blocks", pool.getExtraLayerBlocks(),
+       limits.extra_layers ? limits.extra_layer_blocks : 0},
+      {"kv_heads", pool.getKvHeads(), limits.kv_heads},
+      {"block_size", pool.getBlockSize(), limits.block_size},
+      {"head_dim", pool.getHeadDim(), limits.head_dim},
+      {"dtype", static_cast<uint64_t>(pool.getDtype()), limits.dtype},
+      {"has_scales", pool.getHasScales() ? 1U : 0U, limits.has_scales ? 1U : 0U},
+  };
+  for (const auto& g : geometry) {
+    if (g.got != g.want)
+      return invalid(fmt::format("{}: {} is {} but the instance is configured with {}", w, g.field,
+                                 g.got, g.want));
+  }
+  switch (pool.getLocation()) {
+    case schema::PoolDescriptor::Location::HOST_SEGMENT: {
+      const auto name = pool.getSegmentName();
+      const std::string_view n(name.cStr(), name.size());
+      if (n.empty() || n.size() > 255 || n.find('/') != std::string_view::npos ||
+          n.find("..") != std::string_view::npos)
+        return invalid(
+            fmt::format("{}: segment_name '{}' is not a valid segment name", w, n.substr(0, 64)));
+      break;
+    }
+    case schema::PoolDescriptor::Location::CUDA_IPC: {
+      const uint64_t tensors = uint64_t{limits.total_layers()} *
+                               ((pool.getHasValues() ? 2 : 1) + (pool.getHasScales() ? 2 : 0));
+      const auto handles = pool.getCudaIpcHandles();
+      if (handles.size() != tensors)
+        return invalid(fmt::format("{}: cuda_ipc_handles has {} but the pool has {} tensors", w,
+                                   entries(handles.size()), tensors));
+      for (uint32_t i = 0; i < handles.size(); ++i) {
+        if (handles[i].size() != kCudaIpcHandleBytes)
+          return invalid(fmt::format("{}: cuda_ipc_handles[{}] is {} bytes, not {}", w, i,
+                                     handles[i].size(), kCudaIpcHandleBytes));
+      }
+      break;
+    }
+    default:
+      return invalid(
+          fmt::format("{}: location {} is unknown", w, static_cast<uint16_t>(pool.getLocation())));
+  }
+  return {};
+}
+
+Status validate_record_size(std::string_view message, std::string_view request_id, size_t bytes,
+                            size_t limit, std::string_view ring_name) {
+  if (bytes <= limit) return {};
+  return make_error(Errc::kTooLarge,
+                    fmt::format("{} '{}': encoded size {} bytes exceeds the {}'s record limit of "
+                                "{} bytes",
+                                message, request_id, bytes, ring_name, limit));
+}
+
+}  // namespace kvrelay::messages

@@ -1,0 +1,64 @@
+// Validation of decoded messages against an instance's configuration.
+//
+// Every check returns ok or an Error (kInvalidArgument) whose message names
+// the message, the request, the field, the value and the limit, e.g.
+//
+//   CacheDest 'req-17': dest_block_ids has 40 entries but src_block_ids has 32
+//
+// so that the engine developer who receives it in an error completion knows
+// what to fix. Validators read capnp readers; any capnp error while reading
+// (a malformed message) is turned into kCorrupt by messages::with_message().
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "schemas/kvrelay.capnp.h"
+#include "shm/instance_config.h"
+#include "shm/result.h"
+
+namespace kvrelay::messages {
+
+inline constexpr size_t kMaxRequestIdBytes = 128;
+inline constexpr uint32_t kMaxEngineSlots = 512;  // the engine's batch slots (the original's 512)
+inline constexpr size_t kMaxAddressBytes = 255;
+inline constexpr size_t kCudaIpcHandleBytes = 64;
+
+// The parts of an instance's configuration that bound its messages.
+struct Limits {
+  uint32_t tp_size = 1;
+  uint32_t num_layers = 1;
+  uint32_t extra_layers = 0;
+  uint32_t num_blocks = 1;          // device tier (this instance's pool)
+  uint32_t extra_layer_blocks = 0;  // blocks in each extra layer
+  uint32_t host_blocks = 0;         // host tier of swap tasks; 0 means none
+  uint32_t block_size = 1;
+  uint32_t kv_heads = 1;
+  uint32_t head_dim = 1;
+  uint32_t dtype = 0;
+  bool has_scales = false;
+  static Limits from(const InstanceConfig& config);
+  uint32_t total_layers() const { return num_layers + extra_layers; }
+};
+
+// request ids: 1..128 printable ASCII characters without spaces.
+Status validate_request_id(std::string_view message, capnp::Text::Reader id);
+
+Status validate(schema::CacheTask::Reader task, const Limits& limits);
+// `peer_num_blocks`: the decode pool's block count, when known (ipc); the
+// decode side's own worker checks again either way.
+Status validate(schema::CacheDest::Reader dest, const Limits& limits,
+                std::optional<uint32_t> peer_num_blocks = std::nullopt);
+// Rules that need both halves (the destination is not longer than the source).
+Status validate_pair(schema::CacheTask::Reader task, schema::CacheDest::Reader dest);
+Status validate(schema::SwapTask::Reader swap, const Limits& limits);
+Status validate(schema::ConnectTask::Reader connect, const Limits& limits);
+Status validate(schema::Cancel::Reader cancel, const Limits& limits);
+Status validate(schema::RegisterPool::Reader reg, const Limits& limits);
+
+// A message's encoded size against the ring record limit it must fit in.
+Status validate_record_size(std::string_view message, std::string_view request_id, size_t bytes,
+                            size_t limit, std::string_view ring_name);
+
+}  // namespace kvrelay::messages

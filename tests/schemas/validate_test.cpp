@@ -1,0 +1,340 @@
+// Every validation rule, each broken by one message, with the error text it
+// must produce.
+#include "schemas/validate.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "schemas/message_builders.h"
+
+namespace kvrelay::messages {
+namespace {
+
+using testing::example_limits;
+using testing::fill_cache_dest_ipc;
+using testing::fill_cache_task;
+
+std::string error_of(const Status& s) {
+  return s.ok() ? "ok" : s.error().message;
+}
+
+class CacheTaskRules : public ::testing::Test {
+ protected:
+  // Held by pointer: MallocMessageBuilder's destructor is noexcept(false).
+  std::unique_ptr<capnp::MallocMessageBuilder> owner =
+      std::make_unique<capnp::MallocMessageBuilder>();
+  capnp::MallocMessageBuilder& msg = *owner;
+  schema::CacheTask::Builder task = msg.initRoot<schema::CacheTask>();
+  void SetUp() override { fill_cache_task(task, "req-17", {4, 5, 6}, 150, 3); }
+  std::string check() { return error_of(validate(task.asReader(), example_limits())); }
+};
+
+TEST_F(CacheTaskRules, AValidTaskPasses) {
+  EXPECT_EQ(check(), "ok");
+}
+
+TEST_F(CacheTaskRules, SourceBlockIdOutOfRange) {
+  task.getSrcBlockIds().set(1, 812);
+  EXPECT_EQ(check(),
+            "CacheTask 'req-17': src_block_ids[1] = 812 is out of range: the pool has 512 blocks");
+}
+
+TEST_F(CacheTaskRules, MoreSourceBlocksThanThePoolHas) {
+  auto list = task.initSrcBlockIds(600);
+  for (unsigned i = 0; i < 600; ++i)
+    list.set(i, i % 512);
+  EXPECT_EQ(check(),
+            "CacheTask 'req-17': src_block_ids has 600 entries; the pool has only 512 blocks");
+}
+
+TEST_F(CacheTaskRules, EmptySourceList) {
+  task.initSrcBlockIds(0);
+  EXPECT_EQ(check(), "CacheTask 'req-17': src_block_ids is empty");
+}
+
+TEST_F(CacheTaskRules, TokensNeedMoreBlocksThanListed) {
+  task.setNeedPrefillTokens(300);
+  EXPECT_EQ(check(),
+            "CacheTask 'req-17': need_prefill_tokens 300 needs 5 blocks of 64 tokens but "
+            "src_block_ids has 3 entries");
+}
+
+TEST_F(CacheTaskRules, ZeroTokens) {
+  task.setNeedPrefillTokens(0);
+  EXPECT_EQ(check(), "CacheTask 'req-17': need_prefill_tokens is 0");
+}
+
+TEST_F(CacheTaskRules, EngineSlotOutOfRange) {
+  task.setEngineSlot(512);
+  EXPECT_EQ(check(), "CacheTask 'req-17': engine_slot 512 is out of range: slots are 0..511");
+}
+
+TEST_F(CacheTaskRules, LegacyStepNeedsNoSlot) {
+  task.setLegacyPrefillStep(123456789012ULL);
+  EXPECT_EQ(check(), "ok");
+}
+
+TEST_F(CacheTaskRules, EmptyRequestId) {
+  task.setRequestId("");
+  EXPECT_EQ(check(), "CacheTask: request_id is empty");
+}
+
+TEST_F(CacheTaskRules, OverlongRequestId) {
+  task.setRequestId(std::string(129, 'a'));
+  EXPECT_EQ(check(), "CacheTask: request_id is 129 bytes; at most 128 are allowed");
+}
+
+TEST_F(CacheTaskRules, RequestIdWithNonAsciiByte) {
+  task.setRequestId(std::string("req\xff-1"));
+  EXPECT_EQ(check(),
+            "CacheTask: request_id has byte 0xff at position 3; request ids are printable ASCII "
+            "without spaces");
+}
+
+TEST_F(CacheTaskRules, RequestIdWithASpace) {
+  task.setRequestId("req 1");
+  EXPECT_EQ(check(),
+            "CacheTask: request_id has byte 0x20 at position 3; request ids are printable ASCII "
+            "without spaces");
+}
+
+class CacheDestRules : public ::testing::Test {
+ protected:
+  std::unique_ptr<capnp::MallocMessageBuilder> owner =
+      std::make_unique<capnp::MallocMessageBuilder>();
+  capnp::MallocMessageBuilder& msg = *owner;
+  schema::CacheDest::Builder dest = msg.initRoot<schema::CacheDest>();
+  void SetUp() override { fill_cache_dest_ipc(dest, "req-17", {10, 11, 12}); }
+  std::string check(std::optional<uint32_t> peer_blocks = 256) {
+    return error_of(validate(dest.asReader(), example_limits(), peer_blocks));
+  }
+};
+
+TEST_F(CacheDestRules, AValidDestinationPasses) {
+  EXPECT_EQ(check(), "ok");
+}
+
+TEST_F(CacheDestRules, DestinationBlockIdOutOfRangeOfThePeerPool) {
+  dest.getDestBlockIds().set(2, 300);
+  EXPECT_EQ(check(),
+            "CacheDest 'req-17': dest_block_ids[2] = 300 is out of range: the decode pool has 256 "
+            "blocks");
+}
+
+TEST_F(CacheDestRules, DuplicateDestinationIds) {
+  auto list = dest.initDestBlockIds(6);
+  testing::set_list(list, {1, 2, 17, 3, 4, 17});
+  EXPECT_EQ(check(), "CacheDest 'req-17': dest_block_ids has block 17 twice (at 2 and 5)");
+}
+
+TEST_F(CacheDestRules, UnknownProtocol) {
+  dest.setProtocol(static_cast<schema::TransferProtocol>(7));
+  EXPECT_EQ(check(), "CacheDest 'req-17': protocol 7 is unknown (expected ipc, tcp or rdma)");
+}
+
+TEST_F(CacheDestRules, DeviceIdMissingForARank) {
+  dest.initDeviceIds(1);
+  EXPECT_EQ(check(),
+            "CacheDest 'req-17': device_ids has 1 entry but the instance has 2 ranks (one device "
+            "id per rank)");
+}
+
+TEST_F(CacheDestRules, RdmaPortMissingForARank) {
+  dest.setProtocol(schema::TransferProtocol::RDMA);
+  dest.setPeerAddress("10.0.0.2");
+  auto ports = dest.initRdmaPorts(1);
+  ports.set(0, 9000);
+  EXPECT_EQ(check(),
+            "CacheDest 'req-17': rdma_ports has 1 entry but the instance has 2 ranks (one port per "
+            "rank)");
+}
+
+TEST_F(CacheDestRules, ZeroTcpPort) {
+  dest.setProtocol(schema::TransferProtocol::TCP);
+  dest.setPeerAddress("decode-host");
+  auto ports = dest.initTcpPorts(2);
+  ports.set(0, 9000);
+  ports.set(1, 0);
+  EXPECT_EQ(check(), "CacheDest 'req-17': tcp_ports[1] = 0 is not a port");
+}
+
+TEST_F(CacheDestRules, NetworkProtocolNeedsAnAddress) {
+  dest.setProtocol(schema::TransferProtocol::RDMA);
+  EXPECT_EQ(check(), "CacheDest 'req-17': protocol rdma needs peer_address");
+}
+
+TEST_F(CacheDestRules, IpcNeedsAValidPeerInstance) {
+  dest.setPeerInstance("../etc");
+  EXPECT_EQ(check(),
+            "CacheDest 'req-17': peer_instance: instance name has '/' at position 2; only "
+            "[A-Za-z0-9._-] are allowed");
+}
+
+TEST_F(CacheDestRules, ErrorHalfNeedsNoBlocks) {
+  dest.setErrorMessage("decode out of blocks");
+  dest.setProtocol(static_cast<schema::TransferProtocol>(9));
+  EXPECT_EQ(check(), "ok");
+}
+
+TEST(CachePairRules, DestinationLongerThanSource) {
+  capnp::MallocMessageBuilder a, b;
+  auto task = a.initRoot<schema::CacheTask>();
+  std::vector<uint32_t> src(32), dst(40);
+  for (uint32_t i = 0; i < 32; ++i)
+    src[i] = i;
+  for (uint32_t i = 0; i < 40; ++i)
+    dst[i] = 100 + i;
+  fill_cache_task(task, "req-17", src, 32 * 64, 0);
+  auto dest = b.initRoot<schema::CacheDest>();
+  fill_cache_dest_ipc(dest, "req-17", dst);
+  EXPECT_EQ(error_of(validate_pair(task.asReader(), dest.asReader())),
+            "CacheDest 'req-17': dest_block_ids has 40 entries but src_block_ids has 32");
+}
+
+TEST(CachePairRules, ShorterDestinationIsAPrefixHit) {
+  capnp::MallocMessageBuilder a, b;
+  auto task = a.initRoot<schema::CacheTask>();
+  fill_cache_task(task, "r", {1, 2, 3, 4}, 256, 0);
+  auto dest = b.initRoot<schema::CacheDest>();
+  fill_cache_dest_ipc(dest, "r", {9});
+  EXPECT_EQ(error_of(validate_pair(task.asReader(), dest.asReader())), "ok");
+}
+
+class SwapRules : public ::testing::Test {
+ protected:
+  std::unique_ptr<capnp::MallocMessageBuilder> owner =
+      std::make_unique<capnp::MallocMessageBuilder>();
+  capnp::MallocMessageBuilder& msg = *owner;
+  schema::SwapTask::Builder swap = msg.initRoot<schema::SwapTask>();
+  void SetUp() override {
+    swap.setRequestId("swap-1");
+    swap.setDirection(schema::SwapTask::Direction::EVICT);
+    testing::set_list(swap.initDeviceBlockIds(3), {1, 2, 3});
+    testing::set_list(swap.initHostBlockIds(3), {100, 101, 102});
+  }
+  std::string check() { return error_of(validate(swap.asReader(), example_limits())); }
+};
+
+TEST_F(SwapRules, AValidSwapPasses) {
+  EXPECT_EQ(check(), "ok");
+}
+
+TEST_F(SwapRules, ListsOfUnequalLength) {
+  testing::set_list(swap.initHostBlockIds(2), {100, 101});
+  EXPECT_EQ(check(), "SwapTask 'swap-1': device_block_ids has 3 entries but host_block_ids has 2");
+}
+
+TEST_F(SwapRules, HostBlockOutOfRange) {
+  swap.getHostBlockIds().set(0, 5000);
+  EXPECT_EQ(check(),
+            "SwapTask 'swap-1': host_block_ids[0] = 5000 is out of range: the host pool has 1024 "
+            "blocks");
+}
+
+TEST_F(SwapRules, DeviceBlockTwice) {
+  swap.getDeviceBlockIds().set(2, 1);
+  EXPECT_EQ(check(), "SwapTask 'swap-1': device_block_ids has block 1 twice (at 0 and 2)");
+}
+
+TEST_F(SwapRules, LayersOutOfRange) {
+  swap.setFirstLayer(30);
+  swap.setLayerCount(4);
+  EXPECT_EQ(check(), "SwapTask 'swap-1': layers [30, 34) exceed the pool's 32 layers");
+}
+
+TEST_F(SwapRules, UnknownDirection) {
+  swap.setDirection(static_cast<schema::SwapTask::Direction>(5));
+  EXPECT_EQ(check(), "SwapTask 'swap-1': direction 5 is unknown (expected evict or load)");
+}
+
+TEST_F(SwapRules, InstanceWithoutHostTier) {
+  auto limits = example_limits();
+  limits.host_blocks = 0;
+  EXPECT_EQ(error_of(validate(swap.asReader(), limits)),
+            "SwapTask 'swap-1': this instance has no host tier (host_blocks is 0)");
+}
+
+TEST(ConnectRules, PortsForEveryRank) {
+  capnp::MallocMessageBuilder msg;
+  auto c = msg.initRoot<schema::ConnectTask>();
+  c.setTaskId(7);
+  c.setProtocol(schema::TransferProtocol::RDMA);
+  c.setPeerAddress("10.0.0.9");
+  c.initPorts(1).set(0, 8100);
+  EXPECT_EQ(error_of(validate(c.asReader(), example_limits())),
+            "ConnectTask 7: ports has 1 entry but the instance has 2 ranks (one port per rank)");
+}
+
+TEST(ConnectRules, AddressWithASpace) {
+  capnp::MallocMessageBuilder msg;
+  auto c = msg.initRoot<schema::ConnectTask>();
+  c.setTaskId(7);
+  c.setProtocol(schema::TransferProtocol::TCP);
+  c.setPeerAddress("10.0.0.9 x");
+  EXPECT_EQ(error_of(validate(c.asReader(), example_limits())),
+            "ConnectTask 7: peer_address contains a space or non-printable byte");
+}
+
+TEST(CancelRules, RequestIdRulesApply) {
+  capnp::MallocMessageBuilder msg;
+  auto c = msg.initRoot<schema::Cancel>();
+  EXPECT_EQ(error_of(validate(c.asReader(), example_limits())), "Cancel: request_id is empty");
+}
+
+class RegisterPoolRules : public ::testing::Test {
+ protected:
+  std::unique_ptr<capnp::MallocMessageBuilder> owner =
+      std::make_unique<capnp::MallocMessageBuilder>();
+  capnp::MallocMessageBuilder& msg = *owner;
+  schema::PoolDescriptor::Builder pool = msg.initRoot<schema::RegisterPool>().initPool();
+  void SetUp() override {
+    pool.setRank(1);
+    pool.setLocation(schema::PoolDescriptor::Location::HOST_SEGMENT);
+    pool.setSegmentName("kvrelay-x-pool-r1");
+    pool.setNumLayers(32);
+    pool.setNumBlocks(512);
+    pool.setKvHeads(1);
+    pool.setBlockSize(64);
+    pool.setHeadDim(128);
+  }
+  std::string check() {
+    return error_of(validate(msg.getRoot<schema::RegisterPool>().asReader(), example_limits()));
+  }
+};
+
+TEST_F(RegisterPoolRules, AValidPoolPasses) {
+  EXPECT_EQ(check(), "ok");
+}
+
+TEST_F(RegisterPoolRules, RankOutOfRange) {
+  pool.setRank(2);
+  EXPECT_EQ(check(), "RegisterPool rank 2: rank 2 is out of range: the instance has 2 ranks");
+}
+
+TEST_F(RegisterPoolRules, GeometryDisagreesWithTheInstance) {
+  pool.setHeadDim(64);
+  EXPECT_EQ(check(), "RegisterPool rank 1: head_dim is 64 but the instance is configured with 128");
+}
+
+TEST_F(RegisterPoolRules, SegmentNameWithASlash) {
+  pool.setSegmentName("../x");
+  EXPECT_EQ(check(), "RegisterPool rank 1: segment_name '../x' is not a valid segment name");
+}
+
+TEST_F(RegisterPoolRules, CudaHandlesForEveryTensor) {
+  pool.setLocation(schema::PoolDescriptor::Location::CUDA_IPC);
+  pool.initCudaIpcHandles(3);
+  EXPECT_EQ(check(),
+            "RegisterPool rank 1: cuda_ipc_handles has 3 entries but the pool has 64 tensors");
+}
+
+TEST(RecordSizeRule, OversizedMessageNamesBothSizesAndTheRing) {
+  EXPECT_EQ(error_of(validate_record_size("CacheTask", "r-1", 70000, 65528, "submit ring")),
+            "CacheTask 'r-1': encoded size 70000 bytes exceeds the submit ring's record limit of "
+            "65528 bytes");
+  EXPECT_TRUE(validate_record_size("CacheTask", "r-1", 65528, 65528, "submit ring").ok());
+}
+
+}  // namespace
+}  // namespace kvrelay::messages
