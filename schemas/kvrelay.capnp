@@ -246,20 +246,30 @@ struct WorkerTask {
   # The coordinator's handle for the request: the worker's reports name it.
 
   requestId @1 :Text;
-  # For logs and for the pool-side bookkeeping of swap waits.
+  # For logs.
 
   union {
-    send @2 :SendTask;
-    swap @3 :SwapTask;
-    connect @4 :ConnectTask;
-    cancel @5 :Void;
-    # Withdraw `handle`: stop its copies, report `cancelled`.
-    registerPool @6 :PoolDescriptor;
+    bind @2 :CacheTask;
+    # The prefill half, validated: follow its slot's (or legacy step's)
+    # signals from now on. Sent as soon as it arrives, so no signal is missed.
+
+    dest @3 :CacheDest;
+    # The decode half, validated against its CacheTask: start sending, and
+    # catch up at once on everything already prefilled.
+
+    swap @4 :SwapTask;
+    connect @5 :ConnectTask;
+    cancel @6 :Void;
+    # Withdraw `handle`: stop its copies, forget it, report `cancelled`.
+    registerPool @7 :PoolDescriptor;
+    shutdown @8 :Void;
+    # The instance is shutting down: exit cleanly.
   }
 }
 
 struct SendTask {
-  # A merged, validated prefill->decode request as a worker runs it.
+  # A merged prefill->decode pair, as the coordinator validates it (and as
+  # the fuzzer feeds it).
   task @0 :CacheTask;
   dest @1 :CacheDest;
 }
@@ -287,6 +297,10 @@ struct Completion {
     error @1;      # a rank failed (errorRank, message), or the input was invalid (errorRank -1)
     cancelled @2;  # withdrawn by Cancel before it finished
     timeout @3;    # its deadline passed; its work was withdrawn from every rank
+    rejected @4;
+    # This submission was refused without affecting any live request: a
+    # duplicate half, a Cancel for an id that is not live, a record that
+    # could not be decoded. Not the final completion of a request.
   }
 
   errorRank @3 :Int32 = -1;

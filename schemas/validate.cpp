@@ -27,18 +27,21 @@ std::string who(std::string_view message, capnp::Text::Reader id) {
 
 const char* protocol_name(TransferProtocol p) {
   switch (p) {
-    case TransferProtocol::IPC:
-      return "ipc";
-    case TransferProtocol::TCP:
-      return "tcp";
-    case TransferProtocol::RDMA:
-      return "rdma";
+    case TransferProtocol::IPC: return "ipc";
+    case TransferProtocol::TCP: return "tcp";
+    case TransferProtocol::RDMA: return "rdma";
   }
   return "unknown";
 }
 
 bool protocol_known(TransferProtocol p) {
   return static_cast<uint16_t>(p) <= 2;
+}
+
+Status check_protocol_enabled(const std::string& who, TransferProtocol p, const Limits& limits) {
+  if ((limits.protocols & (1U << static_cast<uint16_t>(p))) != 0) return {};
+  return invalid(fmt::format("{}: protocol {} is not enabled on this instance (see --protocol)",
+                             who, protocol_name(p)));
 }
 
 std::string entries(size_t n) {
@@ -120,6 +123,7 @@ Limits Limits::from(const InstanceConfig& c) {
   l.head_dim = c.head_dim;
   l.dtype = c.dtype;
   l.has_scales = c.has_scales != 0;
+  l.protocols = c.protocols;
   return l;
 }
 
@@ -169,6 +173,7 @@ Status validate(schema::CacheDest::Reader dest, const Limits& limits,
   if (!protocol_known(p))
     return invalid(fmt::format("{}: protocol {} is unknown (expected ipc, tcp or rdma)", w,
                                static_cast<uint16_t>(p)));
+  if (Status s = check_protocol_enabled(w, p, limits); !s) return s;
   switch (p) {
     case TransferProtocol::IPC:
       if (Status s = check_peer_instance(w, dest.getPeerInstance()); !s) return s;
@@ -239,6 +244,7 @@ Status validate(schema::ConnectTask::Reader connect, const Limits& limits) {
   if (!protocol_known(p))
     return invalid(fmt::format("{}: protocol {} is unknown (expected ipc, tcp or rdma)", w,
                                static_cast<uint16_t>(p)));
+  if (Status s = check_protocol_enabled(w, p, limits); !s) return s;
   if (p == TransferProtocol::IPC) return check_peer_instance(w, connect.getPeerInstance());
   if (Status s = check_address(w, connect.getPeerAddress(), p); !s) return s;
   return check_ports(w, "ports", connect.getPorts(), limits.tp_size);

@@ -38,6 +38,7 @@ struct Limits {
   uint32_t head_dim = 1;
   uint32_t dtype = 0;
   bool has_scales = false;
+  uint32_t protocols = 7;  // bit 0 ipc, 1 tcp, 2 rdma: what this instance accepts
   static Limits from(const InstanceConfig& config);
   uint32_t total_layers() const { return num_layers + extra_layers; }
 };

@@ -37,12 +37,9 @@ BarrierResult outcome(uint32_t my_generation, uint32_t now_generation) {
 
 const char* barrier_result_name(BarrierResult r) {
   switch (r) {
-    case BarrierResult::kOk:
-      return "ok";
-    case BarrierResult::kTimeout:
-      return "timeout";
-    case BarrierResult::kAborted:
-      return "aborted";
+    case BarrierResult::kOk: return "ok";
+    case BarrierResult::kTimeout: return "timeout";
+    case BarrierResult::kAborted: return "aborted";
   }
   return "unknown";
 }

@@ -30,6 +30,8 @@ ControlLayout plan_control_layout(const InstanceConfig& c) {
   p.add(RegionKind::kLiveness, 0, sizeof(LivenessSlot) * (1 + uint64_t{c.tp_size}));
   p.add(RegionKind::kCounters, 0, sizeof(CountersBlock) * (2 + uint64_t{c.tp_size}));
   p.add(RegionKind::kBarrier, 0, sizeof(BarrierState));
+  p.add(RegionKind::kStatus, 0, sizeof(InstanceStatus));
+  p.add(RegionKind::kPoolDirectory, 0, sizeof(PoolDirectory));
   p.add(RegionKind::kSubmitRing, 0, MpscRing::bytes_for(c.submit_ring_bytes));
   p.add(RegionKind::kCompletionRing, 0, MpscRing::bytes_for(c.completion_ring_bytes));
   for (uint32_t r = 0; r < c.tp_size; ++r) {

@@ -12,42 +12,6 @@
 
 namespace kvrelay {
 
-const char* instance_state_name(uint32_t state) {
-  switch (static_cast<InstanceState>(state)) {
-    case InstanceState::kInitialising:
-      return "initialising";
-    case InstanceState::kReady:
-      return "ready";
-    case InstanceState::kDraining:
-      return "draining";
-    case InstanceState::kDead:
-      return "dead";
-  }
-  return "invalid";
-}
-
-const char* region_kind_name(uint32_t kind) {
-  switch (static_cast<RegionKind>(kind)) {
-    case RegionKind::kLiveness:
-      return "liveness";
-    case RegionKind::kCounters:
-      return "counters";
-    case RegionKind::kBarrier:
-      return "barrier";
-    case RegionKind::kSubmitRing:
-      return "submit_ring";
-    case RegionKind::kCompletionRing:
-      return "completion_ring";
-    case RegionKind::kTaskRing:
-      return "task_ring";
-    case RegionKind::kSignalRing:
-      return "signal_ring";
-    case RegionKind::kReportRing:
-      return "report_ring";
-  }
-  return "unknown";
-}
-
 namespace {
 
 std::string recorded_boot_id(const SegmentPreamble& p) {
@@ -73,15 +37,12 @@ constexpr double kUnclaimedGraceSeconds = 2.0;
 
 std::string CreatorStatus::describe() const {
   switch (liveness) {
-    case Liveness::kAlive:
-      return fmt::format("coordinator pid {} is alive", pid);
-    case Liveness::kGone:
-      return fmt::format("coordinator pid {} is gone", pid);
+    case Liveness::kAlive: return fmt::format("coordinator pid {} is alive", pid);
+    case Liveness::kGone: return fmt::format("coordinator pid {} is gone", pid);
     case Liveness::kPidReused:
       return fmt::format("coordinator pid {} is gone (the pid now belongs to another process)",
                          pid);
-    case Liveness::kOtherBoot:
-      return fmt::format("coordinator pid {} ran in a previous boot", pid);
+    case Liveness::kOtherBoot: return fmt::format("coordinator pid {} ran in a previous boot", pid);
   }
   return "unknown";
 }
@@ -96,43 +57,16 @@ CreatorStatus creator_status(const SegmentPreamble& p) {
 
 Status validate_control_header(const std::byte* data, size_t size, const std::string& name,
                                bool allow_unpublished) {
-  if (size < sizeof(SegmentPreamble))
-    return make_error(Errc::kSizeMismatch,
-                      fmt::format("segment /{} is {} bytes, smaller than a kvrelay preamble ({} "
-                                  "bytes): truncated or not a kvrelay segment",
-                                  name, size, sizeof(SegmentPreamble)));
+  if (Status s = validate_preamble(data, size, name, SegmentKind::kControl, allow_unpublished); !s)
+    return s;
   const auto& p = *reinterpret_cast<const SegmentPreamble*>(data);
-  const uint64_t magic = p.magic.load(std::memory_order_acquire);
-  if (magic == 0 && !allow_unpublished) {
-    return make_error(Errc::kNotReady,
-                      fmt::format("segment /{} is not published yet: its creator (pid {}) has not "
-                                  "finished setting it up",
-                                  name, p.creator_pid));
-  }
-  if (magic != kSegmentMagic && magic != 0)
-    return make_error(Errc::kBadMagic,
-                      fmt::format("segment /{} has magic 0x{:016x}, expected 0x{:016x}: not a "
-                                  "kvrelay segment",
-                                  name, magic, kSegmentMagic));
-  if (magic == 0) return {};  // unpublished: nothing more can be trusted yet
-  if (p.layout_version != kLayoutVersion)
-    return make_error(Errc::kVersionMismatch,
-                      fmt::format("segment /{} has layout version {}, this build understands "
-                                  "version {}: run one kvrelay version per instance",
-                                  name, p.layout_version, kLayoutVersion));
-  if (p.layout_hash != kLayoutHash)
-    return make_error(Errc::kLayoutMismatch,
-                      fmt::format("segment /{} has layout hash 0x{:016x}, this build 0x{:016x}: it "
-                                  "was written by a differently built kvrelay",
-                                  name, p.layout_hash, kLayoutHash));
-  if (p.kind != static_cast<uint32_t>(SegmentKind::kControl))
-    return make_error(
-        Errc::kLayoutMismatch,
-        fmt::format("segment /{} is of kind {}, not a control segment", name, p.kind));
-  if (p.segment_bytes != size || size < sizeof(SegmentHeader))
+  if (p.magic.load(std::memory_order_acquire) == 0)
+    return {};  // unpublished: nothing more to trust
+  if (size < sizeof(SegmentHeader))
     return make_error(
         Errc::kSizeMismatch,
-        fmt::format("segment /{} is {} bytes but its header says {}", name, size, p.segment_bytes));
+        fmt::format("segment /{} is {} bytes, smaller than a control header ({} bytes)", name, size,
+                    sizeof(SegmentHeader)));
 
   const auto& h = *reinterpret_cast<const SegmentHeader*>(data);
   if (Status s = validate_config(h.config); !s)
@@ -236,16 +170,7 @@ Status ControlSegment::initialize(const InstanceConfig& config, const ControlLay
   auto* h = new (base) SegmentHeader{};
   // Identity first, so that a crash from here on leaves a segment whose
   // creator can be judged dead.
-  const ProcessIdentity me = self_identity();
-  h->preamble.creator_pid = me.pid;
-  h->preamble.creator_start_time = me.start_time;
-  h->preamble.creator_uid = static_cast<uint32_t>(geteuid());
-  std::memcpy(h->preamble.boot_id, boot_id().data(),
-              std::min(boot_id().size(), sizeof(h->preamble.boot_id) - 1));
-  h->preamble.layout_version = kLayoutVersion;
-  h->preamble.kind = static_cast<uint32_t>(SegmentKind::kControl);
-  h->preamble.layout_hash = kLayoutHash;
-  h->preamble.segment_bytes = layout.total_bytes;
+  write_preamble(h->preamble, SegmentKind::kControl, layout.total_bytes);
   h->epoch.store(epoch, std::memory_order_relaxed);
   h->state.store(static_cast<uint32_t>(InstanceState::kInitialising), std::memory_order_relaxed);
   h->config = config;
@@ -267,6 +192,8 @@ Status ControlSegment::initialize(const InstanceConfig& config, const ControlLay
       case RegionKind::kBarrier:
         Barrier(*new (at) BarrierState{}).arm(static_cast<uint16_t>(config.tp_size));
         break;
+      case RegionKind::kStatus: new (at) InstanceStatus{}; break;
+      case RegionKind::kPoolDirectory: new (at) PoolDirectory{}; break;
       case RegionKind::kSubmitRing:
         s = MpscRing::initialize(at, r.bytes, config.submit_ring_bytes,
                                  MpscRing::default_max_payload(config.submit_ring_bytes));
@@ -333,9 +260,7 @@ InstanceState ControlSegment::state() const {
 
 void ControlSegment::set_state(InstanceState s) const {
   header().state.store(static_cast<uint32_t>(s), std::memory_order_release);
-  // Waiters on the state (clients waiting for "ready") park on the
-  // coordinator's liveness slot sequence; state changes are rare, a plain
-  // store is enough.
+  notify_waiters(status().state_changed);
 }
 
 std::span<std::byte> ControlSegment::region(RegionKind kind, uint32_t index) const {
@@ -359,6 +284,14 @@ LivenessSlot* ControlSegment::liveness() const {
 
 CountersBlock& ControlSegment::counters(uint32_t block) const {
   return reinterpret_cast<CountersBlock*>(region(RegionKind::kCounters).data())[block];
+}
+
+InstanceStatus& ControlSegment::status() const {
+  return *reinterpret_cast<InstanceStatus*>(region(RegionKind::kStatus).data());
+}
+
+PoolDirectory& ControlSegment::pool_directory() const {
+  return *reinterpret_cast<PoolDirectory*>(region(RegionKind::kPoolDirectory).data());
 }
 
 BarrierState& ControlSegment::barrier() const {

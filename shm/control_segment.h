@@ -56,6 +56,7 @@ class ControlSegment {
   std::string instance() const { return instance_of(config()); }
   uint64_t epoch() const { return header().epoch.load(std::memory_order_acquire); }
   InstanceState state() const;
+  // Stores the state and wakes everyone waiting on status().state_changed.
   void set_state(InstanceState s) const;
 
   // The bytes of region (kind, index); empty when the directory has none.
@@ -65,6 +66,8 @@ class ControlSegment {
   LivenessSlot& worker_slot(uint32_t rank) const { return liveness()[1 + rank]; }
   CountersBlock& counters(uint32_t block) const;
   BarrierState& barrier() const;
+  InstanceStatus& status() const;
+  PoolDirectory& pool_directory() const;
 
   Result<MpscRing> submit_ring() const { return mpsc(RegionKind::kSubmitRing, 0); }
   Result<MpscRing> completion_ring() const { return mpsc(RegionKind::kCompletionRing, 0); }

@@ -33,14 +33,10 @@ FutexWait futex_wait_word(const void* word, uint32_t expected, Deadline deadline
     const long rc = futex_syscall(word, FUTEX_WAIT_BITSET, expected, &abs, FUTEX_BITSET_MATCH_ANY);
     if (rc == 0) return FutexWait::kWoken;
     switch (errno) {
-      case EAGAIN:
-        return FutexWait::kValueChanged;
-      case ETIMEDOUT:
-        return FutexWait::kTimedOut;
-      case EINTR:
-        continue;
-      default:
-        return FutexWait::kWoken;  // EFAULT/EINVAL cannot happen for a mapped, aligned word
+      case EAGAIN: return FutexWait::kValueChanged;
+      case ETIMEDOUT: return FutexWait::kTimedOut;
+      case EINTR: continue;
+      default: return FutexWait::kWoken;  // EFAULT/EINVAL cannot happen for a mapped, aligned word
     }
   }
 }

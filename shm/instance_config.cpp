@@ -12,26 +12,19 @@ namespace kvrelay {
 
 const char* role_name(Role r) {
   switch (r) {
-    case Role::kMixed:
-      return "mixed";
-    case Role::kPrefill:
-      return "prefill";
-    case Role::kDecode:
-      return "decode";
+    case Role::kMixed: return "mixed";
+    case Role::kPrefill: return "prefill";
+    case Role::kDecode: return "decode";
   }
   return "invalid";
 }
 
 const char* dtype_name(CacheDtype d) {
   switch (d) {
-    case CacheDtype::kBf16:
-      return "bfloat16";
-    case CacheDtype::kFp16:
-      return "float16";
-    case CacheDtype::kUint8:
-      return "uint8";
-    case CacheDtype::kFp8:
-      return "fp8";
+    case CacheDtype::kBf16: return "bfloat16";
+    case CacheDtype::kFp16: return "float16";
+    case CacheDtype::kUint8: return "uint8";
+    case CacheDtype::kFp8: return "fp8";
   }
   return "invalid";
 }
@@ -39,11 +32,9 @@ const char* dtype_name(CacheDtype d) {
 uint32_t dtype_bytes(CacheDtype d) {
   switch (d) {
     case CacheDtype::kBf16:
-    case CacheDtype::kFp16:
-      return 2;
+    case CacheDtype::kFp16: return 2;
     case CacheDtype::kUint8:
-    case CacheDtype::kFp8:
-      return 1;
+    case CacheDtype::kFp8: return 1;
   }
   return 0;
 }
@@ -59,13 +50,14 @@ InstanceConfig default_config(std::string_view instance, uint32_t tp_size) {
   c.kv_heads = 1;
   c.head_dim = 128;
   c.dtype = static_cast<uint32_t>(CacheDtype::kBf16);
+  c.protocols = kProtocolIpc;
   c.submit_ring_bytes = 1U << 20;
   c.completion_ring_bytes = 1U << 20;
   c.task_ring_bytes = 1U << 20;
   c.signal_ring_records = 4096;
-  c.signal_record_bytes = 64;
+  c.signal_record_bytes = 120;
   c.report_ring_records = 4096;
-  c.report_record_bytes = 128;
+  c.report_record_bytes = 120;
   c.request_deadline_ms = 60'000;
   c.heartbeat_interval_ms = 100;
   c.peer_timeout_ms = 1000;
@@ -114,6 +106,9 @@ Status validate_config(const InstanceConfig& c) {
   if (c.dtype > static_cast<uint32_t>(CacheDtype::kFp8))
     return out_of_range("dtype", c.dtype, "must be 0 (bf16), 1 (fp16), 2 (uint8) or 3 (fp8)");
   if (c.has_scales > 1) return out_of_range("has_scales", c.has_scales, "must be 0 or 1");
+  if (c.protocols == 0 || c.protocols > (kProtocolIpc | kProtocolTcp | kProtocolRdma))
+    return out_of_range("protocols", c.protocols,
+                        "must be a non-empty set of ipc (1), tcp (2), rdma (4)");
   if (c.host_blocks > (1U << 24))
     return out_of_range("host_blocks", c.host_blocks, "must be in [0, 16777216]");
 

@@ -40,7 +40,8 @@ struct InstanceConfig {
   uint32_t dtype;        // CacheDtype
   uint32_t has_scales;   // 1: fp8 block-wise scales travel with K/V
   uint32_t host_blocks;  // blocks in the host (offload) tier of swap tasks; 0: none
-  uint32_t reserved_geometry[6];
+  uint32_t protocols;    // transfer protocols this instance accepts: bit 0 ipc, 1 tcp, 2 rdma
+  uint32_t reserved_geometry[5];
 
   // Rings. Byte rings are sized in bytes, fixed-record rings in records.
   uint32_t submit_ring_bytes;      // clients -> coordinator (multi-producer)
@@ -52,6 +53,11 @@ struct InstanceConfig {
   uint32_t report_record_bytes;
   uint32_t reserved_rings[5];
 
+  // Network: the ports this instance's ranks accept RDMA / TCP handshakes on
+  // (decode role), one per rank; 0 when unused.
+  uint16_t rdma_ports[kMaxTpSize];
+  uint16_t tcp_ports[kMaxTpSize];
+
   // Time limits.
   uint32_t request_deadline_ms;  // default per-request deadline
   uint32_t heartbeat_interval_ms;
@@ -59,7 +65,11 @@ struct InstanceConfig {
   uint32_t stall_timeout_ms;  // half-written ring records are skipped after this
   uint32_t reserved_time[4];
 };
-static_assert(sizeof(InstanceConfig) == 72 + 8 + 64 + 48 + 32);
+static_assert(sizeof(InstanceConfig) == 72 + 8 + 64 + 48 + 64 + 32);
+
+inline constexpr uint32_t kProtocolIpc = 1U << 0;
+inline constexpr uint32_t kProtocolTcp = 1U << 1;
+inline constexpr uint32_t kProtocolRdma = 1U << 2;
 
 // Sensible defaults for `instance` (which the caller must have validated).
 InstanceConfig default_config(std::string_view instance, uint32_t tp_size);

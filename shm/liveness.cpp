@@ -15,14 +15,10 @@ namespace kvrelay {
 
 const char* slot_state_name(uint32_t state) {
   switch (static_cast<SlotState>(state)) {
-    case SlotState::kEmpty:
-      return "empty";
-    case SlotState::kStarting:
-      return "starting";
-    case SlotState::kReady:
-      return "ready";
-    case SlotState::kExiting:
-      return "exiting";
+    case SlotState::kEmpty: return "empty";
+    case SlotState::kStarting: return "starting";
+    case SlotState::kReady: return "ready";
+    case SlotState::kExiting: return "exiting";
   }
   return "invalid";
 }
@@ -67,14 +63,10 @@ SlotSnapshot read_slot(const LivenessSlot& slot) {
 
 const char* peer_health_name(PeerHealth h) {
   switch (h) {
-    case PeerHealth::kAbsent:
-      return "absent";
-    case PeerHealth::kHealthy:
-      return "healthy";
-    case PeerHealth::kSilent:
-      return "silent";
-    case PeerHealth::kDead:
-      return "dead";
+    case PeerHealth::kAbsent: return "absent";
+    case PeerHealth::kHealthy: return "healthy";
+    case PeerHealth::kSilent: return "silent";
+    case PeerHealth::kDead: return "dead";
   }
   return "unknown";
 }

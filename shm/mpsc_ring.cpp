@@ -282,6 +282,11 @@ size_t MpscRing::read_wait(const Handler& handler, size_t max_records, Deadline 
   }
 }
 
+bool MpscRing::wait_readable(Deadline deadline) {
+  return wait_until(
+      h_->not_empty, [&] { return has_committed_record(); }, deadline);
+}
+
 void MpscRing::note_stall() {
   const uint64_t head = h_->head.load(std::memory_order_relaxed);
   if (h_->tail.load(std::memory_order_acquire) == head) {

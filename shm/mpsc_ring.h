@@ -124,6 +124,9 @@ class MpscRing {
   size_t read(const Handler& handler, size_t max_records = SIZE_MAX);
   // Like read, but waits until at least one record arrives or `deadline`.
   size_t read_wait(const Handler& handler, size_t max_records, Deadline deadline);
+  // Waits until a committed record is waiting (true) or `deadline` (false),
+  // without consuming it.
+  bool wait_readable(Deadline deadline);
 
   // How long a half-written record may block the consumer before it is
   // skipped when its producer is dead; a live producer gets 4x as long.

@@ -87,14 +87,10 @@ Liveness check_liveness(const ProcessIdentity& recorded, const std::string& boot
 
 const char* liveness_name(Liveness l) {
   switch (l) {
-    case Liveness::kAlive:
-      return "alive";
-    case Liveness::kGone:
-      return "gone";
-    case Liveness::kPidReused:
-      return "pid reused by another process";
-    case Liveness::kOtherBoot:
-      return "from a previous boot";
+    case Liveness::kAlive: return "alive";
+    case Liveness::kGone: return "gone";
+    case Liveness::kPidReused: return "pid reused by another process";
+    case Liveness::kOtherBoot: return "from a previous boot";
   }
   return "unknown";
 }

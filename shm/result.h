@@ -28,6 +28,7 @@ enum class Errc : uint16_t {
   kAborted,           // a barrier round was poisoned because a participant died
   kTooLarge,          // a record exceeds the ring's record limit
   kSystem,            // an OS call failed; the message names it and errno
+  kCoordinatorGone,   // the instance's coordinator died (or the instance shut down)
 };
 
 std::string_view errc_name(Errc code);
@@ -53,6 +54,8 @@ class [[nodiscard]] Result {
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
 
   const Error& error() const { return std::get<1>(v_); }
   Errc code() const { return ok() ? Errc::kOk : error().code; }

@@ -18,13 +18,16 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "shm/barrier.h"
 #include "shm/counters.h"
 #include "shm/instance_config.h"
+#include "shm/instance_status.h"
 #include "shm/liveness.h"
 #include "shm/mpsc_ring.h"
+#include "shm/result.h"
 #include "shm/spsc_ring.h"
 #include "shm/wait_event.h"
 
@@ -74,8 +77,19 @@ enum class RegionKind : uint32_t {
   kTaskRing = 6,        // MpscRing per rank: coordinator -> worker
   kSignalRing = 7,      // SpscRing per rank: engine -> worker (layer signals)
   kReportRing = 8,      // SpscRing per rank: worker -> coordinator
+  kStatus = 9,          // InstanceStatus: ready flags and doorbells
+  kPoolDirectory = 10,  // PoolDirectory: where each rank's pools live
 };
 const char* region_kind_name(uint32_t kind);
+
+// Checks the preamble of a mapped segment: size, magic (published or not),
+// layout version, layout hash, kind and recorded size, naming what mismatched.
+// With `allow_unpublished`, a zero magic passes (and nothing more is checked).
+Status validate_preamble(const std::byte* data, size_t size, const std::string& name,
+                         SegmentKind kind, bool allow_unpublished);
+
+// Fills in everything but the magic; the creator stores the magic last.
+void write_preamble(SegmentPreamble& p, SegmentKind kind, uint64_t segment_bytes);
 
 struct RegionEntry {
   uint32_t kind;   // RegionKind

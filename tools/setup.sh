@@ -10,7 +10,7 @@ packages=(
   # libraries (DESIGN.md section 2)
   libboost-dev capnproto libcapnp-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-  libibverbs-dev librdmacm-dev
+  libibverbs-dev librdmacm-dev nlohmann-json3-dev
   # Python bindings and their tests
   python3 python3-dev pybind11-dev python3-pytest python3-numpy
   # tools used by tests and benchmarks: setpriv (util-linux), procps, gnuplot for plots

@@ -49,25 +49,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                            words.size() * 8);
   static const Limits limits = fuzz_limits();
   switch (selector % 7) {
-    case 0:
-      decode_and_validate<schema::CacheTask>(payload, limits);
-      break;
+    case 0: decode_and_validate<schema::CacheTask>(payload, limits); break;
     case 1:
       (void)with_message<schema::CacheDest>(
           payload, [&](schema::CacheDest::Reader r) -> Status { return validate(r, limits, 256); });
       break;
-    case 2:
-      decode_and_validate<schema::SwapTask>(payload, limits);
-      break;
-    case 3:
-      decode_and_validate<schema::ConnectTask>(payload, limits);
-      break;
-    case 4:
-      decode_and_validate<schema::Cancel>(payload, limits);
-      break;
-    case 5:
-      decode_and_validate<schema::RegisterPool>(payload, limits);
-      break;
+    case 2: decode_and_validate<schema::SwapTask>(payload, limits); break;
+    case 3: decode_and_validate<schema::ConnectTask>(payload, limits); break;
+    case 4: decode_and_validate<schema::Cancel>(payload, limits); break;
+    case 5: decode_and_validate<schema::RegisterPool>(payload, limits); break;
     case 6:
       // A merged pair, as the coordinator validates it once both halves are in.
       (void)with_message<schema::SendTask>(payload, [&](schema::SendTask::Reader r) -> Status {

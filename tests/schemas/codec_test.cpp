@@ -171,15 +171,23 @@ TEST_F(RingCodec, WorkerTaskAndCompletionRoundTrip) {
     auto w = msg.initRoot<schema::WorkerTask>();
     w.setHandle(0x1234'5678'9abcULL);
     w.setRequestId("req-3");
-    auto send = w.initSend();
-    kvrelay::testing::fill_cache_task(send.initTask(), "req-3", {1, 2}, 100, 7);
-    kvrelay::testing::fill_cache_dest_ipc(send.initDest(), "req-3", {5});
+    kvrelay::testing::fill_cache_task(w.initBind(), "req-3", {1, 2}, 100, 7);
     write(MessageType::WORKER_TASK, msg);
     read_one<schema::WorkerTask>(MessageType::WORKER_TASK, [](schema::WorkerTask::Reader r) {
       EXPECT_EQ(r.getHandle(), 0x1234'5678'9abcULL);
-      ASSERT_TRUE(r.isSend());
-      EXPECT_EQ(r.getSend().getTask().getEngineSlot(), 7u);
-      EXPECT_EQ(r.getSend().getDest().getDestBlockIds()[0], 5u);
+      ASSERT_TRUE(r.isBind());
+      EXPECT_EQ(r.getBind().getEngineSlot(), 7u);
+    });
+  }
+  {
+    capnp::MallocMessageBuilder msg;
+    auto w = msg.initRoot<schema::WorkerTask>();
+    w.setHandle(9);
+    kvrelay::testing::fill_cache_dest_ipc(w.initDest(), "req-3", {5});
+    write(MessageType::WORKER_TASK, msg);
+    read_one<schema::WorkerTask>(MessageType::WORKER_TASK, [](schema::WorkerTask::Reader r) {
+      ASSERT_TRUE(r.isDest());
+      EXPECT_EQ(r.getDest().getDestBlockIds()[0], 5u);
     });
   }
   {
@@ -350,16 +358,16 @@ TEST(MalformedRecords, TraversalLimitStopsAnAmplifiedRead) {
 TEST(MalformedRecords, NestingLimitIsEnforced) {
   capnp::MallocMessageBuilder msg;
   auto w = msg.initRoot<schema::WorkerTask>();
-  kvrelay::testing::fill_cache_task(w.initSend().initTask(), "r", {1}, 1, 0);
+  kvrelay::testing::fill_cache_task(w.initBind(), "r", {1}, 1, 0);
   auto bytes = encode(msg);
   auto words = aligned(bytes);
   Status s = with_message<schema::WorkerTask>(
       std::span<const std::byte>(reinterpret_cast<const std::byte*>(words.data()), bytes.size()),
       [](schema::WorkerTask::Reader r) -> Status {
-        (void)r.getSend().getTask().getSrcBlockIds()[0];
+        (void)r.getBind().getSrcBlockIds()[0];
         return {};
       },
-      ReadLimits{.traversal_words = 1 << 20, .nesting = 2});
+      ReadLimits{.traversal_words = 1 << 20, .nesting = 1});
   ASSERT_EQ(s.code(), Errc::kCorrupt);
   EXPECT_NE(s.error().message.find("too deeply-nested"), std::string::npos) << s.error().message;
 }

@@ -57,7 +57,16 @@ void kill_child(pid_t pid) {
 }
 
 std::string unique_instance(const std::string& suffix) {
-  return "t" + std::to_string(getpid()) + "-" + suffix;
+  std::string name = "t" + std::to_string(getpid()) + "-";
+  for (char c : suffix) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_';
+    name.push_back(ok ? c : '_');
+  }
+  if (name.size() > 60) {  // keep the end (it tells instances of one test apart)
+    name = name.substr(0, 30) + name.substr(name.size() - 30);
+  }
+  return name;
 }
 
 ReadyPipe::ReadyPipe() {

@@ -29,7 +29,8 @@ std::optional<ChildExit> wait_child(pid_t pid, std::chrono::milliseconds timeout
 // Kills with SIGKILL and reaps.
 void kill_child(pid_t pid);
 
-// "t<pid>-<suffix>": unique per test process, a valid instance name.
+// "t<pid>-<suffix>": unique per test process, a valid instance name (other
+// characters become '_', long names keep their start and end).
 std::string unique_instance(const std::string& suffix);
 
 // A one-byte pipe for "I am ready" handshakes between parent and child.

@@ -1,0 +1,171 @@
+// kvrelay's engine-side library (C++). An engine attaches to an instance,
+// submits requests, pushes layer signals and reads completions, all through
+// the instance's shared-memory rings.
+//
+// Contract:
+//  - Exactly one completion per request: finished, error, cancelled or
+//    timeout. A submission refused without affecting any live request (a
+//    duplicate half, a cancel for an id that is not live, an undecodable
+//    record) gets a `rejected` completion, which does not end the request of
+//    that id.
+//  - One completion reader per instance: completions are consumed by
+//    whichever Client calls poll()/wait(); run exactly one reader (the
+//    engine's scheduler).
+//  - One signal producer per rank: the layer signals of rank r come from one
+//    process (the engine's rank-r model runner). Pushing a signal allocates
+//    nothing, takes no lock and makes no system call unless the worker is
+//    parked, so it may run inside a CUDA host callback.
+//  - Any number of processes may submit requests.
+//  - No call waits forever: blocking calls take a Deadline. If the
+//    coordinator dies, calls return Errc::kCoordinatorGone instead of hanging;
+//    attach again once a new coordinator is up.
+//
+// Errors are values (kvrelay::Result / Status) with a message to show:
+// kFull (ring full, nothing written), kCoordinatorGone, kInvalidArgument
+// (bad input; nothing was submitted), kTimeout, kTooLarge.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shm/clock.h"
+#include "shm/instance_config.h"
+#include "shm/result.h"
+
+namespace kvrelay {
+
+class HostPool;
+enum class PoolTier : uint32_t;
+
+enum class Protocol : uint16_t { kIpc = 0, kTcp = 1, kRdma = 2 };
+
+// The prefill half (the original's src_block_ids / current_id / need_prefill_tokens).
+struct CacheTaskSpec {
+  std::string request_id;
+  std::vector<uint32_t> src_block_ids;
+  uint64_t need_prefill_tokens = 0;
+  std::optional<uint32_t> engine_slot;          // per-chunk mode
+  std::optional<uint64_t> legacy_prefill_step;  // legacy per-query mode
+  uint32_t deadline_ms = 0;                     // 0: the instance default
+};
+
+// The decode half (the original's dest_block_ids / transfer_protocol / ip /
+// rdma_ports / device_ids / error_msg).
+struct CacheDestSpec {
+  std::string request_id;
+  std::vector<uint32_t> dest_block_ids;
+  Protocol protocol = Protocol::kIpc;
+  std::string peer_instance;  // ipc: the decode instance on this host
+  std::string peer_address;   // tcp/rdma
+  std::vector<uint16_t> rdma_ports;
+  std::vector<uint16_t> tcp_ports;
+  std::vector<uint32_t> device_ids;
+  std::string error_message;  // the decode side refused: fails the request
+};
+
+struct SwapSpec {
+  std::string request_id;
+  bool load = false;  // false: evict (device -> host); true: load (host -> device)
+  std::vector<uint32_t> device_block_ids;
+  std::vector<uint32_t> host_block_ids;
+  uint32_t first_layer = 0;
+  uint32_t layer_count = 0;  // 0: all layers
+  uint32_t deadline_ms = 0;
+};
+
+struct ConnectSpec {
+  uint64_t task_id = 0;  // the completion's id is "connect-<task_id>"
+  Protocol protocol = Protocol::kIpc;
+  std::string peer_instance;
+  std::string peer_address;
+  std::vector<uint16_t> ports;
+};
+
+struct PoolSpec {
+  uint32_t rank = 0;
+  bool host_tier = false;
+  std::string segment_name;  // a host shared-memory pool segment (without '/')
+};
+
+enum class CompletionStatus : uint16_t { kFinished, kError, kCancelled, kTimeout, kRejected };
+enum class CompletionKind : uint16_t { kCache, kSwap, kConnect, kRegisterPool, kOther };
+const char* completion_status_name(CompletionStatus s);
+
+struct Completion {
+  std::string request_id;
+  CompletionKind kind = CompletionKind::kOther;
+  CompletionStatus status = CompletionStatus::kError;
+  int32_t error_rank = -1;
+  std::string message;
+  uint64_t bytes_moved = 0;
+  uint64_t submitted_ns = 0;  // CLOCK_MONOTONIC
+  uint64_t completed_ns = 0;
+};
+
+// One entry of a step's batch: slot `slot` prefilled tokens
+// [chunk_token_offset, chunk_token_offset + chunk_len) in this step.
+struct BatchSlot {
+  uint32_t slot;
+  uint32_t chunk_token_offset;
+  uint32_t chunk_len;
+};
+
+class Client {
+ public:
+  // Attaches to `instance` and waits (until `ready_by`) for it to be ready;
+  // an instance whose coordinator is still starting is waited for.
+  static Result<Client> attach(std::string_view instance, Deadline ready_by);
+
+  Client(Client&&) noexcept;
+  Client& operator=(Client&&) noexcept;
+  ~Client();
+
+  const InstanceConfig& config() const;
+  uint64_t epoch() const;
+  // The original's cache_ready_signal: 1 when rank r is serving.
+  bool rank_ready(uint32_t rank) const;
+
+  // ---- submissions (any process; each waits for ring room until `deadline`) ----
+  Status submit(const CacheTaskSpec& task, Deadline deadline);
+  Status submit(const CacheDestSpec& dest, Deadline deadline);
+  Status submit(const SwapSpec& swap, Deadline deadline);
+  Status submit(const ConnectSpec& connect, Deadline deadline);
+  Status register_pool(const PoolSpec& pool, Deadline deadline);
+  Status cancel(std::string_view request_id, Deadline deadline);
+
+  // ---- layer signals (one process per rank; see the contract above) ----
+  // A step's batch; split over several records when large. Call before the
+  // step's first layer_done.
+  Status push_batch(uint32_t rank, uint64_t step, std::span<const BatchSlot> slots,
+                    Deadline deadline);
+  // Layer `layer` of step `step` is computed for every slot of its batch.
+  Status push_layer_done(uint32_t rank, uint64_t step, uint32_t layer, Deadline deadline);
+  // Legacy per-query mode: (step, layer) is the newest computed position.
+  Status push_legacy_layer_done(uint32_t rank, uint64_t step, uint32_t layer, Deadline deadline);
+
+  // ---- completions (one reader per instance) ----
+  // The next completion if one is waiting.
+  Result<std::optional<Completion>> poll();
+  // Waits for the next completion until `deadline` (kTimeout), or until the
+  // coordinator is found dead (kCoordinatorGone).
+  Result<Completion> wait(Deadline deadline);
+
+  // Ok while the coordinator lives; kCoordinatorGone otherwise.
+  Status coordinator_alive() const;
+
+  // Maps rank `rank`'s host-memory pool (the host default's "device" memory,
+  // or the host tier), e.g. to write or check KV bytes.
+  Result<std::unique_ptr<HostPool>> open_pool(uint32_t rank, bool host_tier) const;
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvrelay

@@ -1,0 +1,15 @@
+// kvrelay-coordinator: see coordinator.h.
+#include <fmt/format.h>
+
+#include "coordinator/coordinator.h"
+
+int main(int argc, char** argv) {
+  auto options = kvrelay::coordinator::parse_options(argc, argv);
+  if (!options) {
+    const bool help = options.code() == kvrelay::Errc::kNotFound;
+    fmt::print(help ? stdout : stderr, "{}{}\n",
+               help ? "" : "kvrelay-coordinator: ", options.error().message);
+    return help ? 0 : 2;
+  }
+  return kvrelay::coordinator::run_coordinator(*options);
+}

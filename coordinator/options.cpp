@@ -1,0 +1,263 @@
+#include "coordinator/options.h"
+
+#include <fmt/format.h>
+#include <sys/statvfs.h>
+
+#include <CLI/CLI.hpp>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "shm/names.h"
+#include "shm/pool_geometry.h"
+#include "shm/pool_segment.h"
+
+namespace kvrelay::coordinator {
+
+namespace {
+
+Result<CacheDtype> parse_dtype(const std::string& s) {
+  if (s == "bfloat16" || s == "bf16") return CacheDtype::kBf16;
+  if (s == "float16" || s == "fp16") return CacheDtype::kFp16;
+  if (s == "uint8") return CacheDtype::kUint8;
+  if (s == "fp8" || s == "float8_e4m3fn" || s == "block_wise_fp8") return CacheDtype::kFp8;
+  return make_error(Errc::kInvalidArgument,
+                    fmt::format("--dtype '{}' is not one of bfloat16, float16, uint8, fp8", s));
+}
+
+Result<Role> parse_role(const std::string& s) {
+  if (s == "prefill") return Role::kPrefill;
+  if (s == "decode") return Role::kDecode;
+  if (s == "mixed") return Role::kMixed;
+  return make_error(Errc::kInvalidArgument,
+                    fmt::format("--role '{}' is not one of prefill, decode, mixed", s));
+}
+
+Result<uint32_t> parse_protocols(const std::string& s) {
+  uint32_t mask = 0;
+  std::stringstream in(s);
+  std::string p;
+  while (std::getline(in, p, ',')) {
+    if (p == "ipc") {
+      mask |= kProtocolIpc;
+    } else if (p == "tcp") {
+      mask |= kProtocolTcp;
+    } else if (p == "rdma") {
+      mask |= kProtocolRdma;
+    } else {
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("--protocol '{}' is not one of ipc, tcp, rdma", p));
+    }
+  }
+  if (mask == 0) return make_error(Errc::kInvalidArgument, "--protocol is empty");
+  return mask;
+}
+
+Status parse_ports(const std::string& s, uint32_t tp, uint16_t* out, const char* flag) {
+  if (s.empty()) return {};
+  std::vector<uint16_t> ports;
+  std::stringstream in(s);
+  std::string p;
+  while (std::getline(in, p, ',')) {
+    try {
+      const long v = std::stol(p);
+      if (v <= 0 || v > 65535) throw std::out_of_range(p);
+      ports.push_back(static_cast<uint16_t>(v));
+    } catch (...) {
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("{} has '{}', which is not a port", flag, p));
+    }
+  }
+  if (ports.size() != tp)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("{} lists {} ports but --tp-size is {}: one port per rank", flag,
+                                  ports.size(), tp));
+  std::copy(ports.begin(), ports.end(), out);
+  return {};
+}
+
+// The original's --speculative_config JSON: num_extra_cache_layer and
+// num_gpu_block_expand_ratio.
+Status apply_speculative(const std::string& json, InstanceConfig& c) {
+  if (json.empty() || json == "{}") return {};
+  try {
+    const auto j = nlohmann::json::parse(json);
+    if (!j.is_object()) throw std::invalid_argument("not an object");
+    c.extra_layers = j.value("num_extra_cache_layer", 0U);
+    const double ratio = j.value("num_gpu_block_expand_ratio", 1.0);
+    if (ratio <= 0 || ratio > 16)
+      throw std::invalid_argument("num_gpu_block_expand_ratio out of (0, 16]");
+    c.extra_layer_blocks = static_cast<uint32_t>(c.num_blocks * ratio);
+  } catch (const std::exception& e) {
+    return make_error(
+        Errc::kInvalidArgument,
+        fmt::format("--speculative-config is not valid JSON of the original's form "
+                    "({{\"num_extra_cache_layer\": N, \"num_gpu_block_expand_ratio\": "
+                    "R}}): {}",
+                    e.what()));
+  }
+  return {};
+}
+
+}  // namespace
+
+uint64_t pool_bytes_per_rank(const InstanceConfig& c) {
+  uint64_t bytes = HostPool::segment_bytes(PoolGeometry::from(c, PoolTier::kDevice));
+  if (c.host_blocks > 0) bytes += HostPool::segment_bytes(PoolGeometry::from(c, PoolTier::kHost));
+  return bytes;
+}
+
+Result<CoordinatorOptions> parse_options(int argc, char** argv) {
+  CoordinatorOptions o;
+  std::string instance, role = "mixed", dtype = "bfloat16", protocol = "ipc", rdma_ports, tcp_ports,
+                        speculative;
+  InstanceConfig d = default_config("x", 1);
+  uint32_t tp = 1;
+  int64_t startup_ms = o.startup_timeout.count(), drain_ms = o.drain_timeout.count();
+  bool fp8_scales = true;
+
+  CLI::App app{
+      "kvrelay-coordinator: owns an instance's shared-memory rings, starts and supervises one "
+      "kvrelay-worker per tensor-parallel rank, and answers every request with exactly one "
+      "completion."};
+  app.add_option("--instance", instance, "instance name, [A-Za-z0-9._-]{1,64}")->required();
+  app.add_option("--role", role, "prefill, decode or mixed (original: --splitwise_role)")
+      ->capture_default_str();
+  app.add_option("--tp-size", tp, "tensor-parallel ranks = worker processes (original: --mp_num)")
+      ->capture_default_str();
+  app.add_option("--num-layers", d.num_layers, "model layers (original: --num_layers)")
+      ->capture_default_str();
+  app.add_option("--block-size", d.block_size, "tokens per KV block (original: --block_size)")
+      ->capture_default_str();
+  app.add_option("--kv-heads", d.kv_heads, "KV heads per rank (original: --kv_num_head)")
+      ->capture_default_str();
+  app.add_option("--head-dim", d.head_dim, "head dimension (original: --head_dim)")
+      ->capture_default_str();
+  app.add_option("--dtype", dtype, "bfloat16, float16, uint8 or fp8 (original: --cache_dtype)")
+      ->capture_default_str();
+  app.add_flag("--fp8-scales,!--no-fp8-scales", fp8_scales,
+               "fp8 caches carry block-wise float32 scales (default on)");
+  app.add_option("--num-blocks", d.num_blocks,
+                 "KV blocks per rank in the device pool (original: --num_gpu_blocks)")
+      ->capture_default_str();
+  app.add_option("--num-host-blocks", d.host_blocks,
+                 "blocks per rank in the host tier for swap tasks; 0: none (original transfer "
+                 "manager: num_cpu_blocks)")
+      ->capture_default_str();
+  app.add_option(
+         "--protocol", protocol,
+         "accepted transfer protocols, comma-separated: ipc,tcp,rdma (original: --protocol)")
+      ->capture_default_str();
+  app.add_option("--rdma-ports", rdma_ports,
+                 "per-rank RDMA handshake ports, comma-separated (original: --rdma_port)");
+  app.add_option("--tcp-ports", tcp_ports, "per-rank TCP transport ports, comma-separated");
+  app.add_option(
+      "--speculative-config", speculative,
+      "the original's JSON: {\"num_extra_cache_layer\": N, \"num_gpu_block_expand_ratio\": R} "
+      "(original: --speculative_config)");
+  app.add_option("--extra-layers", d.extra_layers,
+                 "speculative extra cache layers (overrides the JSON)");
+  app.add_option("--extra-layer-blocks", d.extra_layer_blocks, "blocks in each extra layer");
+  app.add_option("--request-deadline-ms", d.request_deadline_ms, "default per-request deadline")
+      ->capture_default_str();
+  app.add_option("--peer-timeout-ms", d.peer_timeout_ms,
+                 "heartbeat age after which a process is presumed dead")
+      ->capture_default_str();
+  app.add_option("--submit-ring-bytes", d.submit_ring_bytes,
+                 "engine -> coordinator ring size (power of two)")
+      ->capture_default_str();
+  app.add_option("--completion-ring-bytes", d.completion_ring_bytes,
+                 "coordinator -> engine ring size")
+      ->capture_default_str();
+  app.add_option("--task-ring-bytes", d.task_ring_bytes,
+                 "coordinator -> worker ring size, per rank")
+      ->capture_default_str();
+  app.add_option("--signal-ring-records", d.signal_ring_records,
+                 "engine -> worker layer-signal records, per rank")
+      ->capture_default_str();
+  app.add_flag(
+      "--external-workers", o.external_workers,
+      "do not start workers: wait for kvrelay-worker processes started by another supervisor");
+  app.add_option("--worker-binary", o.worker_binary,
+                 "kvrelay-worker to start (default: next to this binary)");
+  app.add_option("--log-dir", o.log_dir,
+                 "directory for kvrelay-coordinator.log and kvrelay-worker-rank<r>.log");
+  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error, critical or off")
+      ->capture_default_str();
+  app.add_flag("--group-access", o.group_access,
+               "create segments 0660 (group access) instead of 0600");
+  app.add_option("--startup-timeout-ms", startup_ms, "how long the workers may take to line up")
+      ->capture_default_str();
+  app.add_option("--drain-timeout-ms", drain_ms,
+                 "on SIGTERM/SIGINT, how long in-flight requests may finish")
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    return make_error(Errc::kNotFound, app.help());
+  } catch (const CLI::ParseError& e) {
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("{}\nRun with --help for the flags.", e.what()));
+  }
+
+  if (Status s = validate_instance_name(instance); !s)
+    return make_error(Errc::kInvalidArgument, "--instance: " + s.error().message);
+  if (tp < 1 || tp > kMaxTpSize)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("--tp-size {} must be in [1, {}]", tp, kMaxTpSize));
+  InstanceConfig c = default_config(instance, tp);
+  const uint32_t extra_layers_flag = d.extra_layers, extra_blocks_flag = d.extra_layer_blocks;
+  c.num_layers = d.num_layers;
+  c.block_size = d.block_size;
+  c.kv_heads = d.kv_heads;
+  c.head_dim = d.head_dim;
+  c.num_blocks = d.num_blocks;
+  c.host_blocks = d.host_blocks;
+  c.request_deadline_ms = d.request_deadline_ms;
+  c.peer_timeout_ms = d.peer_timeout_ms;
+  c.submit_ring_bytes = d.submit_ring_bytes;
+  c.completion_ring_bytes = d.completion_ring_bytes;
+  c.task_ring_bytes = d.task_ring_bytes;
+  c.signal_ring_records = d.signal_ring_records;
+  Result<Role> r = parse_role(role);
+  if (!r) return r.error();
+  c.role = static_cast<uint32_t>(*r);
+  Result<CacheDtype> dt = parse_dtype(dtype);
+  if (!dt) return dt.error();
+  c.dtype = static_cast<uint32_t>(*dt);
+  c.has_scales = (*dt == CacheDtype::kFp8 && fp8_scales) ? 1 : 0;
+  Result<uint32_t> p = parse_protocols(protocol);
+  if (!p) return p.error();
+  c.protocols = *p;
+  if (Status s = parse_ports(rdma_ports, tp, c.rdma_ports, "--rdma-ports"); !s) return s.error();
+  if (Status s = parse_ports(tcp_ports, tp, c.tcp_ports, "--tcp-ports"); !s) return s.error();
+  if (Status s = apply_speculative(speculative, c); !s) return s.error();
+  if (extra_layers_flag != 0) c.extra_layers = extra_layers_flag;
+  if (extra_blocks_flag != 0) c.extra_layer_blocks = extra_blocks_flag;
+  if (c.extra_layers > 0 && c.extra_layer_blocks == 0) c.extra_layer_blocks = c.num_blocks;
+  if (Status s = validate_config(c); !s)
+    return make_error(Errc::kInvalidArgument, s.error().message);
+
+  // An impossible geometry is one that does not fit where the pools live.
+  const uint64_t per_rank = pool_bytes_per_rank(c);
+  struct statvfs fs {};
+  if (statvfs("/dev/shm", &fs) == 0) {
+    const uint64_t avail = uint64_t{fs.f_bavail} * fs.f_frsize;
+    if (per_rank * tp > avail)
+      return make_error(
+          Errc::kInvalidArgument,
+          fmt::format("the pools need {:.1f} GiB ({} ranks x {:.1f} GiB: {} layers x {} "
+                      "blocks of {} bytes per tensor) but /dev/shm has {:.1f} GiB free",
+                      per_rank * tp / 1073741824.0, tp, per_rank / 1073741824.0,
+                      c.num_layers + c.extra_layers, c.num_blocks,
+                      PoolGeometry::from(c, PoolTier::kDevice).block_bytes(PoolTensor::kKey),
+                      avail / 1073741824.0));
+  }
+  o.config = c;
+  o.startup_timeout = std::chrono::milliseconds(startup_ms);
+  o.drain_timeout = std::chrono::milliseconds(drain_ms);
+  return o;
+}
+
+}  // namespace kvrelay::coordinator

@@ -1,0 +1,138 @@
+#include "coordinator/supervisor.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+
+extern char** environ;
+
+namespace kvrelay::coordinator {
+
+namespace {
+// Backoff after a crash: 100 ms, doubling, at most 5 s; a worker that stayed
+// up for 10 s starts again from 100 ms.
+constexpr uint64_t kFirstBackoffNs = 100'000'000ULL;
+constexpr uint64_t kMaxBackoffNs = 5'000'000'000ULL;
+constexpr uint64_t kHealthyRunNs = 10'000'000'000ULL;
+}  // namespace
+
+std::string default_worker_binary() {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "kvrelay-worker";
+  return (self.parent_path() / "kvrelay-worker").string();
+}
+
+Supervisor::Supervisor(std::string worker_binary, std::string instance, uint32_t tp_size,
+                       std::string log_dir, std::string log_level)
+    : worker_binary_(std::move(worker_binary)),
+      instance_(std::move(instance)),
+      log_dir_(std::move(log_dir)),
+      log_level_(std::move(log_level)),
+      ranks_(tp_size) {}
+
+Supervisor::~Supervisor() {
+  if (!stopping_) stop_all(Deadline::after(std::chrono::seconds(5)));
+}
+
+Status Supervisor::spawn(uint32_t rank) {
+  std::vector<std::string> args = {worker_binary_,       "--instance",  instance_, "--rank",
+                                   std::to_string(rank), "--log-level", log_level_};
+  if (!log_dir_.empty()) {
+    args.push_back("--log-dir");
+    args.push_back(log_dir_);
+  }
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, worker_binary_.c_str(), nullptr, nullptr, argv.data(), environ);
+  if (rc != 0) return system_error(fmt::format("cannot start {}", worker_binary_), rc);
+  Rank& r = ranks_[rank];
+  r.pid = static_cast<uint32_t>(pid);
+  r.started_ns = mono_now_ns();
+  r.restart_at_ns = 0;
+  if (Status s = watcher_.watch(r.pid); !s) return s;
+  spdlog::info("started rank {} worker, pid {}", rank, pid);
+  return {};
+}
+
+Status Supervisor::start_all() {
+  for (uint32_t rank = 0; rank < ranks_.size(); ++rank) {
+    if (Status s = spawn(rank); !s) return s;
+  }
+  return {};
+}
+
+std::vector<WorkerExit> Supervisor::poll_exits(Deadline deadline) {
+  std::vector<WorkerExit> out;
+  for (const PidfdWatcher::Exit& e : watcher_.wait(deadline)) {
+    auto it =
+        std::find_if(ranks_.begin(), ranks_.end(), [&](const Rank& r) { return r.pid == e.pid; });
+    if (it == ranks_.end()) continue;
+    const auto rank = static_cast<uint32_t>(it - ranks_.begin());
+    Rank& r = *it;
+    const uint64_t now = mono_now_ns();
+    r.pid = 0;
+    if (!stopping_) {
+      r.consecutive_failures = now - r.started_ns > kHealthyRunNs ? 1 : r.consecutive_failures + 1;
+      const uint64_t backoff =
+          std::min(kMaxBackoffNs, kFirstBackoffNs << std::min(r.consecutive_failures - 1, 10U));
+      r.restart_at_ns = now + backoff;
+      spdlog::error("rank {} worker (pid {}) died: {}; restarting in {} ms", rank, e.pid,
+                    e.describe(), backoff / 1'000'000);
+    }
+    out.push_back(WorkerExit{rank, e.pid, e.describe()});
+  }
+  return out;
+}
+
+std::vector<uint32_t> Supervisor::restart_due(uint64_t now_ns) {
+  std::vector<uint32_t> started;
+  if (stopping_) return started;
+  for (uint32_t rank = 0; rank < ranks_.size(); ++rank) {
+    Rank& r = ranks_[rank];
+    if (r.pid != 0 || r.restart_at_ns == 0 || r.restart_at_ns > now_ns) continue;
+    ++r.restarts;
+    if (Status s = spawn(rank); !s) {
+      spdlog::error("rank {}: {}", rank, s.error().message);
+      r.restart_at_ns = now_ns + kMaxBackoffNs;
+      continue;
+    }
+    started.push_back(rank);
+  }
+  return started;
+}
+
+uint64_t Supervisor::next_restart_ns() const {
+  uint64_t next = UINT64_MAX;
+  for (const Rank& r : ranks_)
+    if (r.pid == 0 && r.restart_at_ns != 0) next = std::min(next, r.restart_at_ns);
+  return next;
+}
+
+void Supervisor::stop_all(Deadline deadline) {
+  stopping_ = true;
+  auto alive = [&] {
+    return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.pid != 0; });
+  };
+  while (alive() && !deadline.passed())
+    poll_exits(deadline);
+  for (uint32_t rank = 0; rank < ranks_.size(); ++rank) {
+    Rank& r = ranks_[rank];
+    if (r.pid == 0) continue;
+    spdlog::warn("rank {} worker (pid {}) did not exit in time; killing it", rank, r.pid);
+    kill(static_cast<pid_t>(r.pid), SIGKILL);
+  }
+  for (int i = 0; i < 10 && alive(); ++i)
+    poll_exits(Deadline::after(std::chrono::seconds(1)));
+}
+
+}  // namespace kvrelay::coordinator

@@ -1,0 +1,69 @@
+// Starts one kvrelay-worker per rank and restarts a crashed one with
+// exponential backoff, logging why it died (exit code or signal). Children
+// are watched through pidfds, so an exit is noticed at the next poll, not at
+// a heartbeat timeout.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shm/clock.h"
+#include "shm/liveness.h"
+#include "shm/result.h"
+
+namespace kvrelay::coordinator {
+
+struct WorkerExit {
+  uint32_t rank;
+  uint32_t pid;
+  std::string reason;  // "exit code 3" / "killed by SIGKILL"
+};
+
+class Supervisor {
+ public:
+  Supervisor(std::string worker_binary, std::string instance, uint32_t tp_size, std::string log_dir,
+             std::string log_level);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  Status start_all();
+  // Workers that exited since the last call (reaped). Waits at most until
+  // `deadline` for the first one.
+  std::vector<WorkerExit> poll_exits(Deadline deadline);
+  // Starts the ranks whose restart backoff has passed. Returns ranks started.
+  std::vector<uint32_t> restart_due(uint64_t now_ns);
+  // The next time restart_due() has something to do (UINT64_MAX: nothing).
+  uint64_t next_restart_ns() const;
+  // Stops restarting; waits for the workers to exit until `deadline`, then
+  // SIGKILLs the rest.
+  void stop_all(Deadline deadline);
+  uint32_t pid_of(uint32_t rank) const { return ranks_[rank].pid; }
+  uint32_t restarts(uint32_t rank) const { return ranks_[rank].restarts; }
+
+ private:
+  struct Rank {
+    uint32_t pid = 0;
+    uint64_t started_ns = 0;
+    uint64_t restart_at_ns = 0;  // 0: not waiting for a restart
+    uint32_t restarts = 0;
+    uint32_t consecutive_failures = 0;
+  };
+  Status spawn(uint32_t rank);
+
+  std::string worker_binary_;
+  std::string instance_;
+  std::string log_dir_;
+  std::string log_level_;
+  std::vector<Rank> ranks_;
+  PidfdWatcher watcher_;
+  bool stopping_ = false;
+};
+
+// kvrelay-worker next to the running executable.
+std::string default_worker_binary();
+
+}  // namespace kvrelay::coordinator

@@ -1,0 +1,148 @@
+// The coordinator's task table: every request's life from its first
+// submitted half to its one Completion (DESIGN.md section 5, last part).
+//
+//   - CacheTask and CacheDest are merged by request id, in either order. The
+//     prefill half is bound on every rank as soon as it is valid (so workers
+//     can follow the slot's signals); the decode half is dispatched once the
+//     pair is valid, and the ranks start sending.
+//   - SwapTask, ConnectTask and RegisterPool are single-part requests.
+//   - Every rank reports; the table turns the reports into exactly one
+//     Completion per request: finished (every rank finished), error (the
+//     first failing rank, named), cancelled, or timeout. A request that fails
+//     validation also gets exactly one completion (error, errorRank -1).
+//   - A submission refused without touching any live request (a duplicate
+//     half, a Cancel for an id that is not live) is answered with a
+//     `rejected` completion; it never ends the live request of that id.
+//   - After its completion an id is remembered for a while (a tombstone): the
+//     partner half of a request that already ended is absorbed silently, so
+//     the engine never sees a second final completion for one request.
+//
+// The table does no I/O. It talks to the world through a Sink (rings in the
+// coordinator, a recorder in tests), and is driven by on_*() calls and tick().
+// Not thread-safe: the coordinator's single loop owns it.
+#pragma once
+
+#include <capnp/message.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "schemas/kvrelay.capnp.h"
+#include "schemas/records.h"
+#include "schemas/validate.h"
+
+namespace kvrelay::coordinator {
+
+using CompletionStatus = schema::Completion::Status;
+using CompletionKind = schema::Completion::Kind;
+
+// What the table asks the world to do.
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  // Deliver a WorkerTask to `rank` (the table already filled it in).
+  virtual void to_worker(uint32_t rank, capnp::MessageBuilder& task) = 0;
+  // Deliver a completion to the engine.
+  virtual void complete(capnp::MessageBuilder& completion) = 0;
+};
+
+struct TableOptions {
+  uint64_t default_deadline_ns = 60'000'000'000ULL;
+  // How long a completed id is remembered (partner halves absorbed).
+  uint64_t tombstone_ns = 120'000'000'000ULL;
+  size_t max_tombstones = 100'000;
+  // Optional: the decode pool's block count for ipc destinations, by peer
+  // instance name (looked up by the coordinator; nullopt when unknown).
+  std::function<std::optional<uint32_t>(const std::string& peer_instance)> peer_blocks;
+};
+
+struct TableCounters {
+  uint64_t submitted = 0;
+  uint64_t finished = 0;
+  uint64_t errors = 0;
+  uint64_t cancelled = 0;
+  uint64_t timeouts = 0;
+  uint64_t rejected = 0;
+  uint64_t absorbed = 0;       // partner halves of already-ended requests
+  uint64_t stray_reports = 0;  // reports for handles no longer live
+};
+
+class TaskTable {
+ public:
+  TaskTable(const messages::Limits& limits, TableOptions options, Sink& sink);
+  ~TaskTable();
+  TaskTable(const TaskTable&) = delete;
+  TaskTable& operator=(const TaskTable&) = delete;
+
+  // ---- submissions (decoded in place from the submit ring; the table copies
+  // what it keeps and validates the copy, never the shared bytes) ----
+  void on_cache_task(schema::CacheTask::Reader task, uint64_t now_ns);
+  void on_cache_dest(schema::CacheDest::Reader dest, uint64_t now_ns);
+  void on_swap(schema::SwapTask::Reader swap, uint64_t now_ns);
+  void on_connect(schema::ConnectTask::Reader connect, uint64_t now_ns);
+  void on_cancel(schema::Cancel::Reader cancel, uint64_t now_ns);
+  void on_register_pool(schema::RegisterPool::Reader reg, uint64_t now_ns);
+  // A record that could not be decoded: it still gets one (rejected) completion.
+  void on_malformed(const std::string& what, const std::string& error, uint64_t now_ns);
+
+  // ---- from the workers ----
+  void on_report(const records::WorkerReport& report, uint64_t now_ns);
+  // Rank `rank` died: every live request it held fails, naming the rank.
+  void on_rank_lost(uint32_t rank, const std::string& reason, uint64_t now_ns);
+
+  // Deadlines and tombstone expiry. Returns the next time tick() has work.
+  uint64_t tick(uint64_t now_ns);
+
+  // From now on new submissions are refused (error completions): the
+  // instance is draining. Live requests continue.
+  void start_draining() { draining_ = true; }
+  // Fails every live request (shutdown after the drain deadline).
+  void fail_all(const std::string& reason, uint64_t now_ns);
+
+  size_t live() const { return by_handle_.size(); }
+  const TableCounters& counters() const { return counters_; }
+
+ private:
+  struct Request;
+  enum class Half { kTask, kDest };
+
+  Request* find_live(const std::string& id);
+  Request& create(const std::string& id, CompletionKind kind, uint64_t now_ns,
+                  uint32_t deadline_ms);
+  void absorb_or_reject_half(const std::string& id, Half half, const char* what, uint64_t now_ns);
+  void maybe_dispatch_dest(Request& r, uint64_t now_ns);
+  void send_to_ranks(Request& r, const std::function<void(schema::WorkerTask::Builder)>& fill);
+  void send_cancel(Request& r);
+  void finish(Request& r, CompletionStatus status, int32_t error_rank, const std::string& message,
+              uint64_t now_ns);
+  void complete_unknown(const std::string& id, CompletionKind kind, CompletionStatus status,
+                        const std::string& message, uint64_t now_ns);
+  void remember(const std::string& id, bool task_seen, bool dest_seen, uint64_t now_ns);
+  bool refuse_if_draining(const std::string& id, CompletionKind kind, uint64_t now_ns);
+
+  messages::Limits limits_;
+  TableOptions options_;
+  Sink& sink_;
+  uint64_t next_handle_ = 1;
+  bool draining_ = false;
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> by_handle_;
+  std::unordered_map<std::string, Request*> by_id_;
+  std::multimap<uint64_t, uint64_t> deadlines_;  // (deadline, handle) of live requests
+  struct Tombstone {
+    uint64_t expires_ns;
+    bool task_seen;
+    bool dest_seen;
+  };
+  std::unordered_map<std::string, Tombstone> tombstones_;
+  std::deque<std::pair<uint64_t, std::string>> tombstone_order_;  // (expiry, id)
+  TableCounters counters_;
+};
+
+}  // namespace kvrelay::coordinator

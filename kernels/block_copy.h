@@ -1,0 +1,26 @@
+// Block-copy routines: one interface, a CPU reference implementation here and
+// CUDA kernels beside it when KVRELAY_CUDA is on. Knows nothing of rings,
+// requests or pools: it copies byte runs between two tensors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace kvrelay::kernels {
+
+// One contiguous copy: `bytes` from src_base + src_offset to dst_base + dst_offset.
+struct CopyRun {
+  uint64_t src_offset;
+  uint64_t dst_offset;
+  uint64_t bytes;
+};
+
+// Copies every run with memcpy. Runs must not overlap between source and
+// destination (they live in different tensors or pools).
+void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<const CopyRun> runs);
+
+// Total bytes of a set of runs.
+uint64_t run_bytes(std::span<const CopyRun> runs);
+
+}  // namespace kvrelay::kernels

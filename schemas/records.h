@@ -1,0 +1,90 @@
+// Fixed binary records of the hot paths: layer signals (engine -> worker)
+// and worker reports (worker -> coordinator). They travel on SPSC rings, one
+// per rank, because the engine emits one per layer per step (often from a
+// CUDA host callback, where building a Cap'n Proto message is not an option).
+//
+// Plain structs, trivially copyable, sized so that with the ring's 8-byte
+// slot sequence each record fills whole cache lines. The sizes are also
+// written into the instance configuration (signal_record_bytes,
+// report_record_bytes), so attaching with a different build fails loudly.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+
+namespace kvrelay::records {
+
+// ---- Layer signals (DESIGN.md sections 4 and 5) -----------------------------
+
+enum class SignalKind : uint32_t {
+  // A step's batch: which slots prefill in this step and which tokens. A large
+  // batch spans several records of the same step; all of them come before the
+  // step's first layer record.
+  kBatch = 1,
+  // Layer `layer` of step `step` is computed for every slot of its batch.
+  kLayerDone = 2,
+  // Legacy per-query mode: (step, layer) is the newest computed position.
+  kLegacyLayerDone = 3,
+};
+
+struct BatchEntry {
+  uint32_t slot;                // the engine's batch slot (CacheTask.engineSlot)
+  uint32_t chunk_token_offset;  // tokens of this request prefilled before this chunk
+  uint32_t chunk_len;           // tokens prefilled in this chunk
+};
+
+inline constexpr uint32_t kBatchEntriesPerSignal = 8;
+
+struct LayerSignal {
+  uint32_t kind;   // SignalKind
+  uint32_t count;  // kBatch: entries used in this record
+  uint64_t step;   // the engine's step; u64, never wraps
+  uint32_t layer;  // kLayerDone / kLegacyLayerDone
+  uint32_t reserved;
+  BatchEntry entries[kBatchEntriesPerSignal];
+};
+static_assert(std::is_trivially_copyable_v<LayerSignal>);
+static_assert(sizeof(LayerSignal) == 120, "120 bytes + 8-byte slot sequence = two cache lines");
+
+// ---- Worker reports ---------------------------------------------------------
+
+enum class ReportKind : uint32_t {
+  kFinished = 1,   // the request's copies are done and fenced on this rank
+  kFailed = 2,     // the request failed on this rank: `message` says why
+  kCancelled = 3,  // the request was withdrawn on this rank
+  kConnected = 4,  // connect task succeeded on this rank
+  kConnectFailed = 5,
+  kPoolRegistered = 6,
+  kPoolRejected = 7,
+  kSwapLayerDone = 8,  // (issue 6) load progress; `layer` is the layer just loaded
+};
+
+inline constexpr size_t kReportMessageBytes = 88;
+
+struct WorkerReport {
+  uint64_t handle;  // the coordinator's request handle (WorkerTask.handle)
+  uint32_t kind;    // ReportKind
+  uint32_t rank;
+  uint64_t bytes_moved;  // bytes this rank copied for the request
+  uint32_t layer;
+  uint32_t reserved;
+  char message[kReportMessageBytes];  // NUL-terminated; empty unless failed
+
+  void set_message(std::string_view text) {
+    const size_t n = text.size() < sizeof(message) - 1 ? text.size() : sizeof(message) - 1;
+    std::memcpy(message, text.data(), n);
+    message[n] = '\0';
+  }
+  // Never trusts the terminator: the record came from another process.
+  std::string_view message_text() const {
+    const void* end = std::memchr(message, 0, sizeof(message));
+    return {message, end != nullptr ? static_cast<size_t>(static_cast<const char*>(end) - message)
+                                    : sizeof(message)};
+  }
+};
+static_assert(std::is_trivially_copyable_v<WorkerReport>);
+static_assert(sizeof(WorkerReport) == 120, "120 bytes + 8-byte slot sequence = two cache lines");
+
+}  // namespace kvrelay::records

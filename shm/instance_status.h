@@ -1,0 +1,51 @@
+// Instance-wide status shared by every process of an instance: readiness,
+// and the doorbells the consumers park on.
+//
+// Doorbells: every process that consumes several rings (the coordinator: the
+// submit ring and every report ring; a worker: its task ring and its signal
+// ring) parks on one WaitEvent of its own, with a predicate that looks at all
+// its rings. Every producer, after writing to any of those rings, rings the
+// consumer's doorbell (notify_waiters: a compiler barrier and a load when
+// nobody is parked).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "shm/instance_config.h"
+#include "shm/wait_event.h"
+
+namespace kvrelay {
+
+struct alignas(64) InstanceStatus {
+  WaitEvent state_changed;         // header state or a ready flag changed
+  WaitEvent coordinator_doorbell;  // something for the coordinator to read
+  WaitEvent worker_doorbell[kMaxTpSize];
+  // 1 when rank r is lined up and serving: the original's cache_ready_signal.
+  std::atomic<int32_t> ready_flags[kMaxTpSize];
+};
+
+// Where a rank's KV pool lives, published by whoever created it (the worker
+// in the host default, or the engine through RegisterPool) so that peers can
+// find it: a prefill worker maps the decode instance's rank-r pool through
+// this directory.
+enum class PoolTier : uint32_t { kDevice = 0, kHost = 1 };
+inline constexpr uint32_t kPoolTiers = 2;
+inline constexpr size_t kPoolNameBytes = 128;
+
+struct alignas(64) PoolSlot {
+  std::atomic<uint32_t> sequence;  // odd while being rewritten
+  uint32_t location;               // 0 host shared-memory segment, 1 CUDA IPC
+  uint64_t pool_bytes;
+  uint32_t device_id;
+  uint32_t publisher_pid;
+  uint32_t created_by_kvrelay;  // 1: a kvrelay worker created it (the coordinator unlinks it at
+                                // shutdown)
+  char segment_name[kPoolNameBytes];  // NUL-terminated
+};
+
+struct PoolDirectory {
+  PoolSlot slots[kMaxTpSize][kPoolTiers];
+};
+
+}  // namespace kvrelay

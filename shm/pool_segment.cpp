@@ -1,0 +1,193 @@
+#include "shm/pool_segment.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <new>
+
+#include "shm/bits.h"
+#include "shm/process_identity.h"
+
+namespace kvrelay {
+
+namespace {
+
+std::vector<uint64_t> plan_tensors(const PoolGeometry& g, uint64_t* total) {
+  std::vector<uint64_t> offsets(size_t{g.total_layers()} * 4, 0);
+  uint64_t cursor = align_up(sizeof(PoolHeader), HostPool::kTensorAlignment);
+  for (uint32_t l = 0; l < g.total_layers(); ++l) {
+    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
+      offsets[size_t{l} * 4 + t] = cursor;
+      cursor = align_up(cursor + g.tensor_bytes(l, static_cast<PoolTensor>(t)),
+                        HostPool::kTensorAlignment);
+    }
+  }
+  *total = cursor;
+  return offsets;
+}
+
+Status validate_geometry(const PoolGeometry& g, const std::string& name) {
+  if (g.total_layers() == 0 || g.total_layers() > 2048 || g.num_blocks == 0 || g.kv_heads == 0 ||
+      g.block_size == 0 || g.head_dim == 0 || g.dtype > static_cast<uint32_t>(CacheDtype::kFp8) ||
+      g.has_scales > 1 || (g.extra_layers > 0 && g.extra_layer_blocks == 0) ||
+      g.num_blocks > (1U << 24) || g.extra_layer_blocks > (1U << 24))
+    return make_error(Errc::kCorrupt, fmt::format("pool /{} has an impossible geometry", name));
+  return {};
+}
+
+}  // namespace
+
+uint64_t HostPool::segment_bytes(const PoolGeometry& g) {
+  uint64_t total = 0;
+  plan_tensors(g, &total);
+  return total;
+}
+
+HostPool::HostPool(SharedSegment seg) : segment_(std::move(seg)) {
+  geometry_ = header().geometry;
+  uint64_t total = 0;
+  tensor_offsets_ = plan_tensors(geometry_, &total);
+}
+
+Result<HostPool> HostPool::create(const std::string& segment_name, uint32_t rank, PoolTier tier,
+                                  const PoolGeometry& geometry, const SegmentOptions& options) {
+  if (Status s = validate_geometry(geometry, segment_name); !s)
+    return make_error(Errc::kInvalidArgument, s.error().message);
+  const uint64_t bytes = segment_bytes(geometry);
+  Result<SharedSegment> seg = SharedSegment::create(segment_name, bytes, options);
+  if (!seg && seg.code() == Errc::kAlreadyExists) {
+    // Left behind by a dead creator? Then it is ours to replace.
+    Result<SharedSegment> old = SharedSegment::open(segment_name, SegmentAccess::kReadOnly);
+    if (old && old->size() >= sizeof(SegmentPreamble)) {
+      const auto& p = *reinterpret_cast<const SegmentPreamble*>(old->data());
+      const Liveness l = check_liveness(ProcessIdentity{p.creator_pid, p.creator_start_time}, {});
+      if (l == Liveness::kAlive)
+        return make_error(Errc::kAlreadyExists,
+                          fmt::format("pool /{} exists and its creator pid {} is alive",
+                                      segment_name, p.creator_pid));
+    }
+    (void)SharedSegment::unlink(segment_name);
+    seg = SharedSegment::create(segment_name, bytes, options);
+  }
+  if (!seg) return seg.error();
+  auto* h = new (seg->data()) PoolHeader{};
+  write_preamble(h->preamble, SegmentKind::kPool, bytes);
+  h->rank = rank;
+  h->tier = static_cast<uint32_t>(tier);
+  h->geometry = geometry;
+  h->data_offset = align_up(sizeof(PoolHeader), kTensorAlignment);
+  h->preamble.magic.store(kSegmentMagic, std::memory_order_release);
+  return HostPool(std::move(seg).value());
+}
+
+Result<HostPool> HostPool::open(const std::string& segment_name, const PoolGeometry* expected,
+                                SegmentAccess access) {
+  Result<SharedSegment> seg = SharedSegment::open(segment_name, access);
+  if (!seg) return seg.error();
+  if (Status s =
+          validate_preamble(seg->data(), seg->size(), segment_name, SegmentKind::kPool, false);
+      !s)
+    return s.error();
+  if (seg->size() < sizeof(PoolHeader))
+    return make_error(Errc::kSizeMismatch, fmt::format("pool /{} is too small", segment_name));
+  const auto& h = *reinterpret_cast<const PoolHeader*>(seg->data());
+  if (Status s = validate_geometry(h.geometry, segment_name); !s) return s.error();
+  if (segment_bytes(h.geometry) != seg->size())
+    return make_error(Errc::kSizeMismatch,
+                      fmt::format("pool /{} is {} bytes, its geometry needs {}", segment_name,
+                                  seg->size(), segment_bytes(h.geometry)));
+  if (expected != nullptr && !(h.geometry == *expected))
+    return make_error(
+        Errc::kLayoutMismatch,
+        fmt::format(
+            "pool /{} has geometry layers {}+{} blocks {} heads {} block_size {} head_dim {} "
+            "dtype {} scales {}, expected layers {}+{} blocks {} heads {} block_size {} "
+            "head_dim {} dtype {} scales {}",
+            segment_name, h.geometry.num_layers, h.geometry.extra_layers, h.geometry.num_blocks,
+            h.geometry.kv_heads, h.geometry.block_size, h.geometry.head_dim, h.geometry.dtype,
+            h.geometry.has_scales, expected->num_layers, expected->extra_layers,
+            expected->num_blocks, expected->kv_heads, expected->block_size, expected->head_dim,
+            expected->dtype, expected->has_scales));
+  return HostPool(std::move(seg).value());
+}
+
+std::byte* HostPool::tensor(uint32_t layer, PoolTensor t) const {
+  const auto ti = static_cast<uint32_t>(t);
+  if (layer >= geometry_.total_layers() || ti >= geometry_.tensors_per_layer()) return nullptr;
+  return segment_.data() + tensor_offsets_[size_t{layer} * 4 + ti];
+}
+
+std::byte* HostPool::block(uint32_t layer, PoolTensor t, uint32_t block_id) const {
+  std::byte* base = tensor(layer, t);
+  if (base == nullptr || block_id >= geometry_.blocks_in_layer(layer)) return nullptr;
+  return base + uint64_t{block_id} * geometry_.block_bytes(t);
+}
+
+void publish_pool(const ControlSegment& control, uint32_t rank, PoolTier tier,
+                  const std::string& segment_name, uint64_t bytes, bool created_by_kvrelay) {
+  PoolSlot& slot = control.pool_directory().slots[rank][static_cast<uint32_t>(tier)];
+  const uint32_t seq = slot.sequence.load(std::memory_order_relaxed);
+  slot.sequence.store(seq | 1U, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  std::memset(slot.segment_name, 0, sizeof(slot.segment_name));
+  std::memcpy(slot.segment_name, segment_name.data(),
+              std::min(segment_name.size(), sizeof(slot.segment_name) - 1));
+  slot.location = 0;
+  slot.pool_bytes = bytes;
+  slot.publisher_pid = self_pid();
+  slot.created_by_kvrelay = created_by_kvrelay ? 1 : 0;
+  slot.sequence.store((seq | 1U) + 1, std::memory_order_release);
+}
+
+void unpublish_pool(const ControlSegment& control, uint32_t rank, PoolTier tier) {
+  PoolSlot& slot = control.pool_directory().slots[rank][static_cast<uint32_t>(tier)];
+  const uint32_t seq = slot.sequence.load(std::memory_order_relaxed);
+  slot.sequence.store(seq | 1U, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  std::memset(slot.segment_name, 0, sizeof(slot.segment_name));
+  slot.pool_bytes = 0;
+  slot.sequence.store((seq | 1U) + 1, std::memory_order_release);
+}
+
+Result<std::string> find_pool(const ControlSegment& control, uint32_t rank, PoolTier tier) {
+  if (rank >= control.config().tp_size || static_cast<uint32_t>(tier) >= kPoolTiers)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("no rank {} in instance '{}'", rank, control.instance()));
+  const PoolSlot& slot = control.pool_directory().slots[rank][static_cast<uint32_t>(tier)];
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const uint32_t before = slot.sequence.load(std::memory_order_acquire);
+    if ((before & 1U) != 0) continue;
+    char name[kPoolNameBytes];
+    std::memcpy(name, slot.segment_name, sizeof(name));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (slot.sequence.load(std::memory_order_relaxed) != before) continue;
+    name[sizeof(name) - 1] = '\0';
+    if (name[0] == '\0')
+      return make_error(
+          Errc::kNotFound,
+          fmt::format("instance '{}' has published no {} pool for rank {}", control.instance(),
+                      tier == PoolTier::kHost ? "host" : "device", rank));
+    return std::string(name);
+  }
+  return make_error(Errc::kNotReady, "pool directory entry kept changing");
+}
+
+}  // namespace kvrelay
+
+namespace kvrelay {
+
+size_t unlink_kvrelay_pools(const ControlSegment& control) {
+  size_t removed = 0;
+  for (uint32_t rank = 0; rank < control.config().tp_size; ++rank) {
+    for (uint32_t tier = 0; tier < kPoolTiers; ++tier) {
+      const PoolSlot& slot = control.pool_directory().slots[rank][tier];
+      if (slot.created_by_kvrelay == 0) continue;
+      Result<std::string> name = find_pool(control, rank, static_cast<PoolTier>(tier));
+      if (name && SharedSegment::unlink(*name).ok()) ++removed;
+      unpublish_pool(control, rank, static_cast<PoolTier>(tier));
+    }
+  }
+  return removed;
+}
+
+}  // namespace kvrelay

@@ -1,0 +1,78 @@
+// A host-memory KV pool: one shared-memory segment per (instance, rank,
+// tier) holding every tensor of PoolGeometry, layer after layer:
+//
+//   [SegmentPreamble + PoolHeader][layer 0: K | V | K scale | V scale][layer 1 ...]
+//
+// Each tensor starts on a 4 KiB boundary. The segment is created by the
+// rank's worker (the host default; the original's messager allocates its own
+// cache) or by the engine, and published in the instance's pool directory so
+// that peers (a prefill worker mapping the decode pool) can find it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shm/control_segment.h"
+#include "shm/pool_geometry.h"
+#include "shm/segment.h"
+#include "shm/segment_header.h"
+
+namespace kvrelay {
+
+struct PoolHeader {
+  SegmentPreamble preamble;
+  uint32_t rank;
+  uint32_t tier;  // PoolTier
+  PoolGeometry geometry;
+  uint64_t data_offset;
+  uint64_t reserved[4];
+};
+static_assert(sizeof(PoolHeader) == 96 + 8 + 40 + 8 + 32);
+
+class HostPool {
+ public:
+  static constexpr uint64_t kTensorAlignment = 4096;
+
+  // Creates and publishes nothing: the caller publishes with publish_pool().
+  // A stale segment of the same name (its creator is dead) is replaced.
+  static Result<HostPool> create(const std::string& segment_name, uint32_t rank, PoolTier tier,
+                                 const PoolGeometry& geometry, const SegmentOptions& options = {});
+  // Opens and validates; when `expected` is given, its geometry must match.
+  static Result<HostPool> open(const std::string& segment_name, const PoolGeometry* expected,
+                               SegmentAccess access = SegmentAccess::kReadWrite);
+
+  const PoolGeometry& geometry() const { return geometry_; }
+  const std::string& name() const { return segment_.name(); }
+  uint64_t bytes() const { return segment_.size(); }
+  uint32_t rank() const { return header().rank; }
+
+  // Base of a tensor; nullptr for a tensor the pool does not have.
+  std::byte* tensor(uint32_t layer, PoolTensor t) const;
+  // Address of one block; nullptr when layer, tensor or block is out of range.
+  std::byte* block(uint32_t layer, PoolTensor t, uint32_t block_id) const;
+
+  Status unlink() const { return SharedSegment::unlink(segment_.name()); }
+
+  static uint64_t segment_bytes(const PoolGeometry& g);
+
+ private:
+  explicit HostPool(SharedSegment seg);
+  const PoolHeader& header() const { return *reinterpret_cast<const PoolHeader*>(segment_.data()); }
+
+  SharedSegment segment_;
+  PoolGeometry geometry_;
+  std::vector<uint64_t> tensor_offsets_;  // [layer * 4 + tensor]
+};
+
+// Pool directory (InstanceStatus side): publish / look up where a rank's pool is.
+void publish_pool(const ControlSegment& control, uint32_t rank, PoolTier tier,
+                  const std::string& segment_name, uint64_t bytes, bool created_by_kvrelay);
+void unpublish_pool(const ControlSegment& control, uint32_t rank, PoolTier tier);
+// The segment name published for (rank, tier), or kNotFound.
+Result<std::string> find_pool(const ControlSegment& control, uint32_t rank, PoolTier tier);
+// Unlinks every pool segment of this instance that a kvrelay worker created
+// (the coordinator, at a clean shutdown). Returns how many were removed.
+size_t unlink_kvrelay_pools(const ControlSegment& control);
+
+}  // namespace kvrelay

@@ -1,0 +1,129 @@
+// A prefill instance and a decode instance on this host, each with its own
+// coordinator and workers (real processes), plus the engine-side helpers the
+// tests need: submit both halves, push a whole prefill's signals, wait for a
+// request's completion, and check every destination byte.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv_pattern.h"
+#include "kvrelay/client.h"
+#include "shm/pool_segment.h"
+#include "support/instance.h"
+#include "support/processes.h"
+
+namespace kvrelay::testing {
+
+class TwoInstances {
+ public:
+  TwoInstances(const std::string& tag, InstanceArgs base) {
+    base.instance = unique_instance(tag + "-d");
+    base.role = "decode";
+    decode_ = Instance::start(base);
+    base.instance = unique_instance(tag + "-p");
+    base.role = "prefill";
+    prefill_ = Instance::start(base);
+    tp_ = base.tp;
+    for (uint32_t r = 0; r < tp_; ++r) {
+      src_.push_back(std::move(prefill_->client().open_pool(r, false)).value());
+      dst_.push_back(std::move(decode_->client().open_pool(r, false)).value());
+    }
+  }
+
+  // Stops both instances; each must exit 0 and leave nothing in /dev/shm.
+  void stop_and_check_clean() {
+    EXPECT_EQ(prefill_->stop(), 0);
+    EXPECT_EQ(decode_->stop(), 0);
+    EXPECT_TRUE(prefill_->leftover_segments().empty());
+    EXPECT_TRUE(decode_->leftover_segments().empty());
+  }
+
+  Client& engine() { return prefill_->client(); }
+  Instance& prefill() { return *prefill_; }
+  Instance& decode() { return *decode_; }
+  uint32_t tp() const { return tp_; }
+  const HostPool& src_pool(uint32_t r) const { return *src_[r]; }
+  const HostPool& dst_pool(uint32_t r) const { return *dst_[r]; }
+
+  void fill(const sim::RequestBlocks& r) {
+    for (uint32_t rank = 0; rank < tp_; ++rank)
+      sim::fill_request(*src_[rank], rank, r);
+  }
+  uint64_t wrong_words(const sim::RequestBlocks& r) {
+    uint64_t wrong = 0;
+    for (uint32_t rank = 0; rank < tp_; ++rank)
+      wrong += sim::check_request(*dst_[rank], rank, r);
+    return wrong;
+  }
+
+  Status submit_task(const std::string& id, const sim::RequestBlocks& r, uint64_t tokens,
+                     uint32_t slot, uint32_t deadline_ms = 0) {
+    CacheTaskSpec t;
+    t.request_id = id;
+    t.src_block_ids = r.src;
+    t.need_prefill_tokens = tokens;
+    t.engine_slot = slot;
+    t.deadline_ms = deadline_ms;
+    return engine().submit(t, Deadline::after(std::chrono::seconds(5)));
+  }
+  Status submit_dest(const std::string& id, const sim::RequestBlocks& r) {
+    CacheDestSpec d;
+    d.request_id = id;
+    d.dest_block_ids = r.dst;
+    d.protocol = Protocol::kIpc;
+    d.peer_instance = decode_->name();
+    for (uint32_t rank = 0; rank < tp_; ++rank)
+      d.device_ids.push_back(rank);
+    return engine().submit(d, Deadline::after(std::chrono::seconds(5)));
+  }
+  // One step on every rank: the batch, then every layer.
+  void prefill_step(uint64_t step, const std::vector<BatchSlot>& batch, uint32_t layers) {
+    for (uint32_t rank = 0; rank < tp_; ++rank) {
+      ASSERT_TRUE(
+          engine().push_batch(rank, step, batch, Deadline::after(std::chrono::seconds(5))).ok());
+      for (uint32_t l = 0; l < layers; ++l)
+        ASSERT_TRUE(
+            engine().push_layer_done(rank, step, l, Deadline::after(std::chrono::seconds(5))).ok());
+    }
+  }
+  // Waits for the completion of `id`, keeping others for later.
+  Completion wait_for(const std::string& id,
+                      std::chrono::milliseconds within = std::chrono::seconds(20)) {
+    auto it = seen_.find(id);
+    if (it != seen_.end()) {
+      Completion c = it->second;
+      seen_.erase(it);
+      return c;
+    }
+    const Deadline until = Deadline::after(within);
+    for (;;) {
+      Result<Completion> c = engine().wait(until);
+      if (!c) {
+        Completion fail;
+        fail.request_id = id;
+        fail.message = "no completion: " + c.error().message;
+        fail.status = CompletionStatus::kError;
+        return fail;
+      }
+      if (c->request_id == id) return *c;
+      seen_.emplace(c->request_id, *c);
+    }
+  }
+  // Completions that arrived while waiting for others.
+  std::multimap<std::string, Completion>& others() { return seen_; }
+
+ private:
+  std::unique_ptr<Instance> decode_;
+  std::unique_ptr<Instance> prefill_;
+  uint32_t tp_ = 1;
+  std::vector<std::unique_ptr<HostPool>> src_;
+  std::vector<std::unique_ptr<HostPool>> dst_;
+  std::multimap<std::string, Completion> seen_;
+};
+
+}  // namespace kvrelay::testing

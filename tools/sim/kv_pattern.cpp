@@ -1,0 +1,95 @@
+#include "kv_pattern.h"
+
+#include <cstring>
+
+namespace kvrelay::sim {
+
+namespace {
+
+constexpr uint64_t kPoison = 0xDEADBEEFCAFEF00DULL;
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t seed_of(const BlockTag& t) {
+  uint64_t s = splitmix(t.request);
+  s = splitmix(s ^ (uint64_t{t.layer} << 32 | t.tensor));
+  s = splitmix(s ^ (uint64_t{t.index} << 32 | t.rank));
+  return s;
+}
+
+}  // namespace
+
+bool fill_block(const HostPool& pool, uint32_t block_id, const BlockTag& tag) {
+  std::byte* p = pool.block(tag.layer, static_cast<PoolTensor>(tag.tensor), block_id);
+  if (p == nullptr) return false;
+  const uint64_t bytes = pool.geometry().block_bytes(static_cast<PoolTensor>(tag.tensor));
+  const uint64_t seed = seed_of(tag);
+  for (uint64_t w = 0; w < bytes / 8; ++w) {
+    const uint64_t v = seed ^ (w * 0x9E3779B97F4A7C15ULL);
+    std::memcpy(p + w * 8, &v, 8);
+  }
+  return true;
+}
+
+uint64_t check_block(const HostPool& pool, uint32_t block_id, const BlockTag& tag) {
+  const std::byte* p = pool.block(tag.layer, static_cast<PoolTensor>(tag.tensor), block_id);
+  const uint64_t bytes = pool.geometry().block_bytes(static_cast<PoolTensor>(tag.tensor));
+  if (p == nullptr) return bytes / 8;
+  const uint64_t seed = seed_of(tag);
+  uint64_t wrong = 0;
+  for (uint64_t w = 0; w < bytes / 8; ++w) {
+    uint64_t v = 0;
+    std::memcpy(&v, p + w * 8, 8);
+    wrong += v != (seed ^ (w * 0x9E3779B97F4A7C15ULL)) ? 1 : 0;
+  }
+  return wrong;
+}
+
+void poison_block(const HostPool& pool, uint32_t layer, uint32_t tensor, uint32_t block_id) {
+  std::byte* p = pool.block(layer, static_cast<PoolTensor>(tensor), block_id);
+  if (p == nullptr) return;
+  const uint64_t bytes = pool.geometry().block_bytes(static_cast<PoolTensor>(tensor));
+  for (uint64_t w = 0; w < bytes / 8; ++w)
+    std::memcpy(p + w * 8, &kPoison, 8);
+}
+
+bool block_is_poisoned(const HostPool& pool, uint32_t layer, uint32_t tensor, uint32_t block_id) {
+  const std::byte* p = pool.block(layer, static_cast<PoolTensor>(tensor), block_id);
+  if (p == nullptr) return false;
+  const uint64_t bytes = pool.geometry().block_bytes(static_cast<PoolTensor>(tensor));
+  for (uint64_t w = 0; w < bytes / 8; ++w) {
+    uint64_t v = 0;
+    std::memcpy(&v, p + w * 8, 8);
+    if (v != kPoison) return false;
+  }
+  return true;
+}
+
+}  // namespace kvrelay::sim
+
+namespace kvrelay::sim {
+
+void fill_request(const HostPool& pool, uint32_t rank, const RequestBlocks& r) {
+  const PoolGeometry& g = pool.geometry();
+  for (uint32_t layer = 0; layer < g.total_layers(); ++layer)
+    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+      for (uint32_t i = 0; i < r.src.size(); ++i)
+        fill_block(pool, r.src[i], BlockTag{r.tag, layer, t, i, rank});
+}
+
+uint64_t check_request(const HostPool& pool, uint32_t rank, const RequestBlocks& r) {
+  const PoolGeometry& g = pool.geometry();
+  uint64_t wrong = 0;
+  for (uint32_t layer = 0; layer < g.total_layers(); ++layer)
+    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+      for (uint32_t j = 0; j < r.dst.size(); ++j)
+        wrong += check_block(pool, r.dst[j], BlockTag{r.tag, layer, t, r.prefix() + j, rank});
+  return wrong;
+}
+
+}  // namespace kvrelay::sim

@@ -1,0 +1,54 @@
+// A verifiable KV pattern: every 8-byte word of every block is a function of
+// (request, layer, tensor, block index in the request, rank, word), so the
+// decode side can check each byte it received and tell exactly which block
+// went wrong. Used by kvrelay-sim and by the tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shm/pool_segment.h"
+
+namespace kvrelay::sim {
+
+struct BlockTag {
+  uint64_t request;  // the engine's numeric request tag
+  uint32_t layer;
+  uint32_t tensor;  // PoolTensor
+  uint32_t index;   // position of the block in the request's block table
+  uint32_t rank;
+};
+
+// Writes the pattern of `tag` into one block of `pool`. False if the block
+// does not exist.
+bool fill_block(const HostPool& pool, uint32_t block_id, const BlockTag& tag);
+// Checks one block. Returns the number of wrong 8-byte words (0: intact).
+uint64_t check_block(const HostPool& pool, uint32_t block_id, const BlockTag& tag);
+// Fills a block with a constant "never written" marker, and checks for it:
+// the verification that nothing outside a request's destinations was touched.
+void poison_block(const HostPool& pool, uint32_t layer, uint32_t tensor, uint32_t block_id);
+bool block_is_poisoned(const HostPool& pool, uint32_t layer, uint32_t tensor, uint32_t block_id);
+
+}  // namespace kvrelay::sim
+
+namespace kvrelay::sim {
+
+// A request's blocks on both sides: block i of the request is src[i] on the
+// prefill side; the decode side holds the first src.size() - dst.size()
+// already (prefix cache), so dst[j] receives block prefix + j.
+struct RequestBlocks {
+  uint64_t tag = 0;
+  std::vector<uint32_t> src;
+  std::vector<uint32_t> dst;
+  uint32_t prefix() const { return static_cast<uint32_t>(src.size() - dst.size()); }
+};
+
+// Writes the pattern of every block, layer and tensor of `r` into `pool`
+// (the prefill pool of `rank`).
+void fill_request(const HostPool& pool, uint32_t rank, const RequestBlocks& r);
+// Wrong 8-byte words over every destination block, layer and tensor of `r`
+// in `pool` (the decode pool of `rank`). 0: every byte arrived.
+uint64_t check_request(const HostPool& pool, uint32_t rank, const RequestBlocks& r);
+
+}  // namespace kvrelay::sim

@@ -1,0 +1,49 @@
+#include "worker/copy_plan.h"
+
+#include <fmt/format.h>
+
+namespace kvrelay::worker {
+
+Result<std::vector<BlockRun>> plan_block_runs(std::span<const uint32_t> src,
+                                              std::span<const uint32_t> dst, uint32_t src_blocks,
+                                              uint32_t dst_blocks, uint32_t rank, uint32_t layer) {
+  if (src.size() != dst.size())
+    return make_error(
+        Errc::kInvalidArgument,
+        fmt::format("{} source blocks but {} destination blocks", src.size(), dst.size()));
+  std::vector<BlockRun> runs;
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (src[i] >= src_blocks)
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("source block id {} out of range: pool has {} blocks (rank {}, "
+                                    "layer {})",
+                                    src[i], src_blocks, rank, layer));
+    if (dst[i] >= dst_blocks)
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("destination block id {} out of range: pool has {} blocks "
+                                    "(rank {}, layer {})",
+                                    dst[i], dst_blocks, rank, layer));
+    if (!runs.empty()) {
+      BlockRun& last = runs.back();
+      if (src[i] == last.src_block + last.count && dst[i] == last.dst_block + last.count) {
+        ++last.count;
+        continue;
+      }
+    }
+    runs.push_back(BlockRun{src[i], dst[i], 1});
+  }
+  return runs;
+}
+
+void to_byte_runs(std::span<const BlockRun> runs, uint64_t block_bytes,
+                  std::vector<kernels::CopyRun>& out) {
+  out.clear();
+  out.reserve(runs.size());
+  for (const BlockRun& r : runs) {
+    out.push_back(kernels::CopyRun{uint64_t{r.src_block} * block_bytes,
+                                   uint64_t{r.dst_block} * block_bytes,
+                                   uint64_t{r.count} * block_bytes});
+  }
+}
+
+}  // namespace kvrelay::worker

@@ -1,0 +1,291 @@
+#include "worker/send_scheduler.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "shm/clock.h"
+
+namespace kvrelay::worker {
+
+using records::ReportKind;
+using records::SignalKind;
+
+namespace {
+std::vector<uint32_t> to_vector(capnp::List<uint32_t>::Reader list) {
+  std::vector<uint32_t> out;
+  out.reserve(list.size());
+  for (uint32_t v : list)
+    out.push_back(v);
+  return out;
+}
+}  // namespace
+
+struct SendScheduler::Request {
+  uint64_t handle = 0;
+  std::string id;
+  std::vector<uint32_t> src;
+  uint64_t need_tokens = 0;
+  bool legacy = false;
+  uint64_t legacy_step = 0;
+  uint32_t slot = 0;
+  bool owns_slot = false;
+  Progress progress;
+  bool has_dest = false;
+  std::vector<uint32_t> dst;
+  uint32_t prefix = 0;  // blocks the decode side already holds
+  std::shared_ptr<Destination> destination;
+  std::vector<uint32_t> sent;  // per layer: blocks [0, sent[l]) are there
+  uint64_t bytes = 0;
+};
+
+SendScheduler::SendScheduler(uint32_t rank, const PoolGeometry& local,
+                             DestinationResolver& resolver, Reporter reporter)
+    : rank_(rank),
+      local_(local),
+      layers_(local.total_layers()),
+      resolver_(resolver),
+      report_(std::move(reporter)),
+      slots_(kMaxSlots) {
+  for (Slot& s : slots_)
+    s.buffer.tokens.assign(layers_, 0);
+}
+
+SendScheduler::~SendScheduler() = default;
+
+void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task) {
+  if (requests_.count(handle) != 0) return;  // already bound (a repeated dispatch)
+  auto r = std::make_unique<Request>();
+  r->handle = handle;
+  r->id = task.getRequestId().cStr();
+  r->src = to_vector(task.getSrcBlockIds());
+  r->need_tokens = task.getNeedPrefillTokens();
+  r->progress.tokens.assign(layers_, 0);
+  Request& req = *r;
+  requests_[handle] = std::move(r);
+
+  if (task.isLegacyPrefillStep()) {
+    req.legacy = true;
+    req.legacy_step = task.getLegacyPrefillStep();
+    legacy_requests_.push_back(handle);
+    return;
+  }
+  req.slot = task.getEngineSlot();
+  if (req.slot >= kMaxSlots) {
+    end(req, ReportKind::kFailed, fmt::format("engine slot {} out of range", req.slot));
+    return;
+  }
+  Slot& slot = slots_[req.slot];
+  if (slot.bound != 0) {
+    auto prev = requests_.find(slot.bound);
+    if (prev != requests_.end()) {
+      end(*prev->second, ReportKind::kFailed,
+          fmt::format("engine slot {} was given to request '{}' before this request's prefill "
+                      "completed",
+                      req.slot, req.id));
+    }
+    slot.bound = 0;
+  }
+  if (slot.buffer_used) req.progress = slot.buffer;  // signals that came before the task
+  slot.buffer.tokens.assign(layers_, 0);
+  slot.buffer_used = false;
+  slot.bound = handle;
+  req.owns_slot = true;
+  release_slot_if_done(req);
+}
+
+void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest) {
+  auto it = requests_.find(handle);
+  if (it == requests_.end()) {
+    report_(handle, ReportKind::kFailed, 0,
+            "this rank does not know the request (its worker restarted after the request was "
+            "bound)");
+    return;
+  }
+  Request& r = *it->second;
+  if (r.has_dest) return;
+  const auto ids = dest.getDestBlockIds();
+  if (ids.size() > r.src.size()) {
+    end(r, ReportKind::kFailed, "more destination blocks than source blocks");
+    return;
+  }
+  Result<std::shared_ptr<Destination>> target = resolver_.resolve(dest);
+  if (!target) {
+    end(r, ReportKind::kFailed, target.error().message);
+    return;
+  }
+  r.destination = std::move(target).value();
+  r.dst = to_vector(ids);
+  r.prefix = static_cast<uint32_t>(r.src.size() - r.dst.size());
+  r.sent.assign(layers_, r.prefix);
+  r.has_dest = true;
+  advance(r, mono_now_ns());  // catch up on everything already prefilled
+}
+
+void SendScheduler::on_cancel(uint64_t handle) {
+  auto it = requests_.find(handle);
+  if (it == requests_.end()) {
+    // Unknown here (already finished, or bound before this worker restarted):
+    // still answer, so that the coordinator can settle the request.
+    report_(handle, ReportKind::kCancelled, 0, "");
+    return;
+  }
+  end(*it->second, ReportKind::kCancelled, "");
+}
+
+void SendScheduler::on_signal(const records::LayerSignal& signal) {
+  ++counters_.signals;
+  const uint64_t now = mono_now_ns();
+  switch (static_cast<SignalKind>(signal.kind)) {
+    case SignalKind::kBatch: {
+      if (signal.step != batch_step_) {
+        batch_step_ = signal.step;
+        batch_.clear();
+      }
+      const uint32_t n = std::min(signal.count, records::kBatchEntriesPerSignal);
+      for (uint32_t i = 0; i < n; ++i) {
+        const records::BatchEntry& e = signal.entries[i];
+        if (e.slot >= kMaxSlots) {
+          ++counters_.bad_signals;
+          continue;
+        }
+        const uint64_t tokens_after = uint64_t{e.chunk_token_offset} + e.chunk_len;
+        Slot& slot = slots_[e.slot];
+        if (slot.bound == 0 && (e.chunk_token_offset == 0 || !slot.buffer_used)) {
+          slot.buffer.tokens.assign(layers_, 0);  // a new request starts on a free slot
+          slot.buffer_used = true;
+        }
+        batch_.emplace_back(e.slot, tokens_after);
+      }
+      return;
+    }
+    case SignalKind::kLayerDone: {
+      if (signal.step != batch_step_ || signal.layer >= layers_) {
+        ++counters_.bad_signals;
+        return;
+      }
+      std::vector<Request*> touched;
+      for (const auto& [slot_id, tokens_after] : batch_) {
+        Slot& slot = slots_[slot_id];
+        Progress* p = &slot.buffer;
+        Request* owner = nullptr;
+        if (slot.bound != 0) {
+          auto it = requests_.find(slot.bound);
+          if (it != requests_.end()) {
+            owner = it->second.get();
+            p = &owner->progress;
+          }
+        }
+        uint64_t& t = p->tokens[signal.layer];
+        t = std::max(t, tokens_after);
+        if (owner != nullptr) touched.push_back(owner);
+      }
+      for (Request* r : touched) {
+        const uint64_t handle = r->handle;
+        advance(*r, now);
+        auto it = requests_.find(handle);  // advance may have ended it
+        if (it != requests_.end()) release_slot_if_done(*it->second);
+      }
+      return;
+    }
+    case SignalKind::kLegacyLayerDone: {
+      if (signal.layer >= layers_) {
+        ++counters_.bad_signals;
+        return;
+      }
+      if (!legacy_seen_ || signal.step > legacy_step_ ||
+          (signal.step == legacy_step_ && signal.layer > legacy_layer_)) {
+        legacy_seen_ = true;
+        legacy_step_ = signal.step;
+        legacy_layer_ = signal.layer;
+      }
+      const std::vector<uint64_t> handles = legacy_requests_;
+      for (uint64_t h : handles) {
+        auto it = requests_.find(h);
+        if (it != requests_.end()) advance(*it->second, now);
+      }
+      return;
+    }
+  }
+  ++counters_.bad_signals;
+}
+
+bool SendScheduler::prefill_complete(const Request& r) const {
+  if (r.legacy) {
+    return legacy_seen_ && (legacy_step_ > r.legacy_step ||
+                            (legacy_step_ == r.legacy_step && legacy_layer_ + 1 >= layers_));
+  }
+  for (uint64_t t : r.progress.tokens)
+    if (t < r.need_tokens) return false;
+  return true;
+}
+
+uint32_t SendScheduler::computed_blocks(const Request& r, uint32_t layer) const {
+  const auto all = static_cast<uint32_t>(r.src.size());
+  if (r.legacy) {
+    if (!legacy_seen_) return 0;
+    if (legacy_step_ > r.legacy_step) return all;
+    return legacy_step_ == r.legacy_step && layer <= legacy_layer_ ? all : 0;
+  }
+  const uint64_t tokens = r.progress.tokens[layer];
+  if (tokens >= r.need_tokens) return all;
+  return static_cast<uint32_t>(std::min<uint64_t>(tokens / local_.block_size, all));
+}
+
+void SendScheduler::advance(Request& r, uint64_t signal_ns) {
+  if (!r.has_dest) return;
+  const auto all = static_cast<uint32_t>(r.src.size());
+  for (uint32_t layer = 0; layer < layers_; ++layer) {
+    const uint32_t from = r.sent[layer];
+    const uint32_t to = computed_blocks(r, layer);
+    if (to <= from) continue;
+    Result<std::vector<BlockRun>> runs = plan_block_runs(
+        std::span<const uint32_t>(r.src).subspan(from, to - from),
+        std::span<const uint32_t>(r.dst).subspan(from - r.prefix, to - from),
+        local_.blocks_in_layer(layer), r.destination->blocks_in_layer(layer), rank_, layer);
+    if (!runs) {
+      end(r, ReportKind::kFailed, runs.error().message);
+      return;
+    }
+    Result<uint64_t> moved = r.destination->copy_layer(layer, *runs);
+    if (!moved) {
+      end(r, ReportKind::kFailed, moved.error().message);
+      return;
+    }
+    r.sent[layer] = to;
+    r.bytes += *moved;
+    counters_.bytes += *moved;
+    ++counters_.layer_copies;
+    if (latency_) latency_(layer, mono_now_ns() - signal_ns, *moved);
+  }
+  if (!prefill_complete(r)) return;
+  for (uint32_t s : r.sent)
+    if (s != all) return;
+  r.destination->fence();
+  end(r, ReportKind::kFinished, "");
+}
+
+void SendScheduler::release_slot_if_done(Request& r) {
+  if (!r.owns_slot || !prefill_complete(r)) return;
+  Slot& slot = slots_[r.slot];
+  if (slot.bound == r.handle) slot.bound = 0;
+  r.owns_slot = false;
+}
+
+void SendScheduler::end(Request& r, ReportKind kind, const std::string& message) {
+  switch (kind) {
+    case ReportKind::kFinished: ++counters_.finished; break;
+    case ReportKind::kCancelled: ++counters_.cancelled; break;
+    default:
+      ++counters_.failed;
+      spdlog::warn("request '{}' failed on rank {}: {}", r.id, rank_, message);
+      break;
+  }
+  report_(r.handle, kind, r.bytes, message);
+  if (r.owns_slot && slots_[r.slot].bound == r.handle) slots_[r.slot].bound = 0;
+  if (r.legacy) std::erase(legacy_requests_, r.handle);
+  requests_.erase(r.handle);  // destroys r
+}
+
+}  // namespace kvrelay::worker

@@ -1,0 +1,110 @@
+// The layer-wise send logic of one worker (DESIGN.md section 5): follows the
+// engine's layer signals per slot, binds requests to slots, and moves each
+// layer of each request's blocks as soon as that layer is computed.
+//
+// The model, per request:
+//   computed(l) = blocks of layer l whose KV the engine has written:
+//                 all of them once the request's prefilled tokens reach
+//                 need_prefill_tokens, else prefilled_tokens / block_size
+//   sent(l)     = blocks of layer l already copied (starts at the prefix the
+//                 decode side holds: len(src) - len(dest))
+//   on every signal, and when the decode half arrives (late or not), copy
+//   layer l's blocks [sent(l), computed(l)) and advance sent(l).
+//   The request is finished when the prefill is complete and sent(l) reaches
+//   len(src) for every layer; the rank then fences and reports.
+//
+// Per slot, signals that arrive before the request is bound are buffered and
+// adopted at bind. A slot becomes free again once its request's prefill is
+// complete, and a batch entry with chunk offset 0 on a free slot starts a new
+// buffer. Legacy per-query requests follow the (step, layer) signal instead of
+// a slot: layers of steps before the current one are complete, layers up to
+// the signalled layer of the current step are complete.
+//
+// Single-threaded: the worker's loop owns it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "schemas/kvrelay.capnp.h"
+#include "schemas/records.h"
+#include "shm/pool_geometry.h"
+#include "worker/destination.h"
+
+namespace kvrelay::worker {
+
+inline constexpr uint32_t kMaxSlots = 512;
+
+struct SchedulerCounters {
+  uint64_t signals = 0;
+  uint64_t bad_signals = 0;   // out-of-range slot, layer for an unknown step, ...
+  uint64_t layer_copies = 0;  // (request, layer) copies done
+  uint64_t bytes = 0;
+  uint64_t finished = 0;
+  uint64_t failed = 0;
+  uint64_t cancelled = 0;
+};
+
+class SendScheduler {
+ public:
+  // report(handle, kind, bytes, message)
+  using Reporter = std::function<void(uint64_t, records::ReportKind, uint64_t, const std::string&)>;
+  // Called for each layer copy with its signal-to-copy-done latency (ns).
+  using LatencyObserver = std::function<void(uint32_t layer, uint64_t ns, uint64_t bytes)>;
+
+  SendScheduler(uint32_t rank, const PoolGeometry& local, DestinationResolver& resolver,
+                Reporter reporter);
+  ~SendScheduler();
+  SendScheduler(const SendScheduler&) = delete;
+  SendScheduler& operator=(const SendScheduler&) = delete;
+
+  void on_bind(uint64_t handle, schema::CacheTask::Reader task);
+  void on_dest(uint64_t handle, schema::CacheDest::Reader dest);
+  void on_cancel(uint64_t handle);
+  void on_signal(const records::LayerSignal& signal);
+  void set_latency_observer(LatencyObserver o) { latency_ = std::move(o); }
+
+  size_t live_requests() const { return requests_.size(); }
+  const SchedulerCounters& counters() const { return counters_; }
+
+ private:
+  struct Progress {
+    std::vector<uint64_t> tokens;  // per layer: tokens computed
+  };
+  struct Request;
+  struct Slot {
+    uint64_t bound = 0;  // handle of the request owning the slot, 0 if free
+    Progress buffer;     // signals seen while free
+    bool buffer_used = false;
+  };
+
+  void advance(Request& r, uint64_t signal_ns);
+  bool prefill_complete(const Request& r) const;
+  uint32_t computed_blocks(const Request& r, uint32_t layer) const;
+  void end(Request& r, records::ReportKind kind, const std::string& message);
+  void release_slot_if_done(Request& r);
+
+  uint32_t rank_;
+  PoolGeometry local_;
+  uint32_t layers_;
+  DestinationResolver& resolver_;
+  Reporter report_;
+  LatencyObserver latency_;
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::vector<Slot> slots_;
+  std::vector<uint64_t> legacy_requests_;  // handles
+  // The current step's batch: (slot, prefilled tokens after this chunk).
+  uint64_t batch_step_ = UINT64_MAX;
+  std::vector<std::pair<uint32_t, uint64_t>> batch_;
+  // Legacy mode: newest (step, layer) signalled; valid once legacy_seen_.
+  bool legacy_seen_ = false;
+  uint64_t legacy_step_ = 0;
+  uint32_t legacy_layer_ = 0;
+  SchedulerCounters counters_;
+};
+
+}  // namespace kvrelay::worker

@@ -1,0 +1,34 @@
+// The labels of a worker's counters block, in id order (kvrelay-dump reads
+// the labels from the block itself).
+#pragma once
+
+#include <cstdint>
+
+namespace kvrelay::worker {
+
+enum WorkerCounter : uint32_t {
+  kTasks,
+  kSignals,
+  kBadSignals,
+  kLayerCopies,
+  kBytesCopied,
+  kRequestsFinished,
+  kRequestsFailed,
+  kRequestsCancelled,
+  kReportsDelayed,  // reports that waited because the report ring was full
+  kWorkerCounterCount,
+};
+
+enum WorkerHistogram : uint32_t {
+  kSignalToCopyDoneNs,  // a layer signal's arrival to that layer's copy being done
+  kLayerCopyBytes,
+  kLayerCopyMBps,
+};
+
+inline constexpr const char* kWorkerCounterLabels[] = {
+    "tasks",           "signals",           "bad_signals",     "layer_copies",
+    "bytes_copied",    "requests_finished", "requests_failed", "requests_cancelled",
+    "reports_delayed",
+};
+
+}  // namespace kvrelay::worker
