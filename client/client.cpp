@@ -167,6 +167,10 @@ Result<Client> Client::attach(std::string_view instance, Deadline ready_by) {
   return Client(std::move(impl));
 }
 
+uint32_t Client::request_tag(std::string_view request_id) {
+  return records::request_tag(request_id);
+}
+
 const InstanceConfig& Client::config() const {
   return impl_->config;
 }
@@ -290,7 +294,7 @@ Status Client::push_batch(uint32_t rank, uint64_t step, std::span<const BatchSlo
     s.count = static_cast<uint32_t>(n);
     for (size_t i = 0; i < n; ++i) {
       const BatchSlot& b = slots[start + i];
-      s.entries[i] = records::BatchEntry{b.slot, b.chunk_token_offset, b.chunk_len};
+      s.entries[i] = records::BatchEntry{b.slot, b.chunk_token_offset, b.chunk_len, b.request_tag};
     }
     if (Status st = impl_->push(rank, s, deadline); !st) return st;
     if (slots.empty()) break;

@@ -161,6 +161,7 @@ void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns)
     r.deadline_entry = deadlines_.emplace(r.deadline_ns, r.handle);
   }
   r.task = std::move(owned);
+  spdlog::debug("CacheTask '{}' (handle {}) bound on every rank", id, r.handle);
   send_to_ranks(r, [&](schema::WorkerTask::Builder w) {
     w.setBind(r.task->getRoot<schema::CacheTask>().asReader());
   });

@@ -33,9 +33,24 @@ struct BatchEntry {
   uint32_t slot;                // the engine's batch slot (CacheTask.engineSlot)
   uint32_t chunk_token_offset;  // tokens of this request prefilled before this chunk
   uint32_t chunk_len;           // tokens prefilled in this chunk
+  // request_tag(request id) of the request in the slot, or 0 when the engine
+  // cannot say. With it, signals that arrive before their CacheTask are
+  // attributed exactly even if the slot is reused meanwhile; without it the
+  // worker assumes a chunk at offset 0 starts a new request.
+  uint32_t request_tag;
 };
 
-inline constexpr uint32_t kBatchEntriesPerSignal = 8;
+inline constexpr uint32_t kBatchEntriesPerSignal = 6;
+
+// A request id's 32-bit tag: FNV-1a, never 0.
+constexpr uint32_t request_tag(std::string_view request_id) {
+  uint32_t h = 2166136261U;
+  for (char c : request_id) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 16777619U;
+  }
+  return h == 0 ? 1 : h;
+}
 
 struct LayerSignal {
   uint32_t kind;   // SignalKind

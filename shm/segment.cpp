@@ -1,6 +1,7 @@
 #include "shm/segment.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -94,7 +95,32 @@ Status SharedSegment::map(SegmentAccess access) {
   } catch (const bip::interprocess_exception& e) {
     return from_boost(fmt::format("map /{}", name_), e);
   }
+  populate(access);
   return {};
+}
+
+// Maps every page now. A first touch of a shared page costs a fault, and
+// copies must not pay it on the hot path: a 256 KiB block copy into a fresh
+// mapping took 865 us instead of 8 on the project's machines. There the
+// hypervisor also maps pages lazily per process, behind the guest's page
+// tables, so MADV_POPULATE_WRITE alone still left 562 us: each page is also
+// touched once, by an atomic add of zero (a write access that cannot lose a
+// concurrent writer's data), or by a read on a read-only mapping.
+void SharedSegment::populate(SegmentAccess access) {
+  auto* base = static_cast<std::byte*>(region_.get_address());
+  const size_t size = region_.get_size();
+#ifdef MADV_POPULATE_WRITE
+  (void)madvise(base, size,
+                access == SegmentAccess::kReadOnly ? MADV_POPULATE_READ : MADV_POPULATE_WRITE);
+#endif
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  if (access == SegmentAccess::kReadOnly) {
+    for (size_t off = 0; off < size; off += page)
+      (void)*reinterpret_cast<const volatile uint64_t*>(base + off);
+  } else {
+    for (size_t off = 0; off < size; off += page)
+      __atomic_fetch_add(reinterpret_cast<uint64_t*>(base + off), 0, __ATOMIC_RELAXED);
+  }
 }
 
 Status SharedSegment::unlink(const std::string& name) {

@@ -3,7 +3,8 @@
 //
 // Rules (DESIGN.md section 3): creation is exclusive (O_EXCL); the mode is
 // 0600 unless group access is asked for explicitly; opening a segment owned
-// by another uid is refused before a single byte of it is read.
+// by another uid is refused before a single byte of it is read. Every page is
+// mapped when the segment is (see populate()): copies never fault.
 #pragma once
 
 #include <sys/types.h>
@@ -49,6 +50,7 @@ class SharedSegment {
  private:
   SharedSegment() = default;
   Status map(SegmentAccess access);
+  void populate(SegmentAccess access);
 
   std::string name_;
   boost::interprocess::shared_memory_object shm_;

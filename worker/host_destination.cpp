@@ -55,12 +55,14 @@ Result<std::shared_ptr<const HostPool>> HostDestinationResolver::peer_pool(
     const std::string& peer_instance) {
   auto it = peers_.find(peer_instance);
   if (it != peers_.end()) {
-    // Keep the mapping while its coordinator is alive; a peer that restarted
-    // has a new segment, which we attach afresh.
+    // Keep the mapping while its coordinator lives (re-mapping a pool costs
+    // a populate of every page); a peer that restarted has a new segment,
+    // which we attach afresh.
     const ControlSegment& c = *it->second.control;
     const SlotSnapshot s = read_slot(c.coordinator_slot());
     const Nanos timeout = std::chrono::milliseconds(c.config().peer_timeout_ms);
-    if (judge_peer(s, timeout) == PeerHealth::kHealthy) return it->second.pool;
+    if (c.state() != InstanceState::kDead && judge_peer(s, timeout) != PeerHealth::kDead)
+      return it->second.pool;
     peers_.erase(it);
   }
   Result<ControlSegment> control = ControlSegment::attach(peer_instance);

@@ -30,6 +30,7 @@ struct SendScheduler::Request {
   bool legacy = false;
   uint64_t legacy_step = 0;
   uint32_t slot = 0;
+  uint32_t tag = 0;
   bool owns_slot = false;
   Progress progress;
   bool has_dest = false;
@@ -47,10 +48,7 @@ SendScheduler::SendScheduler(uint32_t rank, const PoolGeometry& local,
       layers_(local.total_layers()),
       resolver_(resolver),
       report_(std::move(reporter)),
-      slots_(kMaxSlots) {
-  for (Slot& s : slots_)
-    s.buffer.tokens.assign(layers_, 0);
-}
+      slots_(kMaxSlots) {}
 
 SendScheduler::~SendScheduler() = default;
 
@@ -64,6 +62,11 @@ void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task) {
   r->progress.tokens.assign(layers_, 0);
   Request& req = *r;
   requests_[handle] = std::move(r);
+  spdlog::debug("bind '{}' (handle {}): {} blocks, {} tokens, {}", req.id, handle, req.src.size(),
+                req.need_tokens,
+                task.isLegacyPrefillStep()
+                    ? fmt::format("legacy step {}", task.getLegacyPrefillStep())
+                    : fmt::format("slot {}", task.getEngineSlot()));
 
   if (task.isLegacyPrefillStep()) {
     req.legacy = true;
@@ -72,25 +75,38 @@ void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task) {
     return;
   }
   req.slot = task.getEngineSlot();
+  req.tag = records::request_tag(req.id);
   if (req.slot >= kMaxSlots) {
     end(req, ReportKind::kFailed, fmt::format("engine slot {} out of range", req.slot));
     return;
   }
   Slot& slot = slots_[req.slot];
-  if (slot.bound != 0) {
-    auto prev = requests_.find(slot.bound);
-    if (prev != requests_.end()) {
+  // Adopt the signals that came before the task: the session with this
+  // request's tag, or, from an engine that sends no tags, the oldest untagged one.
+  auto it = std::find_if(slot.pending.begin(), slot.pending.end(),
+                         [&](const Session& s) { return s.tag == req.tag; });
+  if (it == slot.pending.end())
+    it = std::find_if(slot.pending.begin(), slot.pending.end(),
+                      [](const Session& s) { return s.tag == 0; });
+  if (it != slot.pending.end()) {
+    req.progress = std::move(it->progress);
+    slot.pending.erase(it);
+    --pending_sessions_;
+  }
+  // An untagged engine gives no other way to see that the slot moved on.
+  for (uint64_t h : std::vector<uint64_t>(slot.bound)) {
+    auto prev = requests_.find(h);
+    if (prev == requests_.end()) continue;
+    if (prefill_complete(*prev->second)) {
+      unbind(*prev->second);
+    } else if (prev->second->tag != req.tag) {
       end(*prev->second, ReportKind::kFailed,
           fmt::format("engine slot {} was given to request '{}' before this request's prefill "
                       "completed",
                       req.slot, req.id));
     }
-    slot.bound = 0;
   }
-  if (slot.buffer_used) req.progress = slot.buffer;  // signals that came before the task
-  slot.buffer.tokens.assign(layers_, 0);
-  slot.buffer_used = false;
-  slot.bound = handle;
+  slot.bound.push_back(handle);
   req.owns_slot = true;
   release_slot_if_done(req);
 }
@@ -120,6 +136,7 @@ void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest) {
   r.prefix = static_cast<uint32_t>(r.src.size() - r.dst.size());
   r.sent.assign(layers_, r.prefix);
   r.has_dest = true;
+  spdlog::debug("dest '{}': {} blocks, prefix {}", r.id, r.dst.size(), r.prefix);
   advance(r, mono_now_ns());  // catch up on everything already prefilled
 }
 
@@ -144,20 +161,8 @@ void SendScheduler::on_signal(const records::LayerSignal& signal) {
         batch_.clear();
       }
       const uint32_t n = std::min(signal.count, records::kBatchEntriesPerSignal);
-      for (uint32_t i = 0; i < n; ++i) {
-        const records::BatchEntry& e = signal.entries[i];
-        if (e.slot >= kMaxSlots) {
-          ++counters_.bad_signals;
-          continue;
-        }
-        const uint64_t tokens_after = uint64_t{e.chunk_token_offset} + e.chunk_len;
-        Slot& slot = slots_[e.slot];
-        if (slot.bound == 0 && (e.chunk_token_offset == 0 || !slot.buffer_used)) {
-          slot.buffer.tokens.assign(layers_, 0);  // a new request starts on a free slot
-          slot.buffer_used = true;
-        }
-        batch_.emplace_back(e.slot, tokens_after);
-      }
+      for (uint32_t i = 0; i < n; ++i)
+        on_batch_entry(signal.entries[i]);
       return;
     }
     case SignalKind::kLayerDone: {
@@ -165,26 +170,20 @@ void SendScheduler::on_signal(const records::LayerSignal& signal) {
         ++counters_.bad_signals;
         return;
       }
-      std::vector<Request*> touched;
-      for (const auto& [slot_id, tokens_after] : batch_) {
-        Slot& slot = slots_[slot_id];
-        Progress* p = &slot.buffer;
+      std::vector<uint64_t> touched;
+      for (const BatchItem& item : batch_) {
         Request* owner = nullptr;
-        if (slot.bound != 0) {
-          auto it = requests_.find(slot.bound);
-          if (it != requests_.end()) {
-            owner = it->second.get();
-            p = &owner->progress;
-          }
-        }
+        Progress* p = progress_for(item.slot, item.tag, &owner);
+        if (p == nullptr) continue;
         uint64_t& t = p->tokens[signal.layer];
-        t = std::max(t, tokens_after);
-        if (owner != nullptr) touched.push_back(owner);
+        t = std::max(t, item.tokens_after);
+        if (owner != nullptr) touched.push_back(owner->handle);
       }
-      for (Request* r : touched) {
-        const uint64_t handle = r->handle;
-        advance(*r, now);
-        auto it = requests_.find(handle);  // advance may have ended it
+      for (uint64_t handle : touched) {
+        auto it = requests_.find(handle);  // an earlier advance may have ended it
+        if (it == requests_.end()) continue;
+        advance(*it->second, now);
+        it = requests_.find(handle);
         if (it != requests_.end()) release_slot_if_done(*it->second);
       }
       return;
@@ -209,6 +208,86 @@ void SendScheduler::on_signal(const records::LayerSignal& signal) {
     }
   }
   ++counters_.bad_signals;
+}
+
+// A batch entry: remember it for the step's layer records, and notice a slot
+// that moved on to another request.
+void SendScheduler::on_batch_entry(const records::BatchEntry& e) {
+  if (e.slot >= kMaxSlots) {
+    ++counters_.bad_signals;
+    return;
+  }
+  const uint64_t tokens_after = uint64_t{e.chunk_token_offset} + e.chunk_len;
+  Slot& slot = slots_[e.slot];
+  for (uint64_t h : std::vector<uint64_t>(slot.bound)) {
+    auto it = requests_.find(h);
+    if (it == requests_.end()) continue;
+    Request& r = *it->second;
+    const bool same = e.request_tag != 0 ? r.tag == e.request_tag
+                                         : !(e.chunk_token_offset == 0 && r.progress.tokens[0] > 0);
+    if (same) continue;
+    if (prefill_complete(r)) {
+      unbind(r);
+    } else {
+      end(r, ReportKind::kFailed,
+          fmt::format("engine slot {} moved on to another request before this request's prefill "
+                      "completed",
+                      e.slot));
+    }
+  }
+  Request* owner = nullptr;
+  if (progress_for(e.slot, e.request_tag, &owner) == nullptr ||
+      (owner == nullptr && e.request_tag == 0))
+    pending_session(slot, e.request_tag, e.chunk_token_offset);
+  batch_.push_back(BatchItem{e.slot, e.request_tag, tokens_after});
+  spdlog::trace("slot {} tag {:08x} tokens [{}, {}) -> {}", e.slot, e.request_tag,
+                e.chunk_token_offset, tokens_after,
+                owner != nullptr ? owner->id : std::string("pending"));
+}
+
+// The progress that signals for (slot, tag) update: the bound request's, or
+// a pending session's; nullptr if neither exists.
+SendScheduler::Progress* SendScheduler::progress_for(uint32_t slot_id, uint32_t tag,
+                                                     Request** owner) {
+  Slot& slot = slots_[slot_id];
+  for (auto h = slot.bound.rbegin(); h != slot.bound.rend(); ++h) {
+    auto it = requests_.find(*h);
+    if (it == requests_.end()) continue;
+    if (tag == 0 || it->second->tag == tag) {
+      *owner = it->second.get();
+      return &it->second->progress;
+    }
+  }
+  for (auto s = slot.pending.rbegin(); s != slot.pending.rend(); ++s) {
+    if (s->tag == tag) return &s->progress;
+  }
+  return nullptr;
+}
+
+SendScheduler::Session& SendScheduler::pending_session(Slot& slot, uint32_t tag, uint32_t offset) {
+  if (tag != 0) {
+    for (Session& s : slot.pending)
+      if (s.tag == tag) return s;
+  } else if (offset != 0 && !slot.pending.empty() && slot.pending.back().tag == 0) {
+    return slot.pending.back();  // the untagged request's next chunk
+  }
+  if (pending_sessions_ >= kMaxPendingSessions) {  // drop the oldest, wherever it is
+    Slot* oldest = nullptr;
+    for (Slot& candidate : slots_)
+      if (!candidate.pending.empty() &&
+          (oldest == nullptr || candidate.pending.front().seq < oldest->pending.front().seq))
+        oldest = &candidate;
+    oldest->pending.pop_front();
+    --pending_sessions_;
+    ++counters_.dropped_sessions;
+  }
+  ++pending_sessions_;
+  Session s;
+  s.tag = tag;
+  s.seq = ++session_seq_;
+  s.progress.tokens.assign(layers_, 0);
+  slot.pending.push_back(std::move(s));
+  return slot.pending.back();
 }
 
 bool SendScheduler::prefill_complete(const Request& r) const {
@@ -248,6 +327,7 @@ void SendScheduler::advance(Request& r, uint64_t signal_ns) {
       end(r, ReportKind::kFailed, runs.error().message);
       return;
     }
+    const uint64_t copy_start = mono_now_ns();
     Result<uint64_t> moved = r.destination->copy_layer(layer, *runs);
     if (!moved) {
       end(r, ReportKind::kFailed, moved.error().message);
@@ -257,7 +337,10 @@ void SendScheduler::advance(Request& r, uint64_t signal_ns) {
     r.bytes += *moved;
     counters_.bytes += *moved;
     ++counters_.layer_copies;
-    if (latency_) latency_(layer, mono_now_ns() - signal_ns, *moved);
+    if (latency_) {
+      const uint64_t done = mono_now_ns();
+      latency_(layer, done - signal_ns, done - copy_start, *moved);
+    }
   }
   if (!prefill_complete(r)) return;
   for (uint32_t s : r.sent)
@@ -266,14 +349,19 @@ void SendScheduler::advance(Request& r, uint64_t signal_ns) {
   end(r, ReportKind::kFinished, "");
 }
 
-void SendScheduler::release_slot_if_done(Request& r) {
-  if (!r.owns_slot || !prefill_complete(r)) return;
-  Slot& slot = slots_[r.slot];
-  if (slot.bound == r.handle) slot.bound = 0;
+void SendScheduler::unbind(Request& r) {
+  if (!r.owns_slot) return;
+  std::erase(slots_[r.slot].bound, r.handle);
   r.owns_slot = false;
 }
 
+void SendScheduler::release_slot_if_done(Request& r) {
+  if (r.owns_slot && prefill_complete(r)) unbind(r);
+}
+
 void SendScheduler::end(Request& r, ReportKind kind, const std::string& message) {
+  spdlog::debug("end '{}' (handle {}): kind {} {}", r.id, r.handle, static_cast<uint32_t>(kind),
+                message);
   switch (kind) {
     case ReportKind::kFinished: ++counters_.finished; break;
     case ReportKind::kCancelled: ++counters_.cancelled; break;
@@ -283,7 +371,7 @@ void SendScheduler::end(Request& r, ReportKind kind, const std::string& message)
       break;
   }
   report_(r.handle, kind, r.bytes, message);
-  if (r.owns_slot && slots_[r.slot].bound == r.handle) slots_[r.slot].bound = 0;
+  unbind(r);
   if (r.legacy) std::erase(legacy_requests_, r.handle);
   requests_.erase(r.handle);  // destroys r
 }

@@ -13,17 +13,23 @@
 //   The request is finished when the prefill is complete and sent(l) reaches
 //   len(src) for every layer; the rank then fences and reports.
 //
-// Per slot, signals that arrive before the request is bound are buffered and
-// adopted at bind. A slot becomes free again once its request's prefill is
-// complete, and a batch entry with chunk offset 0 on a free slot starts a new
-// buffer. Legacy per-query requests follow the (step, layer) signal instead of
-// a slot: layers of steps before the current one are complete, layers up to
-// the signalled layer of the current step are complete.
+// Signals name a slot and, normally, a request tag (records::request_tag of
+// the request id). Signals for a (slot, tag) that no bound request claims yet
+// are kept as a pending session and adopted when that request is bound, so
+// signals may arrive before the CacheTask even if the slot is reused in the
+// meantime. When a batch entry shows a slot serving another request while a
+// request bound to it has not finished its prefill, that request fails (the
+// engine moved on; it would never finish). Without tags (tag 0) a chunk at
+// offset 0 is taken to start a new request. Legacy per-query requests follow
+// the (step, layer) signal instead of a slot: layers of steps before the
+// current one are complete, layers up to the signalled layer of the current
+// step are complete.
 //
 // Single-threaded: the worker's loop owns it.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -41,8 +47,9 @@ inline constexpr uint32_t kMaxSlots = 512;
 
 struct SchedulerCounters {
   uint64_t signals = 0;
-  uint64_t bad_signals = 0;   // out-of-range slot, layer for an unknown step, ...
-  uint64_t layer_copies = 0;  // (request, layer) copies done
+  uint64_t bad_signals = 0;       // out-of-range slot, layer for an unknown step, ...
+  uint64_t dropped_sessions = 0;  // pending sessions dropped at the kMaxPendingSessions bound
+  uint64_t layer_copies = 0;      // (request, layer) copies done
   uint64_t bytes = 0;
   uint64_t finished = 0;
   uint64_t failed = 0;
@@ -53,8 +60,10 @@ class SendScheduler {
  public:
   // report(handle, kind, bytes, message)
   using Reporter = std::function<void(uint64_t, records::ReportKind, uint64_t, const std::string&)>;
-  // Called for each layer copy with its signal-to-copy-done latency (ns).
-  using LatencyObserver = std::function<void(uint32_t layer, uint64_t ns, uint64_t bytes)>;
+  // Called for each layer copy: signal-to-copy-done latency, the copy's own
+  // duration (both ns), and its bytes.
+  using LatencyObserver = std::function<void(uint32_t layer, uint64_t signal_to_done_ns,
+                                             uint64_t copy_ns, uint64_t bytes)>;
 
   SendScheduler(uint32_t rank, const PoolGeometry& local, DestinationResolver& resolver,
                 Reporter reporter);
@@ -76,16 +85,30 @@ class SendScheduler {
     std::vector<uint64_t> tokens;  // per layer: tokens computed
   };
   struct Request;
-  struct Slot {
-    uint64_t bound = 0;  // handle of the request owning the slot, 0 if free
-    Progress buffer;     // signals seen while free
-    bool buffer_used = false;
+  // Signals for a request that is not bound yet.
+  struct Session {
+    uint32_t tag = 0;
+    uint64_t seq = 0;  // creation order, to find the oldest
+    Progress progress;
   };
+  struct Slot {
+    std::vector<uint64_t> bound;  // handles of requests bound to this slot, oldest first
+    std::deque<Session> pending;  // oldest first
+  };
+  // Binds can lag far behind signals (they pass through the coordinator), so
+  // many sessions may wait; past this many in all, the oldest is dropped
+  // (its request, if it ever binds, fails to see its early signals and times
+  // out): the memory bound for an engine that signals requests it never submits.
+  static constexpr size_t kMaxPendingSessions = 8192;
 
+  void on_batch_entry(const records::BatchEntry& e);
+  Progress* progress_for(uint32_t slot, uint32_t tag, Request** owner);
+  Session& pending_session(Slot& slot, uint32_t tag, uint32_t offset);
   void advance(Request& r, uint64_t signal_ns);
   bool prefill_complete(const Request& r) const;
   uint32_t computed_blocks(const Request& r, uint32_t layer) const;
   void end(Request& r, records::ReportKind kind, const std::string& message);
+  void unbind(Request& r);
   void release_slot_if_done(Request& r);
 
   uint32_t rank_;
@@ -96,10 +119,17 @@ class SendScheduler {
   LatencyObserver latency_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<Slot> slots_;
+  size_t pending_sessions_ = 0;
+  uint64_t session_seq_ = 0;
   std::vector<uint64_t> legacy_requests_;  // handles
-  // The current step's batch: (slot, prefilled tokens after this chunk).
+  // The current step's batch: (slot, tag, prefilled tokens after this chunk).
+  struct BatchItem {
+    uint32_t slot;
+    uint32_t tag;
+    uint64_t tokens_after;
+  };
   uint64_t batch_step_ = UINT64_MAX;
-  std::vector<std::pair<uint32_t, uint64_t>> batch_;
+  std::vector<BatchItem> batch_;
   // Legacy mode: newest (step, layer) signalled; valid once legacy_seen_.
   bool legacy_seen_ = false;
   uint64_t legacy_step_ = 0;

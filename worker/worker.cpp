@@ -81,6 +81,7 @@ class Worker {
                                          std::end(kWorkerCounterLabels));
     define_counters(counters_, labels,
                     {{"signal_to_copy_done", "ns"},
+                     {"layer_copy_time", "ns"},
                      {"layer_copy_bytes", "bytes"},
                      {"layer_copy_rate", "MB/s"}});
     register_self(slot_, SlotState::kStarting);
@@ -100,12 +101,7 @@ class Worker {
         [this](uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message) {
           report(handle, kind, bytes, message);
         });
-    scheduler_->set_latency_observer([this](uint32_t, uint64_t ns, uint64_t bytes) {
-      CounterWriter w(counters_);
-      w.record(kSignalToCopyDoneNs, ns);
-      w.record(kLayerCopyBytes, bytes);
-      if (ns > 0) w.record(kLayerCopyMBps, bytes * 1000 / ns);
-    });
+    install_latency_observer();
     return {};
   }
 
@@ -131,8 +127,8 @@ class Worker {
     uint64_t next_check = 0;
     while (g_stop == 0 && !shutdown_) {
       heartbeat(slot_);
-      bool busy = drain_tasks();
-      busy = drain_signals() || busy;
+      bool busy = drain_signals();
+      busy = drain_tasks() || busy;
       flush_reports();
       mirror_counters();
       const uint64_t now = mono_now_ns();
@@ -193,7 +189,16 @@ class Worker {
   Status handle(schema::WorkerTask::Reader t) {
     const uint64_t h = t.getHandle();
     switch (t.which()) {
-      case schema::WorkerTask::BIND: scheduler_->on_bind(h, t.getBind()); break;
+      case schema::WorkerTask::BIND:
+        // Every signal the engine pushed before it submitted this task is in
+        // the signal ring by now (the task reached us through the engine's
+        // submit, the coordinator and our task ring, each a release/acquire
+        // handoff). Apply them first, so that the slot's previous request
+        // sees the end of its prefill before the slot changes hands.
+        while (drain_signals()) {
+        }
+        scheduler_->on_bind(h, t.getBind());
+        break;
       case schema::WorkerTask::DEST: scheduler_->on_dest(h, t.getDest()); break;
       case schema::WorkerTask::CANCEL: scheduler_->on_cancel(h); break;
       case schema::WorkerTask::CONNECT: {
@@ -209,6 +214,17 @@ class Worker {
       case schema::WorkerTask::SHUTDOWN: shutdown_ = true; break;
     }
     return {};
+  }
+
+  void install_latency_observer() {
+    scheduler_->set_latency_observer(
+        [this](uint32_t, uint64_t to_done, uint64_t copy, uint64_t bytes) {
+          CounterWriter w(counters_);
+          w.record(kSignalToCopyDoneNs, to_done);
+          w.record(kLayerCopyNs, copy);
+          w.record(kLayerCopyBytes, bytes);
+          if (copy > 0) w.record(kLayerCopyMBps, bytes * 1000 / copy);
+        });
   }
 
   void register_pool(uint64_t handle, schema::PoolDescriptor::Reader d) {
@@ -240,6 +256,7 @@ class Worker {
             report(h, kind, bytes, message);
           });
       device_pool_ = std::move(owned);
+      install_latency_observer();
     } else {
       host_pool_ = std::move(owned);
     }

@@ -21,6 +21,7 @@ enum WorkerCounter : uint32_t {
 
 enum WorkerHistogram : uint32_t {
   kSignalToCopyDoneNs,  // a layer signal's arrival to that layer's copy being done
+  kLayerCopyNs,         // one layer's copy for one request (the memcpys alone)
   kLayerCopyBytes,
   kLayerCopyMBps,
 };

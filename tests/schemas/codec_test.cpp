@@ -303,7 +303,7 @@ TEST_F(RingCodec, MessageLargerThanTheRecordLimitIsRefusedAndNothingIsWritten) {
 
 std::vector<capnp::word> aligned(std::span<const std::byte> bytes) {
   std::vector<capnp::word> words((bytes.size() + 7) / 8);
-  std::memcpy(words.data(), bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
   return words;
 }
 

@@ -108,15 +108,24 @@ struct Completion {
 };
 
 // One entry of a step's batch: slot `slot` prefilled tokens
-// [chunk_token_offset, chunk_token_offset + chunk_len) in this step.
+// [chunk_token_offset, chunk_token_offset + chunk_len) in this step of the
+// request whose tag is `request_tag` (Client::request_tag(request_id)).
+// Pass the tag whenever the engine knows which request is in the slot: then
+// signals that reach a worker before the request's CacheTask are attributed
+// exactly, even if the slot is reused meanwhile. A tag of 0 falls back to
+// "a chunk at offset 0 starts a new request".
 struct BatchSlot {
   uint32_t slot;
   uint32_t chunk_token_offset;
   uint32_t chunk_len;
+  uint32_t request_tag = 0;
 };
 
 class Client {
  public:
+  // The 32-bit tag of a request id, for BatchSlot::request_tag. Never 0.
+  static uint32_t request_tag(std::string_view request_id);
+
   // Attaches to `instance` and waits (until `ready_by`) for it to be ready;
   // an instance whose coordinator is still starting is waited for.
   static Result<Client> attach(std::string_view instance, Deadline ready_by);

@@ -1,0 +1,311 @@
+// SendScheduler with a recording destination: which layers of which blocks
+// move on which signal, per DESIGN.md section 5.
+#include "worker/send_scheduler.h"
+
+#include <capnp/message.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+namespace kvrelay::worker {
+namespace {
+
+using records::LayerSignal;
+using records::ReportKind;
+using records::SignalKind;
+
+// Records every (layer, dst block) written.
+class RecordingDestination : public Destination {
+ public:
+  uint32_t blocks_in_layer(uint32_t) const override { return 1024; }
+  Result<uint64_t> copy_layer(uint32_t layer, std::span<const BlockRun> runs) override {
+    uint64_t n = 0;
+    for (const BlockRun& r : runs)
+      for (uint32_t i = 0; i < r.count; ++i) {
+        written.insert({layer, r.dst_block + i});
+        ++n;
+      }
+    ++copies;
+    return n * 100;
+  }
+  void fence() override { ++fences; }
+  std::set<std::pair<uint32_t, uint32_t>> written;
+  int copies = 0;
+  int fences = 0;
+};
+
+class Resolver : public DestinationResolver {
+ public:
+  Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader) override {
+    return std::shared_ptr<Destination>(dest);
+  }
+  Status check_connect(schema::ConnectTask::Reader) override { return {}; }
+  std::shared_ptr<RecordingDestination> dest = std::make_shared<RecordingDestination>();
+};
+
+struct Report {
+  uint64_t handle;
+  ReportKind kind;
+  std::string message;
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kLayers = 3;
+  static constexpr uint32_t kBlockTokens = 16;
+  PoolGeometry geometry() {
+    PoolGeometry g;
+    g.num_layers = kLayers;
+    g.num_blocks = 1024;
+    g.kv_heads = 1;
+    g.block_size = kBlockTokens;
+    g.head_dim = 8;
+    return g;
+  }
+  Resolver resolver;
+  std::vector<Report> reports;
+  SendScheduler s{0, geometry(), resolver,
+                  [this](uint64_t h, ReportKind k, uint64_t, const std::string& m) {
+                    reports.push_back({h, k, m});
+                  }};
+
+  void bind(uint64_t h, std::vector<uint32_t> src, uint64_t tokens, uint32_t slot) {
+    capnp::MallocMessageBuilder m;
+    auto t = m.initRoot<schema::CacheTask>();
+    t.setRequestId("r" + std::to_string(h));
+    auto l = t.initSrcBlockIds(static_cast<unsigned>(src.size()));
+    for (unsigned i = 0; i < src.size(); ++i)
+      l.set(i, src[i]);
+    t.setNeedPrefillTokens(tokens);
+    t.setEngineSlot(slot);
+    s.on_bind(h, t.asReader());
+  }
+  void dest(uint64_t h, std::vector<uint32_t> dst) {
+    capnp::MallocMessageBuilder m;
+    auto d = m.initRoot<schema::CacheDest>();
+    auto l = d.initDestBlockIds(static_cast<unsigned>(dst.size()));
+    for (unsigned i = 0; i < dst.size(); ++i)
+      l.set(i, dst[i]);
+    s.on_dest(h, d.asReader());
+  }
+  void batch(uint64_t step, std::vector<records::BatchEntry> entries) {
+    LayerSignal sig{};
+    sig.kind = static_cast<uint32_t>(SignalKind::kBatch);
+    sig.step = step;
+    sig.count = static_cast<uint32_t>(entries.size());
+    for (size_t i = 0; i < entries.size(); ++i)
+      sig.entries[i] = entries[i];
+    s.on_signal(sig);
+  }
+  void layer(uint64_t step, uint32_t l) {
+    LayerSignal sig{};
+    sig.kind = static_cast<uint32_t>(SignalKind::kLayerDone);
+    sig.step = step;
+    sig.layer = l;
+    s.on_signal(sig);
+  }
+  void all_layers(uint64_t step) {
+    for (uint32_t l = 0; l < kLayers; ++l)
+      layer(step, l);
+  }
+  bool written(uint32_t l, uint32_t block) { return resolver.dest->written.count({l, block}) != 0; }
+};
+
+TEST_F(SchedulerTest, EachLayerMovesWhenSignalled) {
+  bind(1, {10, 11, 12}, 48, 0);
+  dest(1, {20, 21, 22});
+  batch(1, {{0, 0, 48}});
+  layer(1, 0);
+  EXPECT_TRUE(written(0, 20) && written(0, 22));
+  EXPECT_FALSE(written(1, 20)) << "layer 1 is not computed yet";
+  layer(1, 1);
+  layer(1, 2);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFinished);
+  EXPECT_EQ(resolver.dest->fences, 1);
+}
+
+TEST_F(SchedulerTest, ChunkEndsExcludeThePartialBlockUntilTheLastChunk) {
+  bind(1, {10, 11, 12}, 40, 0);  // 40 tokens: blocks 0,1 full, block 2 partial
+  dest(1, {20, 21, 22});
+  batch(1, {{0, 0, 24}});  // 24 tokens: only block 0 is complete
+  all_layers(1);
+  EXPECT_TRUE(written(0, 20));
+  EXPECT_FALSE(written(0, 21));
+  batch(2, {{0, 24, 16}});  // the last chunk: everything
+  all_layers(2);
+  EXPECT_TRUE(written(2, 21) && written(2, 22));
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFinished);
+}
+
+TEST_F(SchedulerTest, PrefixHeldByTheDecodeSideIsNeverSent) {
+  bind(1, {10, 11, 12, 13}, 64, 0);
+  dest(1, {30});  // decode already holds blocks 0..2
+  batch(1, {{0, 0, 64}});
+  all_layers(1);
+  EXPECT_EQ(resolver.dest->written.size(), size_t{kLayers});
+  for (uint32_t l = 0; l < kLayers; ++l)
+    EXPECT_TRUE(written(l, 30));
+  EXPECT_EQ(reports.at(0).kind, ReportKind::kFinished);
+}
+
+TEST_F(SchedulerTest, FullyPrefixCachedRequestSendsNothingAndFinishesAfterPrefill) {
+  bind(1, {10, 11}, 32, 0);
+  dest(1, {});
+  EXPECT_TRUE(reports.empty());
+  batch(1, {{0, 0, 32}});
+  all_layers(1);
+  EXPECT_TRUE(resolver.dest->written.empty());
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFinished);
+}
+
+TEST_F(SchedulerTest, SignalsBeforeTheTaskAreBufferedAndAdopted) {
+  batch(1, {{5, 0, 32}});
+  all_layers(1);  // the whole prefill happened before either half
+  bind(1, {10, 11}, 32, 5);
+  dest(1, {20, 21});
+  EXPECT_TRUE(written(kLayers - 1, 21));
+  EXPECT_EQ(reports.at(0).kind, ReportKind::kFinished);
+}
+
+TEST_F(SchedulerTest, LateDestinationCatchesUpOnEverythingPrefilled) {
+  bind(1, {10, 11, 12}, 48, 0);
+  batch(1, {{0, 0, 32}});
+  all_layers(1);
+  batch(2, {{0, 32, 16}});
+  layer(2, 0);
+  dest(1, {20, 21, 22});  // blocks 0-1 of every layer, block 2 of layer 0
+  EXPECT_TRUE(written(2, 21));
+  EXPECT_TRUE(written(0, 22));
+  EXPECT_FALSE(written(1, 22));
+  layer(2, 1);
+  layer(2, 2);
+  EXPECT_EQ(reports.at(0).kind, ReportKind::kFinished);
+}
+
+TEST_F(SchedulerTest, SlotReusedAfterPrefillCompletesDoesNotDisturbThePreviousRequest) {
+  bind(1, {10, 11}, 20, 0);
+  batch(1, {{0, 0, 20}});
+  all_layers(1);  // request 1's prefill is complete; its decode half is late
+  bind(2, {40, 41}, 32, 0);
+  batch(2, {{0, 0, 32}});
+  all_layers(2);
+  dest(2, {60, 61});
+  dest(1, {50, 51});
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFinished);
+  EXPECT_EQ(reports[1].kind, ReportKind::kFinished);
+  EXPECT_TRUE(written(0, 50) && written(0, 61));
+}
+
+TEST_F(SchedulerTest, SlotGivenAwayBeforePrefillCompletedFailsThePreviousRequest) {
+  bind(1, {10, 11}, 32, 0);
+  batch(1, {{0, 0, 16}});
+  all_layers(1);
+  bind(2, {40}, 16, 0);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].handle, 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFailed);
+}
+
+// The bind of a request reaches the worker through the coordinator and can
+// be overtaken by signals: here both requests of slot 0 have prefilled before
+// either is bound. Tags keep them apart.
+TEST_F(SchedulerTest, TaggedSignalsForTwoRequestsOfOneSlotBeforeEitherIsBound) {
+  const uint32_t a = records::request_tag("r1");
+  const uint32_t b = records::request_tag("r2");
+  batch(1, {{0, 0, 32, a}});
+  all_layers(1);  // request r1: complete
+  batch(2, {{0, 0, 16, b}});
+  all_layers(2);  // request r2, first chunk
+  bind(1, {10, 11}, 32, 0);
+  dest(1, {20, 21});
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFinished);
+  bind(2, {40, 41}, 32, 0);
+  dest(2, {60, 61});
+  EXPECT_TRUE(written(2, 60));
+  EXPECT_FALSE(written(0, 61)) << "r2's second block is not computed yet";
+  batch(3, {{0, 16, 16, b}});
+  all_layers(3);
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[1].kind, ReportKind::kFinished);
+  EXPECT_TRUE(written(2, 61));
+}
+
+TEST_F(SchedulerTest, TaggedSlotMovingOnBeforePrefillCompletedFailsTheBoundRequest) {
+  bind(1, {10, 11}, 32, 0);
+  batch(1, {{0, 0, 16, records::request_tag("r1")}});
+  all_layers(1);
+  batch(2, {{0, 0, 16, records::request_tag("someone-else")}});
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFailed);
+  EXPECT_EQ(reports[0].message,
+            "engine slot 0 moved on to another request before this request's prefill completed");
+}
+
+TEST_F(SchedulerTest, ConsecutiveIdsCoalesceIntoOneCopyPerLayer) {
+  bind(1, {10, 11, 12, 13}, 64, 0);
+  dest(1, {20, 21, 22, 23});
+  batch(1, {{0, 0, 64}});
+  all_layers(1);
+  EXPECT_EQ(resolver.dest->copies, static_cast<int>(kLayers));
+}
+
+TEST_F(SchedulerTest, OutOfRangeSourceBlockFailsTheRequestWithTheLimit) {
+  bind(1, {10, 5000}, 32, 0);
+  dest(1, {20, 21});
+  batch(1, {{0, 0, 32}});
+  layer(1, 0);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFailed);
+  EXPECT_EQ(reports[0].message,
+            "source block id 5000 out of range: pool has 1024 blocks (rank 0, layer 0)");
+}
+
+TEST_F(SchedulerTest, LegacyModeSendsLayersAsTheStepAndLayerPassThem) {
+  capnp::MallocMessageBuilder m;
+  auto t = m.initRoot<schema::CacheTask>();
+  t.setRequestId("legacy");
+  auto l = t.initSrcBlockIds(2);
+  l.set(0, 1);
+  l.set(1, 2);
+  t.setNeedPrefillTokens(20);
+  t.setLegacyPrefillStep(7);
+  s.on_bind(9, t.asReader());
+  dest(9, {3, 4});
+  LayerSignal sig{};
+  sig.kind = static_cast<uint32_t>(SignalKind::kLegacyLayerDone);
+  sig.step = 6;
+  sig.layer = 2;
+  s.on_signal(sig);
+  EXPECT_TRUE(resolver.dest->written.empty()) << "step 6 is before the request's step";
+  sig.step = 7;
+  sig.layer = 1;
+  s.on_signal(sig);
+  EXPECT_TRUE(written(1, 4));
+  EXPECT_FALSE(written(2, 4));
+  sig.step = 8;
+  sig.layer = 0;
+  s.on_signal(sig);  // a later step: every layer of step 7 is done
+  EXPECT_TRUE(written(2, 4));
+  EXPECT_EQ(reports.at(0).kind, ReportKind::kFinished);
+}
+
+TEST_F(SchedulerTest, CancelReportsAndForgetsTheRequest) {
+  bind(1, {10}, 16, 0);
+  s.on_cancel(1);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kCancelled);
+  EXPECT_EQ(s.live_requests(), 0u);
+  s.on_cancel(77);  // unknown: still answered, so the coordinator can settle
+  EXPECT_EQ(reports.back().kind, ReportKind::kCancelled);
+}
+
+}  // namespace
+}  // namespace kvrelay::worker

@@ -1,0 +1,84 @@
+#include "instances.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+extern char** environ;
+
+namespace kvrelay::sim {
+
+std::string binary_next_to_me(const std::string& program) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? program : (self.parent_path() / program).string();
+}
+
+Status ManagedInstance::start(const std::string& name, const std::string& role, const Geometry& g,
+                              const std::string& log_dir) {
+  std::vector<std::string> args = {
+      binary_next_to_me("kvrelay-coordinator"),
+      "--instance",
+      name,
+      "--role",
+      role,
+      "--tp-size",
+      std::to_string(g.tp),
+      "--num-layers",
+      std::to_string(g.layers),
+      "--extra-layers",
+      std::to_string(g.extra_layers),
+      "--num-blocks",
+      std::to_string(g.blocks),
+      "--block-size",
+      std::to_string(g.block_size),
+      "--kv-heads",
+      std::to_string(g.kv_heads),
+      "--head-dim",
+      std::to_string(g.head_dim),
+      "--dtype",
+      g.dtype,
+      "--log-level",
+      getenv("KVRELAY_SIM_LOG_LEVEL") != nullptr ? getenv("KVRELAY_SIM_LOG_LEVEL") : "warn"};
+  if (!log_dir.empty()) {
+    args.push_back("--log-dir");
+    args.push_back(log_dir);
+  }
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int rc = posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ);
+  if (rc != 0) return system_error(fmt::format("cannot start {}", args[0]), rc);
+  return {};
+}
+
+int ManagedInstance::stop() {
+  if (pid_ <= 0) return 0;
+  kill(pid_, SIGTERM);
+  int status = 0;
+  for (int i = 0; i < 300; ++i) {
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return -1;
+}
+
+ManagedInstance::~ManagedInstance() {
+  stop();
+}
+
+}  // namespace kvrelay::sim

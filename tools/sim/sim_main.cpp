@@ -1,0 +1,104 @@
+// kvrelay-sim: drives a prefill instance and a decode instance like an
+// inference engine, with a verifiable KV pattern, and prints a summary.
+// With --start it starts both instances itself (and stops them at the end).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include "instances.h"
+#include "kvrelay/client.h"
+#include "simulator.h"
+
+using namespace kvrelay;
+
+int main(int argc, char** argv) {
+  sim::SimOptions o;
+  sim::Geometry g;
+  std::string prefill = "sim-prefill", decode = "sim-decode", log_dir;
+  bool start = false;
+  CLI::App app{
+      "kvrelay-sim: an engine simulator that moves verifiable KV blocks from a prefill "
+      "instance to a decode instance and checks every byte"};
+  app.add_flag("--start", start,
+               "start both instances (kvrelay-coordinator) and stop them at the end");
+  app.add_option("--prefill", prefill, "prefill instance name")->capture_default_str();
+  app.add_option("--decode", decode, "decode instance name")->capture_default_str();
+  app.add_option("--tp", g.tp, "with --start: tensor-parallel ranks")->capture_default_str();
+  app.add_option("--layers", g.layers, "with --start: model layers")->capture_default_str();
+  app.add_option("--extra-layers", g.extra_layers, "with --start: speculative extra layers")
+      ->capture_default_str();
+  app.add_option("--blocks", g.blocks, "with --start: blocks per rank")->capture_default_str();
+  app.add_option("--block-size", g.block_size, "with --start: tokens per block")
+      ->capture_default_str();
+  app.add_option("--kv-heads", g.kv_heads, "with --start: KV heads per rank")
+      ->capture_default_str();
+  app.add_option("--head-dim", g.head_dim, "with --start: head dimension")->capture_default_str();
+  app.add_option("--dtype", g.dtype, "with --start: bfloat16, float16, uint8 or fp8 (with scales)")
+      ->capture_default_str();
+  app.add_option("--log-dir", log_dir, "with --start: where the instances write their logs");
+  app.add_option("--requests", o.requests, "requests to move")->capture_default_str();
+  app.add_option("--batch", o.batch, "slots prefilling in each step")->capture_default_str();
+  app.add_option("--chunk-tokens", o.chunk_tokens,
+                 "chunked prefill: tokens per request per step (0: whole prompt)")
+      ->capture_default_str();
+  app.add_option("--min-tokens", o.min_tokens, "shortest prompt")->capture_default_str();
+  app.add_option("--max-tokens", o.max_tokens, "longest prompt")->capture_default_str();
+  app.add_option("--layer-compute-us", o.layer_compute_us, "simulated compute time of one layer")
+      ->capture_default_str();
+  app.add_option("--prefix-hit-rate", o.prefix_hit_rate,
+                 "fraction of requests whose decode side holds a prefix")
+      ->capture_default_str();
+  app.add_option("--late-dest-rate", o.late_dest_rate,
+                 "fraction of decode halves sent after prefill finished")
+      ->capture_default_str();
+  app.add_flag("--legacy", o.legacy, "the original's per-query mode: (step, layer) signals");
+  app.add_option("--seed", o.seed, "random seed")->capture_default_str();
+  int64_t timeout_s = o.timeout.count();
+  app.add_option("--timeout-s", timeout_s, "give up after this long")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  o.timeout = std::chrono::seconds(timeout_s);
+  o.progress = isatty(2) != 0;
+
+  sim::ManagedInstance decode_instance, prefill_instance;
+  if (start) {
+    fmt::print(
+        "starting instances '{}' (decode) and '{}' (prefill): tp {}, {} layers, {} blocks of {} "
+        "tokens\n",
+        decode, prefill, g.tp, g.layers + g.extra_layers, g.blocks, g.block_size);
+    if (Status s = decode_instance.start(decode, "decode", g, log_dir); !s) {
+      fmt::print(stderr, "kvrelay-sim: {}\n", s.error().message);
+      return 2;
+    }
+    if (Status s = prefill_instance.start(prefill, "prefill", g, log_dir); !s) {
+      fmt::print(stderr, "kvrelay-sim: {}\n", s.error().message);
+      return 2;
+    }
+  }
+  auto decode_client = Client::attach(decode, Deadline::after(std::chrono::seconds(60)));
+  auto prefill_client = Client::attach(prefill, Deadline::after(std::chrono::seconds(60)));
+  if (!decode_client || !prefill_client) {
+    fmt::print(stderr, "kvrelay-sim: {}\n",
+               !decode_client ? decode_client.error().message : prefill_client.error().message);
+    return 2;
+  }
+  fmt::print(
+      "simulating {} requests: batch {}, chunk {} tokens, prompts {}..{} tokens, {} us per layer, "
+      "{:.0f}% prefix hits, {:.0f}% late decode halves{}\n",
+      o.requests, o.batch, o.chunk_tokens, o.min_tokens, o.max_tokens, o.layer_compute_us,
+      o.prefix_hit_rate * 100, o.late_dest_rate * 100, o.legacy ? ", legacy per-query mode" : "");
+  const sim::SimReport report =
+      sim::run_simulation(o, *prefill_client, *decode_client, prefill, decode);
+  fmt::print("\n{}", report.summary());
+  prefill_client = make_error(Errc::kOk, "");
+  decode_client = make_error(Errc::kOk, "");
+  if (start) {
+    const int p = prefill_instance.stop();
+    const int d = decode_instance.stop();
+    if (p != 0 || d != 0) {
+      fmt::print(stderr, "kvrelay-sim: the instances exited with {} and {}\n", p, d);
+      return 1;
+    }
+  }
+  return report.ok() ? 0 : 1;
+}

@@ -1,0 +1,469 @@
+#include "simulator.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "block_allocator.h"
+#include "kv_pattern.h"
+#include "shm/control_layout.h"
+#include "shm/control_segment.h"
+#include "shm/counters.h"
+#include "shm/pool_segment.h"
+
+namespace kvrelay::sim {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct SimRequest {
+  std::string id;
+  RequestBlocks blocks;
+  uint64_t tokens = 0;
+  uint64_t prefilled = 0;
+  uint32_t slot = 0;
+  uint64_t legacy_step = 0;
+  bool late_dest = false;
+  bool dest_sent = false;
+  uint64_t dest_due_step = 0;
+  bool prefill_done = false;
+  uint64_t last_signal_ns = 0;
+  uint32_t completions = 0;
+};
+
+uint64_t percentile(std::vector<uint64_t> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+// Merged histogram quantile over the prefill instance's worker blocks.
+uint64_t worker_quantile(const ControlSegment& control, uint32_t histogram, double q) {
+  HistogramSnapshot merged;
+  for (uint32_t r = 0; r < control.config().tp_size; ++r) {
+    const CountersSnapshot s = snapshot_counters(control.counters(worker_counters_index(r)));
+    if (histogram >= s.histograms.size()) continue;
+    for (uint32_t b = 0; b < kHistogramBuckets; ++b)
+      merged.buckets[b] += s.histograms[histogram].buckets[b];
+    merged.max = std::max(merged.max, s.histograms[histogram].max);
+  }
+  return merged.quantile(q);
+}
+
+class Simulation {
+ public:
+  Simulation(const SimOptions& o, Client& prefill, Client& decode, std::string decode_instance)
+      : decode_instance_(std::move(decode_instance)),
+        o_(o),
+        prefill_(prefill),
+        decode_(decode),
+        rng_(o.seed) {
+    const InstanceConfig& c = prefill.config();
+    tp_ = c.tp_size;
+    layers_ = c.num_layers + c.extra_layers;
+    block_tokens_ = c.block_size;
+    for (uint32_t r = 0; r < tp_; ++r) {
+      src_.push_back(std::move(prefill.open_pool(r, false)).value());
+      dst_.push_back(std::move(decode.open_pool(r, false)).value());
+    }
+    // The extra (speculative) layers may hold fewer blocks: allocate within both.
+    src_alloc_ = std::make_unique<BlockAllocator>(usable_blocks(*src_[0]), o.seed * 3 + 1);
+    dst_alloc_ = std::make_unique<BlockAllocator>(usable_blocks(*dst_[0]), o.seed * 5 + 2);
+  }
+
+  SimReport run(const std::string& prefill_instance) {
+    poison_pools();
+    connect();
+    const auto start = std::chrono::steady_clock::now();
+    const Deadline give_up = Deadline::after(o_.timeout);
+    uint64_t step = 0;
+    while ((finished_count_ < o_.requests) && !give_up.passed()) {
+      ++step;
+      admit(step);
+      send_due_dests(step);
+      if (o_.legacy) {
+        run_legacy_step(step);
+      } else {
+        run_chunk_step(step);
+      }
+      drain_completions(Deadline::now());
+      if (active_.empty() && !more_to_admit()) {
+        // Only waiting for completions (and late decode halves).
+        send_due_dests(UINT64_MAX);
+        drain_completions(Deadline::after(20ms));
+      }
+      draw_progress();
+    }
+    drain_completions(Deadline::after(200ms));  // an extra completion would show up here
+    report_.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report_.requests = o_.requests;
+    for (const auto& [id, r] : requests_) {
+      if (r->completions != 1) ++report_.missing_or_extra;
+    }
+    report_.exposed_p50_ns = percentile(exposed_, 0.5);
+    report_.exposed_p99_ns = percentile(exposed_, 0.99);
+    if (Result<ControlSegment> c = ControlSegment::attach(
+            prefill_instance,
+            AttachOptions{.access = SegmentAccess::kReadOnly, .allow_stale = true});
+        c) {
+      report_.signal_to_copy_p50_ns = worker_quantile(*c, 0, 0.5);
+      report_.signal_to_copy_p99_ns = worker_quantile(*c, 0, 0.99);
+      report_.layer_copy_p50_ns = worker_quantile(*c, 1, 0.5);
+    }
+    if (o_.progress) fmt::print(stderr, "\n");
+    return report_;
+  }
+
+ private:
+  static uint32_t usable_blocks(const HostPool& p) {
+    const PoolGeometry& g = p.geometry();
+    return g.extra_layers > 0 ? std::min(g.num_blocks, g.extra_layer_blocks) : g.num_blocks;
+  }
+
+  void poison_pools() {
+    for (uint32_t r = 0; r < tp_; ++r) {
+      for (const HostPool* pool : {src_[r].get(), dst_[r].get()}) {
+        const PoolGeometry& g = pool->geometry();
+        for (uint32_t l = 0; l < g.total_layers(); ++l)
+          for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+            for (uint32_t b = 0; b < g.blocks_in_layer(l); ++b)
+              poison_block(*pool, l, t, b);
+      }
+    }
+  }
+
+  // As an engine does when a decode instance joins: every rank maps the
+  // decode instance's pool now, instead of on the first request.
+  void connect() {
+    ConnectSpec c;
+    c.task_id = 1;
+    c.protocol = Protocol::kIpc;
+    c.peer_instance = decode_instance_;
+    submit(prefill_.submit(c, Deadline::after(10s)), "connect");
+    Result<Completion> done = prefill_.wait(Deadline::after(60s));
+    if (!done || done->status != CompletionStatus::kFinished) {
+      if (report_.first_error.empty())
+        report_.first_error = fmt::format("connect to '{}' failed: {}", decode_instance_,
+                                          done ? done->message : done.error().message);
+    }
+  }
+
+  bool more_to_admit() const { return admitted_ < o_.requests; }
+
+  // Starts new requests while slots and blocks are free.
+  void admit(uint64_t step) {
+    uint32_t admitted_now = 0;
+    while (more_to_admit() && active_.size() < o_.batch) {
+      std::uniform_int_distribution<uint32_t> tok(o_.min_tokens, o_.max_tokens);
+      const uint64_t tokens = tok(rng_);
+      const auto blocks = static_cast<uint32_t>((tokens + block_tokens_ - 1) / block_tokens_);
+      uint32_t cached = 0;
+      if (std::uniform_real_distribution<double>(0, 1)(rng_) < o_.prefix_hit_rate)
+        cached = std::uniform_int_distribution<uint32_t>(1, blocks)(rng_);
+      auto src = src_alloc_->take(blocks);
+      if (!src) return;  // wait for completions to free blocks
+      auto dst = dst_alloc_->take(blocks - cached);
+      if (!dst) {
+        src_alloc_->give_back(*src);
+        return;
+      }
+      auto r = std::make_unique<SimRequest>();
+      r->id = fmt::format("sim-{}-{}", o_.seed, admitted_);
+      r->blocks = RequestBlocks{admitted_ + 1, std::move(*src), std::move(*dst)};
+      r->tokens = tokens;
+      r->slot = free_slot();
+      r->legacy_step = step;
+      r->late_dest = std::uniform_real_distribution<double>(0, 1)(rng_) < o_.late_dest_rate;
+      check_untouched(*r);
+      CacheTaskSpec t;
+      t.request_id = r->id;
+      t.src_block_ids = r->blocks.src;
+      t.need_prefill_tokens = tokens;
+      if (o_.legacy) {
+        t.legacy_prefill_step = step;
+      } else {
+        t.engine_slot = r->slot;
+      }
+      submit(prefill_.submit(t, Deadline::after(10s)), r->id);
+      if (getenv("KVRELAY_SIM_TRACE") != nullptr)
+        fmt::print(stderr, "{} submitted {}\n", mono_now_ns() / 1000, r->id);
+      if (!r->late_dest) send_dest(*r);
+      active_.push_back(r.get());
+      requests_[r->id] = std::move(r);
+      ++admitted_;
+      ++admitted_now;
+    }
+    (void)admitted_now;
+  }
+
+  uint32_t free_slot() const {
+    for (uint32_t s = 0;; ++s) {
+      bool used = false;
+      for (const SimRequest* r : active_)
+        used = used || r->slot == s;
+      if (!used) return s;
+    }
+  }
+
+  // Destination blocks must be untouched (still poisoned) when handed out.
+  void check_untouched(const SimRequest& r) {
+    for (uint32_t rank = 0; rank < tp_; ++rank) {
+      const PoolGeometry& g = dst_[rank]->geometry();
+      for (uint32_t b : r.blocks.dst)
+        for (uint32_t l = 0; l < g.total_layers(); ++l)
+          for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+            if (!block_is_poisoned(*dst_[rank], l, t, b)) {
+              ++report_.stray_blocks;
+              if (report_.first_error.empty())
+                report_.first_error = fmt::format(
+                    "decode block {} (rank {}, layer {}) was written "
+                    "while no request owned it",
+                    b, rank, l);
+              l = g.total_layers();
+              break;
+            }
+    }
+  }
+
+  void send_dest(SimRequest& r) {
+    CacheDestSpec d;
+    d.request_id = r.id;
+    d.dest_block_ids = r.blocks.dst;
+    d.protocol = Protocol::kIpc;
+    d.peer_instance = decode_instance_;
+    for (uint32_t rank = 0; rank < tp_; ++rank)
+      d.device_ids.push_back(rank);
+    submit(prefill_.submit(d, Deadline::after(10s)), r.id);
+    r.dest_sent = true;
+  }
+
+  void send_due_dests(uint64_t step) {
+    for (auto& [id, r] : requests_) {
+      if (!r->dest_sent && r->prefill_done && r->dest_due_step <= step) send_dest(*r);
+    }
+  }
+
+  void submit(const Status& s, const std::string& id) {
+    if (!s && report_.first_error.empty())
+      report_.first_error = fmt::format("submit '{}': {}", id, s.error().message);
+  }
+
+  // Writes layer `layer` of blocks [first, last) of `r` on every rank: what
+  // the model's attention does when it computes that layer.
+  void compute_layer(const SimRequest& r, uint32_t layer, uint32_t first, uint32_t last) {
+    for (uint32_t rank = 0; rank < tp_; ++rank) {
+      const PoolGeometry& g = src_[rank]->geometry();
+      for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+        for (uint32_t i = first; i < last; ++i)
+          fill_block(*src_[rank], r.blocks.src[i], BlockTag{r.blocks.tag, layer, t, i, rank});
+    }
+  }
+
+  void wait_compute() {
+    if (o_.layer_compute_us == 0) return;
+    const Deadline until = Deadline::after(std::chrono::microseconds(o_.layer_compute_us));
+    while (!until.passed()) {
+      drain_completions(Deadline::now());
+      if (!until.passed()) std::this_thread::sleep_for(std::min<Nanos>(until.remaining(), 100us));
+    }
+  }
+
+  void run_chunk_step(uint64_t step) {
+    struct Chunk {
+      SimRequest* r;
+      uint64_t offset;
+      uint64_t len;
+    };
+    std::vector<Chunk> chunks;
+    std::vector<BatchSlot> batch;
+    for (SimRequest* r : active_) {
+      const uint64_t left = r->tokens - r->prefilled;
+      const uint64_t len = o_.chunk_tokens == 0 ? left : std::min<uint64_t>(left, o_.chunk_tokens);
+      chunks.push_back({r, r->prefilled, len});
+      batch.push_back({r->slot, static_cast<uint32_t>(r->prefilled), static_cast<uint32_t>(len),
+                       Client::request_tag(r->id)});
+    }
+    if (chunks.empty()) return;
+    for (uint32_t rank = 0; rank < tp_; ++rank)
+      submit(prefill_.push_batch(rank, step, batch, Deadline::after(10s)), "batch");
+    for (uint32_t layer = 0; layer < layers_; ++layer) {
+      wait_compute();
+      for (const Chunk& c : chunks) {
+        const auto first = static_cast<uint32_t>(c.offset / block_tokens_);
+        const auto last =
+            static_cast<uint32_t>((c.offset + c.len + block_tokens_ - 1) / block_tokens_);
+        compute_layer(*c.r, layer, first,
+                      std::min<uint32_t>(last, static_cast<uint32_t>(c.r->blocks.src.size())));
+      }
+      for (uint32_t rank = 0; rank < tp_; ++rank)
+        submit(prefill_.push_layer_done(rank, step, layer, Deadline::after(10s)), "layer");
+    }
+    const uint64_t now = mono_now_ns();
+    for (const Chunk& c : chunks) {
+      c.r->prefilled += c.len;
+      if (c.r->prefilled == c.r->tokens) finish_prefill(*c.r, step, now);
+    }
+    std::erase_if(active_, [](const SimRequest* r) { return r->prefill_done; });
+  }
+
+  void run_legacy_step(uint64_t step) {
+    std::vector<SimRequest*> batch(active_.begin(), active_.end());
+    if (batch.empty()) return;
+    for (uint32_t layer = 0; layer < layers_; ++layer) {
+      wait_compute();
+      for (SimRequest* r : batch)
+        compute_layer(*r, layer, 0, static_cast<uint32_t>(r->blocks.src.size()));
+      for (uint32_t rank = 0; rank < tp_; ++rank)
+        submit(prefill_.push_legacy_layer_done(rank, step, layer, Deadline::after(10s)),
+               "legacy layer");
+    }
+    const uint64_t now = mono_now_ns();
+    for (SimRequest* r : batch) {
+      r->prefilled = r->tokens;
+      finish_prefill(*r, step, now);
+    }
+    active_.clear();
+  }
+
+  void finish_prefill(SimRequest& r, uint64_t step, uint64_t now) {
+    if (getenv("KVRELAY_SIM_TRACE") != nullptr)
+      fmt::print(stderr, "{} prefilled {}\n", now / 1000, r.id);
+    r.prefill_done = true;
+    r.last_signal_ns = now;
+    r.dest_due_step = step + o_.late_dest_steps;
+  }
+
+  void drain_completions(Deadline until) {
+    for (;;) {
+      Result<Completion> c = until.passed() ? poll_once() : prefill_.wait(until);
+      if (!c) return;
+      on_completion(*c);
+      until = Deadline::now();
+    }
+  }
+
+  Result<Completion> poll_once() {
+    Result<std::optional<Completion>> c = prefill_.poll();
+    if (!c) return c.error();
+    if (!c->has_value()) return make_error(Errc::kTimeout, "none");
+    return std::move(**c);
+  }
+
+  void on_completion(const Completion& c) {
+    auto it = requests_.find(c.request_id);
+    if (it == requests_.end()) {
+      ++report_.missing_or_extra;
+      if (report_.first_error.empty())
+        report_.first_error =
+            fmt::format("completion for unknown request '{}': {} {}", c.request_id,
+                        completion_status_name(c.status), c.message);
+      return;
+    }
+    SimRequest& r = *it->second;
+    if (getenv("KVRELAY_SIM_TRACE") != nullptr)
+      fmt::print(stderr, "{} completion {} (completed at {})\n", mono_now_ns() / 1000, r.id,
+                 c.completed_ns / 1000);
+    if (++r.completions != 1) return;
+    ++finished_count_;
+    if (c.status != CompletionStatus::kFinished) {
+      ++report_.failed;
+      if (report_.first_error.empty())
+        report_.first_error =
+            fmt::format("'{}' {}: {}", r.id, completion_status_name(c.status), c.message);
+    } else {
+      ++report_.finished;
+      report_.bytes += c.bytes_moved;
+      // Exposed transfer time: only for requests whose decode half was there
+      // before their prefill ended (the late ones wait for it by design).
+      if (!r.late_dest && r.last_signal_ns != 0 && c.completed_ns > r.last_signal_ns)
+        exposed_.push_back(c.completed_ns - r.last_signal_ns);
+      for (uint32_t rank = 0; rank < tp_; ++rank) {
+        const uint64_t wrong = check_request(*dst_[rank], rank, r.blocks);
+        report_.wrong_words += wrong;
+        if (wrong != 0 && report_.first_error.empty())
+          report_.first_error = fmt::format("'{}': {} wrong words on rank {}", r.id, wrong, rank);
+      }
+    }
+    // Hand the blocks back poisoned, as an engine frees them.
+    for (uint32_t rank = 0; rank < tp_; ++rank) {
+      for (const auto& [pool, ids] : {std::pair{src_[rank].get(), &r.blocks.src},
+                                      std::pair{dst_[rank].get(), &r.blocks.dst}}) {
+        const PoolGeometry& g = pool->geometry();
+        for (uint32_t b : *ids)
+          for (uint32_t l = 0; l < g.total_layers(); ++l)
+            for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+              poison_block(*pool, l, t, b);
+      }
+    }
+    src_alloc_->give_back(r.blocks.src);
+    dst_alloc_->give_back(r.blocks.dst);
+    std::erase(active_, &r);
+  }
+
+  void draw_progress() {
+    if (!o_.progress) return;
+    const uint32_t width = 40;
+    const uint32_t filled = o_.requests == 0 ? width : finished_count_ * width / o_.requests;
+    fmt::print(stderr, "\r[{}{}] {}/{} requests, {:.1f} MiB moved", std::string(filled, '='),
+               std::string(width - filled, ' '), finished_count_, o_.requests,
+               report_.bytes / 1048576.0);
+  }
+
+  std::string decode_instance_;
+  const SimOptions& o_;
+  Client& prefill_;
+  Client& decode_;
+  std::mt19937_64 rng_;
+  uint32_t tp_ = 1;
+  uint32_t layers_ = 1;
+  uint32_t block_tokens_ = 1;
+  std::vector<std::unique_ptr<HostPool>> src_;
+  std::vector<std::unique_ptr<HostPool>> dst_;
+  std::unique_ptr<BlockAllocator> src_alloc_;
+  std::unique_ptr<BlockAllocator> dst_alloc_;
+  std::map<std::string, std::unique_ptr<SimRequest>> requests_;
+  std::vector<SimRequest*> active_;
+  uint32_t admitted_ = 0;
+  uint32_t finished_count_ = 0;
+  std::vector<uint64_t> exposed_;
+  SimReport report_;
+};
+
+}  // namespace
+
+std::string SimReport::summary() const {
+  std::string s;
+  s += fmt::format(
+      "requests          {} ({} finished, {} failed, {} without exactly one completion)\n",
+      requests, finished, failed, missing_or_extra);
+  s += fmt::format("bytes moved       {:.1f} MiB in {:.2f} s ({:.2f} GB/s over the whole run)\n",
+                   bytes / 1048576.0, seconds, seconds > 0 ? bytes / seconds / 1e9 : 0);
+  s += fmt::format(
+      "signal -> copied  p50 {:.1f} us, p99 {:.1f} us (layer signal to that layer's copy done)\n",
+      signal_to_copy_p50_ns / 1e3, signal_to_copy_p99_ns / 1e3);
+  s += fmt::format(
+      "exposed transfer  p50 {:.1f} us, p99 {:.1f} us from the last layer signal to "
+      "the completion (one layer's copy: p50 {:.1f} us)\n",
+      exposed_p50_ns / 1e3, exposed_p99_ns / 1e3, layer_copy_p50_ns / 1e3);
+  s +=
+      fmt::format("verification      {} wrong words, {} blocks written outside their request: {}\n",
+                  wrong_words, stray_blocks, ok() ? "every byte verified" : "FAILED");
+  if (!first_error.empty()) s += fmt::format("first problem     {}\n", first_error);
+  return s;
+}
+
+SimReport run_simulation(const SimOptions& options, Client& prefill, Client& decode,
+                         const std::string& prefill_instance, const std::string& decode_instance) {
+  Simulation sim(options, prefill, decode, decode_instance);
+  return sim.run(prefill_instance);
+}
+
+}  // namespace kvrelay::sim

@@ -1,0 +1,67 @@
+// The engine simulator: drives a prefill instance and a decode instance the
+// way an inference engine would, and checks every byte that arrives.
+//
+// Per step it schedules up to `batch` requests into engine slots, each
+// prefilling a chunk of its prompt; for every layer it "computes" (waits
+// layer_compute_us and writes the layer's KV pattern into the source blocks
+// the chunk touched) and then signals the layer. Source blocks start out
+// poisoned, so a layer copied before its signal is caught by the
+// verification. Some requests hit the decode side's prefix cache (their
+// destination list is shorter), some send their decode half late (after
+// their prefill has finished). Each completion is checked: every destination
+// byte of every layer, tensor and rank, and the destination blocks must have
+// been untouched (poisoned) when the request got them, which catches writes
+// outside a request's destinations.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "kvrelay/client.h"
+
+namespace kvrelay::sim {
+
+struct SimOptions {
+  uint32_t requests = 128;
+  uint32_t batch = 8;           // slots prefilling per step
+  uint32_t chunk_tokens = 512;  // chunked prefill: tokens per request per step; 0: whole prompt
+  uint32_t min_tokens = 256;
+  uint32_t max_tokens = 2048;
+  uint32_t layer_compute_us = 300;
+  double prefix_hit_rate = 0.25;
+  double late_dest_rate = 0.1;
+  uint32_t late_dest_steps = 3;
+  bool legacy = false;  // the original's per-query mode: (step, layer) signals
+  uint64_t seed = 1;
+  bool progress = false;  // draw a progress bar on stderr
+  std::chrono::seconds timeout{600};
+};
+
+struct SimReport {
+  uint32_t requests = 0;
+  uint32_t finished = 0;
+  uint32_t failed = 0;            // error / timeout / cancelled completions
+  uint32_t missing_or_extra = 0;  // requests without exactly one completion
+  uint64_t bytes = 0;
+  double seconds = 0;
+  uint64_t wrong_words = 0;            // bytes that differ from what was sent, in 8-byte words
+  uint64_t stray_blocks = 0;           // destination blocks found written before they were used
+  uint64_t signal_to_copy_p50_ns = 0;  // layer signal -> that layer's copy done (workers)
+  uint64_t signal_to_copy_p99_ns = 0;
+  uint64_t exposed_p50_ns = 0;  // last layer signalled -> completion (decode half on time)
+  uint64_t exposed_p99_ns = 0;
+  uint64_t layer_copy_p50_ns = 0;  // one layer's copy of one request's chunk (workers)
+  std::string first_error;
+  bool ok() const {
+    return finished == requests && failed == 0 && missing_or_extra == 0 && wrong_words == 0 &&
+           stray_blocks == 0;
+  }
+  std::string summary() const;
+};
+
+// Runs the simulation against two attached instances (same geometry).
+SimReport run_simulation(const SimOptions& options, Client& prefill, Client& decode,
+                         const std::string& prefill_instance, const std::string& decode_instance);
+
+}  // namespace kvrelay::sim
