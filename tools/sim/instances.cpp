@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -22,31 +21,30 @@ std::string binary_next_to_me(const std::string& program) {
 }
 
 Status ManagedInstance::start(const std::string& name, const std::string& role, const Geometry& g,
-                              const std::string& log_dir) {
-  std::vector<std::string> args = {
-      binary_next_to_me("kvrelay-coordinator"),
-      "--instance",
-      name,
-      "--role",
-      role,
-      "--tp-size",
-      std::to_string(g.tp),
-      "--num-layers",
-      std::to_string(g.layers),
-      "--extra-layers",
-      std::to_string(g.extra_layers),
-      "--num-blocks",
-      std::to_string(g.blocks),
-      "--block-size",
-      std::to_string(g.block_size),
-      "--kv-heads",
-      std::to_string(g.kv_heads),
-      "--head-dim",
-      std::to_string(g.head_dim),
-      "--dtype",
-      g.dtype,
-      "--log-level",
-      getenv("KVRELAY_SIM_LOG_LEVEL") != nullptr ? getenv("KVRELAY_SIM_LOG_LEVEL") : "warn"};
+                              const std::string& log_dir, const std::string& log_level) {
+  std::vector<std::string> args = {binary_next_to_me("kvrelay-coordinator"),
+                                   "--instance",
+                                   name,
+                                   "--role",
+                                   role,
+                                   "--tp-size",
+                                   std::to_string(g.tp),
+                                   "--num-layers",
+                                   std::to_string(g.layers),
+                                   "--extra-layers",
+                                   std::to_string(g.extra_layers),
+                                   "--num-blocks",
+                                   std::to_string(g.blocks),
+                                   "--block-size",
+                                   std::to_string(g.block_size),
+                                   "--kv-heads",
+                                   std::to_string(g.kv_heads),
+                                   "--head-dim",
+                                   std::to_string(g.head_dim),
+                                   "--dtype",
+                                   g.dtype,
+                                   "--log-level",
+                                   log_level};
   if (!log_dir.empty()) {
     args.push_back("--log-dir");
     args.push_back(log_dir);

@@ -30,7 +30,7 @@ class ManagedInstance {
   ~ManagedInstance();
   // Starts kvrelay-coordinator (next to this executable) for `name`.
   Status start(const std::string& name, const std::string& role, const Geometry& g,
-               const std::string& log_dir);
+               const std::string& log_dir, const std::string& log_level);
   // SIGTERM and wait; returns the exit code (-1 if it had to be killed).
   int stop();
 

@@ -15,7 +15,7 @@ using namespace kvrelay;
 int main(int argc, char** argv) {
   sim::SimOptions o;
   sim::Geometry g;
-  std::string prefill = "sim-prefill", decode = "sim-decode", log_dir;
+  std::string prefill = "sim-prefill", decode = "sim-decode", log_dir, log_level = "warn";
   bool start = false;
   CLI::App app{
       "kvrelay-sim: an engine simulator that moves verifiable KV blocks from a prefill "
@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", g.dtype, "with --start: bfloat16, float16, uint8 or fp8 (with scales)")
       ->capture_default_str();
   app.add_option("--log-dir", log_dir, "with --start: where the instances write their logs");
+  app.add_option("--log-level", log_level, "with --start: the instances' log level")
+      ->capture_default_str();
+  app.add_flag("--trace", o.trace, "print each request's submit / prefilled / completion times");
   app.add_option("--requests", o.requests, "requests to move")->capture_default_str();
   app.add_option("--batch", o.batch, "slots prefilling in each step")->capture_default_str();
   app.add_option("--chunk-tokens", o.chunk_tokens,
@@ -44,6 +47,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--min-tokens", o.min_tokens, "shortest prompt")->capture_default_str();
   app.add_option("--max-tokens", o.max_tokens, "longest prompt")->capture_default_str();
+  o.layer_compute_us = 1000;
   app.add_option("--layer-compute-us", o.layer_compute_us, "simulated compute time of one layer")
       ->capture_default_str();
   app.add_option("--prefix-hit-rate", o.prefix_hit_rate,
@@ -66,11 +70,11 @@ int main(int argc, char** argv) {
         "starting instances '{}' (decode) and '{}' (prefill): tp {}, {} layers, {} blocks of {} "
         "tokens\n",
         decode, prefill, g.tp, g.layers + g.extra_layers, g.blocks, g.block_size);
-    if (Status s = decode_instance.start(decode, "decode", g, log_dir); !s) {
+    if (Status s = decode_instance.start(decode, "decode", g, log_dir, log_level); !s) {
       fmt::print(stderr, "kvrelay-sim: {}\n", s.error().message);
       return 2;
     }
-    if (Status s = prefill_instance.start(prefill, "prefill", g, log_dir); !s) {
+    if (Status s = prefill_instance.start(prefill, "prefill", g, log_dir, log_level); !s) {
       fmt::print(stderr, "kvrelay-sim: {}\n", s.error().message);
       return 2;
     }

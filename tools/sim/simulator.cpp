@@ -193,8 +193,7 @@ class Simulation {
         t.engine_slot = r->slot;
       }
       submit(prefill_.submit(t, Deadline::after(10s)), r->id);
-      if (getenv("KVRELAY_SIM_TRACE") != nullptr)
-        fmt::print(stderr, "{} submitted {}\n", mono_now_ns() / 1000, r->id);
+      trace("submitted", r->id);
       if (!r->late_dest) send_dest(*r);
       active_.push_back(r.get());
       requests_[r->id] = std::move(r);
@@ -334,8 +333,7 @@ class Simulation {
   }
 
   void finish_prefill(SimRequest& r, uint64_t step, uint64_t now) {
-    if (getenv("KVRELAY_SIM_TRACE") != nullptr)
-      fmt::print(stderr, "{} prefilled {}\n", now / 1000, r.id);
+    trace("prefilled", r.id);
     r.prefill_done = true;
     r.last_signal_ns = now;
     r.dest_due_step = step + o_.late_dest_steps;
@@ -368,9 +366,9 @@ class Simulation {
       return;
     }
     SimRequest& r = *it->second;
-    if (getenv("KVRELAY_SIM_TRACE") != nullptr)
-      fmt::print(stderr, "{} completion {} (completed at {})\n", mono_now_ns() / 1000, r.id,
-                 c.completed_ns / 1000);
+    trace(fmt::format("completion ({}, written by the coordinator at {} us)",
+                      completion_status_name(c.status), c.completed_ns / 1000),
+          r.id);
     if (++r.completions != 1) return;
     ++finished_count_;
     if (c.status != CompletionStatus::kFinished) {
@@ -406,6 +404,10 @@ class Simulation {
     src_alloc_->give_back(r.blocks.src);
     dst_alloc_->give_back(r.blocks.dst);
     std::erase(active_, &r);
+  }
+
+  void trace(const std::string& what, const std::string& id) {
+    if (o_.trace) fmt::print(stderr, "{} us: {} {}\n", mono_now_ns() / 1000, id, what);
   }
 
   void draw_progress() {

@@ -35,6 +35,7 @@ struct SimOptions {
   bool legacy = false;  // the original's per-query mode: (step, layer) signals
   uint64_t seed = 1;
   bool progress = false;  // draw a progress bar on stderr
+  bool trace = false;     // print each request's submit / prefilled / completion times on stderr
   std::chrono::seconds timeout{600};
 };
 
