@@ -282,6 +282,33 @@ size_t MpscRing::read_wait(const Handler& handler, size_t max_records, Deadline 
   }
 }
 
+std::vector<MpscRing::PeekedRecord> MpscRing::peek(size_t max_records) const {
+  std::vector<PeekedRecord> out;
+  uint64_t pos = h_->head.load(std::memory_order_acquire);
+  const uint64_t tail = h_->tail.load(std::memory_order_acquire);
+  while (out.size() < max_records && pos < tail && tail - pos <= capacity_) {
+    const uint64_t index = pos & mask_;
+    const MpscRecordHeader& rec = record_at(index);
+    const int32_t length = rec.length.load(std::memory_order_acquire);
+    if (length <= 0) break;  // not committed yet
+    const uint64_t aligned = align_up(static_cast<uint64_t>(length), kAlignment);
+    if (static_cast<uint64_t>(length) < kRecordHeaderBytes || aligned > capacity_ - index) break;
+    const int32_t type = rec.type.load(std::memory_order_relaxed);
+    if (type != kPaddingType) {
+      PeekedRecord r{pos, type, {}};
+      r.payload.resize(static_cast<size_t>(length) - kRecordHeaderBytes);
+      std::memcpy(r.payload.data(), buffer_ + index + kRecordHeaderBytes, r.payload.size());
+      // If the consumer passed this record while we copied, it may be zeroed
+      // or reused: the copy cannot be trusted.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (h_->head.load(std::memory_order_relaxed) > pos) break;
+      out.push_back(std::move(r));
+    }
+    pos += aligned;
+  }
+  return out;
+}
+
 bool MpscRing::wait_readable(Deadline deadline) {
   return wait_until(
       h_->not_empty, [&] { return has_committed_record(); }, deadline);

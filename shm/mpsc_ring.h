@@ -35,6 +35,7 @@
 #include <functional>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include "shm/clock.h"
 #include "shm/result.h"
@@ -132,7 +133,19 @@ class MpscRing {
   // skipped when its producer is dead; a live producer gets 4x as long.
   void set_stall_timeout(Nanos timeout) { stall_timeout_ = timeout; }
 
-  // ---- anyone ----
+  // ---- anyone (observers such as kvrelay-dump) ----
+
+  // Copies up to `max_records` committed records from head onwards, without
+  // consuming them or writing anything. The consumer may move on meanwhile:
+  // a record whose bytes may have changed while being copied is dropped, and
+  // the walk stops there. Every length is bounds-checked.
+  struct PeekedRecord {
+    uint64_t position;  // ring position (monotonic) of the record
+    int32_t type;
+    std::vector<std::byte> payload;
+  };
+  std::vector<PeekedRecord> peek(size_t max_records) const;
+
   uint64_t capacity() const { return capacity_; }
   uint32_t max_payload_bytes() const { return h_->max_payload_bytes; }
   uint64_t used_bytes() const;  // snapshot

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "shm/bits.h"
 #include "shm/chaos.h"
@@ -177,6 +178,24 @@ class SpscRing {
         deadline);
     if (any && try_pop(out)) return {};
     return make_error(Errc::kTimeout, "spsc ring empty until the deadline");
+  }
+
+  // Copies up to `max_records` waiting records without consuming them (for
+  // observers such as kvrelay-dump). A record the consumer takes while it is
+  // being copied is dropped and the walk stops.
+  std::vector<T> peek(size_t max_records) const {
+    std::vector<T> out;
+    const uint64_t r = h_->read_index.load(std::memory_order_acquire);
+    for (uint64_t i = r; out.size() < max_records && i - r < cap_; ++i) {
+      std::byte* s = slot(i);
+      if (sequence(s).load(std::memory_order_acquire) != i + 1) break;
+      T copy;
+      std::memcpy(&copy, s + 8, sizeof(T));
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (sequence(s).load(std::memory_order_relaxed) != i + 1) break;
+      out.push_back(copy);
+    }
+    return out;
   }
 
   // Records waiting; a snapshot that may be stale by the time it returns.

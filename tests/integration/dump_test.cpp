@@ -1,0 +1,160 @@
+// kvrelay-dump against real instances (issue 7): known traffic, JSON, a stale
+// segment, corrupted headers, and decoding a waiting CacheTask.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+
+#include "integration/two_instances.h"
+#include "shm/control_segment.h"
+#include "shm/names.h"
+
+namespace kvrelay::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string dump(const std::vector<std::string>& args, int* code = nullptr) {
+  std::vector<std::string> argv = {Instance::bin("kvrelay-dump")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string out;
+  const int rc = run_program(argv, &out);
+  if (code != nullptr) *code = rc;
+  return out;
+}
+
+class DumpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    InstanceArgs a;
+    a.tp = 2;
+    a.layers = 3;
+    env_ = std::make_unique<TwoInstances>(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name(), a);
+  }
+  void TearDown() override {
+    if (env_) env_->stop_and_check_clean();
+  }
+  // Moves `n` 2-block requests through.
+  void traffic(uint32_t n) {
+    for (uint32_t i = 0; i < n; ++i) {
+      sim::RequestBlocks r{i + 1, {2 * i, 2 * i + 1}, {2 * i, 2 * i + 1}};
+      env_->fill(r);
+      const std::string id = "t" + std::to_string(i);
+      ASSERT_TRUE(env_->submit_task(id, r, 2 * 16, 0).ok());
+      ASSERT_TRUE(env_->submit_dest(id, r).ok());
+      env_->prefill_step(i + 1, {{0, 0, 32, Client::request_tag(id)}}, 3);
+      ASSERT_EQ(env_->wait_for(id).status, CompletionStatus::kFinished);
+    }
+  }
+  std::unique_ptr<TwoInstances> env_;
+};
+
+TEST_F(DumpTest, TextOutputShowsTheInstanceItsWorkersAndTheTraffic) {
+  traffic(5);
+  int code = -1;
+  const std::string out = dump({env_->prefill().name()}, &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("instance " + env_->prefill().name()), std::string::npos) << out;
+  EXPECT_NE(out.find("ready"), std::string::npos);
+  EXPECT_NE(out.find("role prefill"), std::string::npos);
+  EXPECT_NE(out.find("requests_finished 5"), std::string::npos) << out;
+  EXPECT_NE(out.find("task[1]"), std::string::npos);
+  EXPECT_NE(out.find("signal_to_copy_done"), std::string::npos) << "latency histograms are shown";
+  EXPECT_NE(out.find("barrier  generation"), std::string::npos);
+}
+
+TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
+  traffic(3);
+  int code = -1;
+  const std::string out = dump({env_->prefill().name(), "--json"}, &code);
+  ASSERT_EQ(code, 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["schema"], "kvrelay-dump/1");
+  EXPECT_EQ(j["instance"]["name"], env_->prefill().name());
+  EXPECT_EQ(j["instance"]["state"], "ready");
+  EXPECT_FALSE(j["instance"]["stale"].get<bool>());
+  EXPECT_EQ(j["config"]["tp_size"], 2);
+  EXPECT_EQ(j["config"]["num_layers"], 3);
+  EXPECT_EQ(j["coordinator"]["counters"]["requests_finished"], 3);
+  ASSERT_EQ(j["workers"].size(), 2u);
+  uint64_t bytes = 0, finished = 0;
+  for (const auto& w : j["workers"]) {
+    EXPECT_EQ(w["health"], "healthy");
+    EXPECT_TRUE(w["ready"].get<bool>());
+    bytes += w["counters"]["bytes_copied"].get<uint64_t>();
+    finished += w["counters"]["requests_finished"].get<uint64_t>();
+  }
+  const PoolGeometry& g = env_->src_pool(0).geometry();
+  EXPECT_EQ(bytes, 3ULL * 2 /*blocks*/ * 3 /*layers*/ * 2 /*K,V*/ *
+                       g.block_bytes(PoolTensor::kKey) * 2 /*ranks*/);
+  EXPECT_EQ(finished, 6u);
+  EXPECT_EQ(j["rings"].size(), 2u + 3u * 2u);
+  EXPECT_EQ(j["rings"][0]["name"], "submit");
+}
+
+TEST_F(DumpTest, PeekDecodesACacheTaskWaitingInTheSubmitRing) {
+  kill(env_->prefill().pid(), SIGSTOP);  // the coordinator cannot consume it now
+  sim::RequestBlocks r{9, {4, 5}, {6, 7}};
+  ASSERT_TRUE(env_->submit_task("peek-me", r, 20, 3).ok());
+  int code = -1;
+  const std::string out = dump({env_->prefill().name(), "--ring", "submit", "--peek", "5"}, &code);
+  kill(env_->prefill().pid(), SIGCONT);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("CacheTask: (requestId = \"peek-me\", srcBlockIds = [4, 5], needPrefillTokens "
+                     "= 20, engineSlot = 3"),
+            std::string::npos)
+      << out;
+  // The dump did not consume it: the request still completes normally.
+  ASSERT_TRUE(env_->submit_dest("peek-me", r).ok());
+  env_->prefill_step(1, {{3, 0, 20, Client::request_tag("peek-me")}}, 3);
+  EXPECT_EQ(env_->wait_for("peek-me").status, CompletionStatus::kFinished);
+}
+
+TEST(DumpProcesses, SegmentOfASigkilledCoordinatorShowsAsStale) {
+  InstanceArgs a;
+  a.instance = unique_instance("dump-stale");
+  auto inst = Instance::start(a);
+  const pid_t pid = inst->pid();
+  inst->kill9();
+  std::this_thread::sleep_for(1500ms);  // its workers notice and exit
+  const std::string list = dump({"--list"});
+  EXPECT_NE(list.find("/kvrelay-" + a.instance + " "), std::string::npos) << list;
+  EXPECT_NE(list.find("stale"), std::string::npos);
+  EXPECT_NE(list.find("coordinator pid " + std::to_string(pid) + " is gone"), std::string::npos)
+      << list;
+  const auto j = nlohmann::json::parse(dump({a.instance, "--json"}));
+  EXPECT_TRUE(j["instance"]["stale"].get<bool>());
+  EXPECT_EQ(j["coordinator"]["health"], "dead");
+}
+
+TEST(DumpProcesses, CorruptedMagicOrVersionGivesTheRightErrorNotACrash) {
+  InstanceConfig c = default_config(unique_instance("dump-bad"), 1);
+  auto seg = ControlSegment::create(c);
+  ASSERT_TRUE(seg.ok());
+  const std::string name = instance_of(c);
+  seg->header().preamble.layout_version = 99;
+  int code = -1;
+  std::string out = dump({name}, &code);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("layout version 99"), std::string::npos) << out;
+  seg->header().preamble.layout_version = kLayoutVersion;
+  seg->header().preamble.magic.store(0x4242);
+  out = dump({name}, &code);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("not a kvrelay segment"), std::string::npos) << out;
+  const std::string list = dump({"--list"});
+  EXPECT_NE(list.find("/kvrelay-" + name + " "), std::string::npos);
+  EXPECT_NE(list.find("invalid"), std::string::npos) << list;
+  (void)seg->unlink();
+}
+
+TEST(DumpProcesses, HelpExplainsEveryColumn) {
+  const std::string out = dump({"--help"});
+  for (const char* column :
+       {"heartbeat", "ready flag", "full", "skipped", "parked", "generation", "p50"})
+    EXPECT_NE(out.find(column), std::string::npos) << column;
+}
+
+}  // namespace
+}  // namespace kvrelay::testing

@@ -1,0 +1,122 @@
+#include "instance_view.h"
+
+#include "schemas/records.h"
+#include "shm/barrier.h"
+#include "shm/control_layout.h"
+#include "shm/liveness.h"
+
+namespace kvrelay::dump {
+
+namespace {
+
+ProcessView view_process(const LivenessSlot& slot, const InstanceConfig& c) {
+  const SlotSnapshot s = read_slot(slot);
+  ProcessView v;
+  v.pid = s.owner.pid;
+  v.state = slot_state_name(static_cast<uint32_t>(s.state));
+  v.health = peer_health_name(judge_peer(s, std::chrono::milliseconds(c.peer_timeout_ms)));
+  const uint64_t now = mono_now_ns();
+  v.heartbeat_age_ms =
+      s.heartbeat_ns != 0 && now > s.heartbeat_ns ? (now - s.heartbeat_ns) / 1e6 : 0;
+  v.registrations = s.registrations;
+  return v;
+}
+
+RingView view_mpsc(const std::string& name, const MpscRing& ring) {
+  const MpscRingHeader& h = ring.header();
+  RingView v;
+  v.name = name;
+  v.kind = "mpsc";
+  v.capacity = ring.capacity();
+  v.head = h.head.load(std::memory_order_acquire);
+  v.tail = h.tail.load(std::memory_order_acquire);
+  v.used = v.tail >= v.head ? v.tail - v.head : 0;
+  v.full_events = h.full_events.load(std::memory_order_relaxed);
+  v.skipped_records = h.skipped_records.load(std::memory_order_relaxed);
+  v.corrupt_records = h.corrupt_records.load(std::memory_order_relaxed);
+  v.parked_waiters = h.not_empty.waiters.load(std::memory_order_relaxed) +
+                     h.not_full.waiters.load(std::memory_order_relaxed);
+  return v;
+}
+
+template <class T>
+RingView view_spsc(const std::string& name, const SpscRing<T>& ring) {
+  const SpscRingHeader& h = ring.header();
+  RingView v;
+  v.name = name;
+  v.kind = "spsc";
+  v.capacity = ring.capacity();
+  v.head = h.read_index.load(std::memory_order_acquire);
+  v.tail = h.write_index.load(std::memory_order_acquire);
+  v.used = ring.size();
+  v.full_events = h.full_events.load(std::memory_order_relaxed);
+  v.parked_waiters = h.not_empty.waiters.load(std::memory_order_relaxed) +
+                     h.not_full.waiters.load(std::memory_order_relaxed);
+  return v;
+}
+
+}  // namespace
+
+uint64_t CountersView::value(const std::string& label) const {
+  for (const auto& [l, v] : counters)
+    if (l == label) return v;
+  return 0;
+}
+
+CountersView view_counters(const CountersBlock& block) {
+  CountersView v;
+  const CountersSnapshot s = snapshot_counters(block);
+  v.counters = s.counters;
+  for (const HistogramSnapshot& h : s.histograms) {
+    HistogramView hv;
+    hv.unit = h.unit;
+    hv.count = h.count;
+    hv.p50 = h.quantile(0.5);
+    hv.p90 = h.quantile(0.9);
+    hv.p99 = h.quantile(0.99);
+    hv.max = h.max;
+    v.histograms.emplace_back(h.label, hv);
+  }
+  return v;
+}
+
+InstanceView snapshot(const ControlSegment& control) {
+  InstanceView v;
+  const SegmentHeader& h = control.header();
+  const InstanceConfig& c = control.config();
+  v.name = control.instance();
+  v.layout_version = h.preamble.layout_version;
+  v.epoch = control.epoch();
+  v.state = instance_state_name(static_cast<uint32_t>(control.state()));
+  v.segment_bytes = control.segment().size();
+  const CreatorStatus creator = creator_status(h.preamble);
+  v.stale = creator.liveness != Liveness::kAlive;
+  v.stale_reason = v.stale ? creator.describe() : "";
+  v.coordinator = view_process(control.coordinator_slot(), c);
+  v.config = c;
+  v.coordinator_counters = view_counters(control.counters(kCoordinatorCounters));
+  for (uint32_t r = 0; r < c.tp_size; ++r) {
+    WorkerView w;
+    w.rank = r;
+    w.process = view_process(control.worker_slot(r), c);
+    w.ready = control.status().ready_flags[r].load(std::memory_order_acquire) == 1;
+    w.counters = view_counters(control.counters(worker_counters_index(r)));
+    v.workers.push_back(std::move(w));
+  }
+  if (auto ring = control.submit_ring()) v.rings.push_back(view_mpsc("submit", *ring));
+  if (auto ring = control.completion_ring()) v.rings.push_back(view_mpsc("completion", *ring));
+  for (uint32_t r = 0; r < c.tp_size; ++r) {
+    if (auto ring = control.task_ring(r))
+      v.rings.push_back(view_mpsc("task[" + std::to_string(r) + "]", *ring));
+    if (auto ring = control.signal_ring<records::LayerSignal>(r))
+      v.rings.push_back(view_spsc("signal[" + std::to_string(r) + "]", *ring));
+    if (auto ring = control.report_ring<records::WorkerReport>(r))
+      v.rings.push_back(view_spsc("report[" + std::to_string(r) + "]", *ring));
+  }
+  const BarrierSnapshot b = Barrier(control.barrier()).snapshot();
+  v.barrier = BarrierView{b.generation,       b.parties,         b.arrived,
+                          b.rounds_completed, b.rounds_poisoned, b.timeouts};
+  return v;
+}
+
+}  // namespace kvrelay::dump

@@ -1,0 +1,83 @@
+// A snapshot of everything kvrelay-dump shows about one instance, read from
+// its control segment without writing to it or blocking on it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shm/control_segment.h"
+#include "shm/counters.h"
+
+namespace kvrelay::dump {
+
+struct HistogramView {
+  std::string unit;
+  uint64_t count = 0;
+  uint64_t p50 = 0, p90 = 0, p99 = 0, max = 0;
+};
+
+struct CountersView {
+  std::vector<std::pair<std::string, uint64_t>> counters;  // in id order
+  std::vector<std::pair<std::string, HistogramView>> histograms;
+  uint64_t value(const std::string& label) const;
+};
+
+struct ProcessView {
+  uint32_t pid = 0;
+  std::string state;   // empty, starting, ready, exiting
+  std::string health;  // absent, healthy, silent, dead
+  double heartbeat_age_ms = 0;
+  uint32_t registrations = 0;  // processes that have owned the slot (restarts + 1)
+};
+
+struct WorkerView {
+  uint32_t rank = 0;
+  ProcessView process;
+  bool ready = false;  // the ready flag (the original's cache_ready_signal)
+  CountersView counters;
+};
+
+struct RingView {
+  std::string name;  // submit, completion, task[r], signal[r], report[r]
+  std::string kind;  // mpsc (bytes) or spsc (records)
+  uint64_t capacity = 0;
+  uint64_t used = 0;
+  uint64_t head = 0;  // consumer position (bytes or records)
+  uint64_t tail = 0;  // producer position
+  uint64_t full_events = 0;
+  uint64_t skipped_records = 0;  // mpsc: half-written records of dead producers skipped
+  uint64_t corrupt_records = 0;  // mpsc
+  uint64_t parked_waiters = 0;   // processes parked on the ring (consumer or producers)
+};
+
+struct BarrierView {
+  uint32_t generation = 0;
+  uint32_t parties = 0;
+  uint32_t arrived = 0;
+  uint64_t rounds_completed = 0;
+  uint64_t rounds_poisoned = 0;
+  uint64_t timeouts = 0;
+};
+
+struct InstanceView {
+  std::string name;
+  uint32_t layout_version = 0;
+  uint64_t epoch = 0;
+  std::string state;  // initialising, ready, draining, dead
+  uint64_t segment_bytes = 0;
+  bool stale = false;
+  std::string stale_reason;
+  ProcessView coordinator;
+  InstanceConfig config{};
+  std::vector<WorkerView> workers;
+  CountersView coordinator_counters;
+  std::vector<RingView> rings;
+  BarrierView barrier;
+};
+
+CountersView view_counters(const CountersBlock& block);
+InstanceView snapshot(const ControlSegment& control);
+
+}  // namespace kvrelay::dump

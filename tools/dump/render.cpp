@@ -1,0 +1,201 @@
+#include "render.h"
+
+#include <fmt/format.h>
+
+namespace kvrelay::dump {
+
+const char* const kColumnHelp = R"(Columns:
+  instance      name, layout version, epoch (grows by one at every coordinator start) and state
+                (initialising, ready, draining, dead); "STALE" when the coordinator that created the
+                segment is gone (then nothing is serving it)
+  coordinator   pid, slot state, health (healthy: heartbeat fresh; silent: heartbeat older than
+                peer_timeout_ms but the process exists; dead: the process is gone) and heartbeat age
+  config        TP size, role, pool geometry (layers + extra layers, blocks, tokens per block, KV heads,
+                head dim, dtype, fp8 scales), host-tier blocks, default request deadline
+  workers       rank, pid, slot state, health, heartbeat age, ready flag (the original's
+                cache_ready_signal), starts (how many processes have served the rank), tasks read,
+                layer copies, bytes copied, requests finished / failed / cancelled, and the copy rate
+                (p50 of per-copy rates; in --watch, the rate over the last refresh)
+  rings         name, kind (mpsc: variable records, sizes in bytes; spsc: fixed records, sizes in
+                records), capacity, used, head (consumer position), tail (producer position), full
+                events (writes refused or delayed because the ring was full), skipped (half-written
+                records of dead producers that were skipped), parked (processes sleeping on the ring)
+  barrier       generation (advances by 1 per completed round, by 2 per poisoned round), parties,
+                arrived in the current round, rounds completed, rounds poisoned, waits that timed out
+  latency       histograms as p50 / p90 / p99 / max with their unit; log2 buckets, so a quantile is
+                an upper bound within a factor of two
+)";
+
+namespace {
+
+std::string bytes(uint64_t b) {
+  if (b >= (1ULL << 30)) return fmt::format("{:.1f} GiB", b / 1073741824.0);
+  if (b >= (1ULL << 20)) return fmt::format("{:.1f} MiB", b / 1048576.0);
+  if (b >= (1ULL << 10)) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+std::string quantity(uint64_t v, const std::string& unit) {
+  if (unit == "ns") {
+    if (v >= 1'000'000'000ULL) return fmt::format("{:.2f} s", v / 1e9);
+    if (v >= 1'000'000ULL) return fmt::format("{:.2f} ms", v / 1e6);
+    if (v >= 1'000ULL) return fmt::format("{:.1f} us", v / 1e3);
+    return fmt::format("{} ns", v);
+  }
+  if (unit == "bytes") return bytes(v);
+  return fmt::format("{} {}", v, unit);
+}
+
+void histograms(std::string& out, const std::string& who, const CountersView& c) {
+  for (const auto& [label, h] : c.histograms) {
+    if (h.count == 0) continue;
+    out += fmt::format("  {:<12} {:<22} n={:<9} p50 {:>10}  p90 {:>10}  p99 {:>10}  max {:>10}\n",
+                       who, label, h.count, quantity(h.p50, h.unit), quantity(h.p90, h.unit),
+                       quantity(h.p99, h.unit), quantity(h.max, h.unit));
+  }
+}
+
+}  // namespace
+
+std::string render_text(const InstanceView& v, const std::vector<double>* rates) {
+  std::string out;
+  const InstanceConfig& c = v.config;
+  out += fmt::format("instance {}  (layout v{}, epoch {}, {}{})\n", v.name, v.layout_version,
+                     v.epoch, v.state, v.stale ? fmt::format(", STALE: {}", v.stale_reason) : "");
+  out += fmt::format("coordinator pid {}  {}  {}  heartbeat {:.0f} ms ago\n", v.coordinator.pid,
+                     v.coordinator.state, v.coordinator.health, v.coordinator.heartbeat_age_ms);
+  out += fmt::format(
+      "config  tp {}  role {}  layers {}+{}  blocks {} (extra layers: {})  block {} tokens  "
+      "kv_heads {}  head_dim {}  dtype {}{}  host blocks {}  deadline {} ms\n",
+      c.tp_size, role_name(static_cast<Role>(c.role)), c.num_layers, c.extra_layers, c.num_blocks,
+      c.extra_layer_blocks, c.block_size, c.kv_heads, c.head_dim,
+      dtype_name(static_cast<CacheDtype>(c.dtype)), c.has_scales ? " +scales" : "", c.host_blocks,
+      c.request_deadline_ms);
+  out += "\nworkers\n";
+  out += fmt::format(
+      "  {:>4} {:>8} {:<9} {:<8} {:>10} {:>5} {:>6} {:>8} {:>10} {:>11} {:>9} {:>7} {:>9} {:>10}\n",
+      "rank", "pid", "state", "health", "heartbeat", "ready", "starts", "tasks", "copies", "bytes",
+      "finished", "failed", "cancelled", "GB/s");
+  for (size_t i = 0; i < v.workers.size(); ++i) {
+    const WorkerView& w = v.workers[i];
+    double gbps = 0;
+    if (rates != nullptr && i < rates->size()) {
+      gbps = (*rates)[i];
+    } else {
+      for (const auto& [label, h] : w.counters.histograms)
+        if (label == "layer_copy_rate") gbps = h.p50 / 1000.0;
+    }
+    out += fmt::format(
+        "  {:>4} {:>8} {:<9} {:<8} {:>7.0f} ms {:>5} {:>6} {:>8} {:>10} {:>11} {:>9} {:>7} {:>9} "
+        "{:>10.2f}\n",
+        w.rank, w.process.pid, w.process.state, w.process.health, w.process.heartbeat_age_ms,
+        w.ready ? "yes" : "no", w.process.registrations, w.counters.value("tasks"),
+        w.counters.value("layer_copies"), bytes(w.counters.value("bytes_copied")),
+        w.counters.value("requests_finished"), w.counters.value("requests_failed"),
+        w.counters.value("requests_cancelled"), gbps);
+  }
+  out += "\nrequests (coordinator)\n  ";
+  for (const auto& [label, value] : v.coordinator_counters.counters)
+    out += fmt::format("{} {}  ", label, value);
+  out += "\n\nrings\n";
+  out += fmt::format("  {:<12} {:<5} {:>12} {:>12} {:>14} {:>14} {:>11} {:>8} {:>7}\n", "name",
+                     "kind", "capacity", "used", "head", "tail", "full", "skipped", "parked");
+  for (const RingView& r : v.rings) {
+    const bool b = r.kind == "mpsc";
+    out += fmt::format("  {:<12} {:<5} {:>12} {:>12} {:>14} {:>14} {:>11} {:>8} {:>7}\n", r.name,
+                       r.kind, b ? bytes(r.capacity) : std::to_string(r.capacity),
+                       b ? bytes(r.used) : std::to_string(r.used), r.head, r.tail, r.full_events,
+                       r.skipped_records, r.parked_waiters);
+  }
+  out += fmt::format(
+      "\nbarrier  generation {}  parties {}  arrived {}  completed {}  poisoned {}  timeouts {}\n",
+      v.barrier.generation, v.barrier.parties, v.barrier.arrived, v.barrier.rounds_completed,
+      v.barrier.rounds_poisoned, v.barrier.timeouts);
+  out += "\nlatency\n";
+  histograms(out, "coordinator", v.coordinator_counters);
+  for (const WorkerView& w : v.workers)
+    histograms(out, fmt::format("rank {}", w.rank), w.counters);
+  return out;
+}
+
+namespace {
+
+nlohmann::json counters_json(const CountersView& c) {
+  nlohmann::json counters = nlohmann::json::object();
+  for (const auto& [label, value] : c.counters)
+    counters[label] = value;
+  nlohmann::json hist = nlohmann::json::object();
+  for (const auto& [label, h] : c.histograms)
+    hist[label] = {{"unit", h.unit}, {"count", h.count}, {"p50", h.p50},
+                   {"p90", h.p90},   {"p99", h.p99},     {"max", h.max}};
+  return {{"counters", counters}, {"histograms", hist}};
+}
+
+nlohmann::json process_json(const ProcessView& p) {
+  return {{"pid", p.pid},
+          {"state", p.state},
+          {"health", p.health},
+          {"heartbeat_age_ms", p.heartbeat_age_ms},
+          {"registrations", p.registrations}};
+}
+
+}  // namespace
+
+nlohmann::json render_json(const InstanceView& v) {
+  const InstanceConfig& c = v.config;
+  nlohmann::json j;
+  j["schema"] = "kvrelay-dump/1";
+  j["instance"] = {{"name", v.name},
+                   {"layout_version", v.layout_version},
+                   {"epoch", v.epoch},
+                   {"state", v.state},
+                   {"stale", v.stale},
+                   {"stale_reason", v.stale_reason},
+                   {"segment_bytes", v.segment_bytes}};
+  j["coordinator"] = process_json(v.coordinator);
+  j["coordinator"].update(counters_json(v.coordinator_counters));
+  j["config"] = {{"tp_size", c.tp_size},
+                 {"role", role_name(static_cast<Role>(c.role))},
+                 {"num_layers", c.num_layers},
+                 {"extra_layers", c.extra_layers},
+                 {"num_blocks", c.num_blocks},
+                 {"extra_layer_blocks", c.extra_layer_blocks},
+                 {"block_size", c.block_size},
+                 {"kv_heads", c.kv_heads},
+                 {"head_dim", c.head_dim},
+                 {"dtype", dtype_name(static_cast<CacheDtype>(c.dtype))},
+                 {"has_scales", c.has_scales != 0},
+                 {"host_blocks", c.host_blocks},
+                 {"request_deadline_ms", c.request_deadline_ms},
+                 {"peer_timeout_ms", c.peer_timeout_ms}};
+  j["workers"] = nlohmann::json::array();
+  for (const WorkerView& w : v.workers) {
+    nlohmann::json wj = process_json(w.process);
+    wj["rank"] = w.rank;
+    wj["ready"] = w.ready;
+    wj.update(counters_json(w.counters));
+    j["workers"].push_back(wj);
+  }
+  j["rings"] = nlohmann::json::array();
+  for (const RingView& r : v.rings)
+    j["rings"].push_back({{"name", r.name},
+                          {"kind", r.kind},
+                          {"capacity", r.capacity},
+                          {"capacity_unit", r.kind == "mpsc" ? "bytes" : "records"},
+                          {"used", r.used},
+                          {"head", r.head},
+                          {"tail", r.tail},
+                          {"full_events", r.full_events},
+                          {"skipped_records", r.skipped_records},
+                          {"corrupt_records", r.corrupt_records},
+                          {"parked_waiters", r.parked_waiters}});
+  j["barrier"] = {{"generation", v.barrier.generation},
+                  {"parties", v.barrier.parties},
+                  {"arrived", v.barrier.arrived},
+                  {"rounds_completed", v.barrier.rounds_completed},
+                  {"rounds_poisoned", v.barrier.rounds_poisoned},
+                  {"timeouts", v.barrier.timeouts}};
+  return j;
+}
+
+}  // namespace kvrelay::dump
