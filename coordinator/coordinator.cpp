@@ -63,6 +63,7 @@ class Coordinator : public Sink {
     table_options.tombstone_ns =
         std::max<uint64_t>(2 * table_options.default_deadline_ns, 60'000'000'000ULL);
     table_options.peer_blocks = [this](const std::string& peer) { return peer_blocks(peer); };
+    table_options.withdraw_timeout_ns = uint64_t{config_.peer_timeout_ms} * 1'000'000ULL;
     table_ = std::make_unique<TaskTable>(messages::Limits::from(config_), std::move(table_options),
                                          *this);
     std::vector<std::string_view> labels(std::begin(kCoordinatorCounterLabels),
@@ -81,6 +82,16 @@ class Coordinator : public Sink {
     if (c.getStatus() == schema::Completion::Status::FINISHED && c.getSubmittedNs() != 0)
       CounterWriter(counters_).record(kRequestLatencyNs, c.getCompletedNs() - c.getSubmittedNs());
     completions_.write(MessageType::COMPLETION, completion);
+  }
+
+  void rank_unresponsive(uint32_t rank, const std::string& why) override {
+    if (supervisor_ && supervisor_->pid_of(rank) != 0) {
+      spdlog::error("rank {} {}; killing its worker (pid {}) so that it stops writing", rank, why,
+                    supervisor_->pid_of(rank));
+      kill(static_cast<pid_t>(supervisor_->pid_of(rank)), SIGKILL);
+    } else {
+      spdlog::error("rank {} {} (an external worker: not killed)", rank, why);
+    }
   }
 
   int run() {

@@ -60,6 +60,16 @@ struct TaskTable::Request {
   bool cancelling = false;
   std::vector<RankState> ranks;
   uint64_t bytes = 0;
+  // Set once the outcome is decided; the completion waits for the writers.
+  bool ending = false;
+  CompletionStatus end_status = CompletionStatus::FINISHED;
+  int32_t end_rank = -1;
+  std::string end_message;
+  // Whether the ranks may write into pools for it (a decode half was
+  // dispatched, or it is a swap): then its end waits for them.
+  bool can_write() const {
+    return kind == CompletionKind::SWAP || (kind == CompletionKind::CACHE && dest_sent);
+  }
   std::string waiting_for() const {
     if (kind != CompletionKind::CACHE || dest_sent) return "the ranks were still working";
     return task ? "waiting for its CacheDest" : "waiting for its CacheTask";
@@ -351,6 +361,13 @@ void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
     ++counters_.stray_reports;
     return;
   }
+  if (r.ending) {  // any answer means this rank stopped
+    if (static_cast<records::ReportKind>(report.kind) == records::ReportKind::kSwapLayerDone)
+      return;
+    state = RankState::kCancelled;
+    if (writers_settled(r)) emit(r, now_ns);
+    return;
+  }
   using records::ReportKind;
   switch (static_cast<ReportKind>(report.kind)) {
     case ReportKind::kFinished:
@@ -387,13 +404,20 @@ void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
 }
 
 void TaskTable::on_rank_lost(uint32_t rank, const std::string& reason, uint64_t now_ns) {
-  std::vector<Request*> hit;
+  std::vector<uint64_t> hit;
   for (auto& [handle, r] : by_handle_) {
-    if (rank < r->ranks.size() && r->ranks[rank] == RankState::kPending) hit.push_back(r.get());
+    if (rank < r->ranks.size() && r->ranks[rank] == RankState::kPending) hit.push_back(handle);
   }
-  for (Request* r : hit) {
-    r->ranks[rank] = RankState::kFailed;
-    finish(*r, CompletionStatus::ERROR, static_cast<int32_t>(rank),
+  for (uint64_t handle : hit) {
+    auto it = by_handle_.find(handle);
+    if (it == by_handle_.end()) continue;
+    Request& r = *it->second;
+    r.ranks[rank] = RankState::kFailed;  // a dead rank writes nothing more
+    if (r.ending) {
+      if (writers_settled(r)) emit(r, now_ns);
+      continue;
+    }
+    finish(r, CompletionStatus::ERROR, static_cast<int32_t>(rank),
            fmt::format("rank {} died ({}) while the request was in flight", rank, reason), now_ns);
   }
 }
@@ -407,6 +431,21 @@ uint64_t TaskTable::tick(uint64_t now_ns) {
       continue;
     }
     Request& r = *it->second;
+    if (r.ending) {
+      // Ranks that have not confirmed the withdrawal in time: stop them, and
+      // let the engine know the blocks were not confirmed free.
+      std::string stuck;
+      for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
+        if (r.ranks[rank] != RankState::kPending) continue;
+        sink_.rank_unresponsive(rank,
+                                fmt::format("did not confirm withdrawing '{}' in time", r.id));
+        stuck += fmt::format("{}{}", stuck.empty() ? "" : ", ", rank);
+        r.ranks[rank] = RankState::kFailed;
+      }
+      r.end_message += fmt::format(" (rank {} did not confirm it stopped writing in time)", stuck);
+      emit(r, now_ns);
+      continue;
+    }
     const uint64_t ms = (r.deadline_ns - r.submitted_ns) / 1'000'000ULL;
     finish(r, CompletionStatus::TIMEOUT, -1,
            fmt::format("'{}' passed its {} ms deadline while {}", r.id, ms, r.waiting_for()),
@@ -424,11 +463,22 @@ uint64_t TaskTable::tick(uint64_t now_ns) {
 }
 
 void TaskTable::fail_all(const std::string& reason, uint64_t now_ns) {
-  std::vector<Request*> all;
+  std::vector<uint64_t> all;
   for (auto& [handle, r] : by_handle_)
-    all.push_back(r.get());
-  for (Request* r : all) {
-    finish(*r, CompletionStatus::ERROR, -1, reason, now_ns);
+    all.push_back(handle);
+  for (uint64_t handle : all) {
+    auto it = by_handle_.find(handle);
+    if (it == by_handle_.end()) continue;
+    Request& r = *it->second;
+    // The instance is going away with its workers: nothing to wait for.
+    for (RankState& st : r.ranks)
+      if (st == RankState::kPending) st = RankState::kCancelled;
+    if (!r.ending) {
+      r.ending = true;
+      r.end_status = CompletionStatus::ERROR;
+      r.end_message = reason;
+    }
+    emit(r, now_ns);
   }
 }
 
@@ -459,28 +509,53 @@ void TaskTable::send_cancel(Request& r) {
 
 void TaskTable::finish(Request& r, CompletionStatus status, int32_t error_rank,
                        const std::string& message, uint64_t now_ns) {
-  if (status != CompletionStatus::FINISHED) send_cancel(r);  // withdraw it wherever it still runs
+  r.ending = true;
+  r.end_status = status;
+  r.end_rank = error_rank;
+  r.end_message = message;
+  if (status == CompletionStatus::FINISHED) {
+    emit(r, now_ns);
+    return;
+  }
+  send_cancel(r);  // withdraw it wherever it still runs
+  if (writers_settled(r)) {
+    emit(r, now_ns);
+    return;
+  }
+  // Wait for the writers' confirmations, but not forever.
+  deadlines_.erase(r.deadline_entry);
+  r.deadline_entry = deadlines_.emplace(now_ns + options_.withdraw_timeout_ns, r.handle);
+}
+
+bool TaskTable::writers_settled(const Request& r) const {
+  if (!r.can_write()) return true;
+  for (RankState st : r.ranks)
+    if (st == RankState::kPending) return false;
+  return true;
+}
+
+void TaskTable::emit(Request& r, uint64_t now_ns) {
   capnp::MallocMessageBuilder msg(256);
   auto c = msg.initRoot<schema::Completion>();
   c.setRequestId(r.id);
   c.setKind(r.kind);
-  c.setStatus(status);
-  c.setErrorRank(error_rank);
-  c.setMessage(message);
+  c.setStatus(r.end_status);
+  c.setErrorRank(r.end_rank);
+  c.setMessage(r.end_message);
   c.setBytesMoved(r.bytes);
   c.setSubmittedNs(r.submitted_ns);
   c.setCompletedNs(now_ns);
   sink_.complete(msg);
-  switch (status) {
+  switch (r.end_status) {
     case CompletionStatus::FINISHED: ++counters_.finished; break;
     case CompletionStatus::ERROR: ++counters_.errors; break;
     case CompletionStatus::CANCELLED: ++counters_.cancelled; break;
     case CompletionStatus::TIMEOUT: ++counters_.timeouts; break;
     case CompletionStatus::REJECTED: ++counters_.rejected; break;
   }
-  if (status != CompletionStatus::FINISHED)
-    spdlog::info("'{}' {}: {}", r.id, status == CompletionStatus::ERROR ? "failed" : "ended",
-                 message);
+  if (r.end_status != CompletionStatus::FINISHED)
+    spdlog::info("'{}' {}: {}", r.id, r.end_status == CompletionStatus::ERROR ? "failed" : "ended",
+                 r.end_message);
   remember(r.id, r.task != nullptr || r.kind != CompletionKind::CACHE,
            r.dest != nullptr || r.kind != CompletionKind::CACHE, now_ns);
   deadlines_.erase(r.deadline_entry);

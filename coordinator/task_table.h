@@ -13,6 +13,13 @@
 //   - A submission refused without touching any live request (a duplicate
 //     half, a Cancel for an id that is not live) is answered with a
 //     `rejected` completion; it never ends the live request of that id.
+//   - A request that ends other than finished (error, cancel, timeout, a
+//     lost rank) is withdrawn from every rank that may still write into its
+//     destination blocks, and its completion waits until each of them has
+//     confirmed (or died): only then may the engine reuse those blocks. A rank
+//     that does not confirm within `withdraw_timeout_ns` is reported through
+//     Sink::rank_unresponsive (the coordinator kills it) and the completion
+//     goes out saying so.
 //   - After its completion an id is remembered for a while (a tombstone): the
 //     partner half of a request that already ended is absorbed silently, so
 //     the engine never sees a second final completion for one request.
@@ -51,6 +58,8 @@ class Sink {
   virtual void to_worker(uint32_t rank, capnp::MessageBuilder& task) = 0;
   // Deliver a completion to the engine.
   virtual void complete(capnp::MessageBuilder& completion) = 0;
+  // A rank did not confirm a withdrawal in time; it should be stopped.
+  virtual void rank_unresponsive(uint32_t /*rank*/, const std::string& /*why*/) {}
 };
 
 struct TableOptions {
@@ -58,6 +67,8 @@ struct TableOptions {
   // How long a completed id is remembered (partner halves absorbed).
   uint64_t tombstone_ns = 120'000'000'000ULL;
   size_t max_tombstones = 100'000;
+  // How long a rank may take to confirm that it stopped working on a request.
+  uint64_t withdraw_timeout_ns = 1'000'000'000ULL;
   // Optional: the decode pool's block count for ipc destinations, by peer
   // instance name (looked up by the coordinator; nullopt when unknown).
   std::function<std::optional<uint32_t>(const std::string& peer_instance)> peer_blocks;
@@ -120,8 +131,12 @@ class TaskTable {
   void maybe_dispatch_dest(Request& r, uint64_t now_ns);
   void send_to_ranks(Request& r, const std::function<void(schema::WorkerTask::Builder)>& fill);
   void send_cancel(Request& r);
+  // Ends `r`: at once if it finished or no rank can still write for it,
+  // otherwise once every such rank has confirmed (see the top).
   void finish(Request& r, CompletionStatus status, int32_t error_rank, const std::string& message,
               uint64_t now_ns);
+  void emit(Request& r, uint64_t now_ns);
+  bool writers_settled(const Request& r) const;
   void complete_unknown(const std::string& id, CompletionKind kind, CompletionStatus status,
                         const std::string& message, uint64_t now_ns);
   void remember(const std::string& id, bool task_seen, bool dest_seen, uint64_t now_ns);

@@ -186,12 +186,51 @@ TEST_F(TaskTableTest, OneFailingRankFailsTheRequestNamingTheRank) {
   task("r1");
   dest("r1");
   report(handle_of("r1"), 1, ReportKind::kFailed, 0, "block id 812 out of range");
+  EXPECT_TRUE(sink.done.empty()) << "rank 0 may still be writing: the completion waits for it";
+  EXPECT_EQ(sink.count(schema::WorkerTask::CANCEL), 1u) << "rank 0 is told to stop";
+  report(handle_of("r1"), 0, ReportKind::kCancelled);
   ASSERT_EQ(sink.done.size(), 1u);
   EXPECT_EQ(sink.done[0].status, CompletionStatus::ERROR);
   EXPECT_EQ(sink.done[0].error_rank, 1);
   EXPECT_EQ(sink.done[0].message, "rank 1: block id 812 out of range");
   report(handle_of("r1"), 0, ReportKind::kFinished);
   EXPECT_EQ(sink.done.size(), 1u) << "exactly one completion";
+}
+
+TEST_F(TaskTableTest, RequestWithNoDecodeHalfYetEndsAtOnceBecauseNothingCanBeWriting) {
+  task("r1");
+  table->on_rank_lost(0, "killed by SIGKILL", now);
+  ASSERT_EQ(sink.done.size(), 1u);
+  EXPECT_EQ(sink.done[0].status, CompletionStatus::ERROR);
+}
+
+class RecordingSinkWithStuck : public RecordingSink {
+ public:
+  void rank_unresponsive(uint32_t rank, const std::string&) override { stuck.push_back(rank); }
+  std::vector<uint32_t> stuck;
+};
+
+TEST(TaskTableWithdraw, RankThatNeverConfirmsIsReportedAndTheCompletionStillComes) {
+  RecordingSinkWithStuck sink;
+  TaskTable table(testing::example_limits(), TableOptions{}, sink);
+  uint64_t now = 1'000'000'000'000ULL;
+  capnp::MallocMessageBuilder a, b, c;
+  auto t = a.initRoot<schema::CacheTask>();
+  testing::fill_cache_task(t, "r1", {1, 2}, 128, 0);
+  t.setDeadlineMs(100);
+  table.on_cache_task(t.asReader(), now);
+  testing::fill_cache_dest_ipc(b.initRoot<schema::CacheDest>(), "r1", {5, 6});
+  table.on_cache_dest(b.getRoot<schema::CacheDest>().asReader(), now);
+  now += 101'000'000ULL;
+  table.tick(now);  // the deadline passes: cancels go out, the completion waits
+  EXPECT_TRUE(sink.done.empty());
+  now += 1'001'000'000ULL;
+  table.tick(now);  // nobody confirmed within the withdraw timeout
+  EXPECT_EQ(sink.stuck, (std::vector<uint32_t>{0, 1}));
+  ASSERT_EQ(sink.done.size(), 1u);
+  EXPECT_EQ(sink.done[0].status, CompletionStatus::TIMEOUT);
+  EXPECT_NE(sink.done[0].message.find("did not confirm it stopped writing in time"),
+            std::string::npos);
 }
 
 TEST_F(TaskTableTest, LostRankFailsItsInFlightRequestsOnly) {
@@ -202,6 +241,8 @@ TEST_F(TaskTableTest, LostRankFailsItsInFlightRequestsOnly) {
   report(handle_of("b"), 0, ReportKind::kFinished);
   report(handle_of("b"), 1, ReportKind::kFinished);
   table->on_rank_lost(1, "killed by SIGKILL", now);
+  EXPECT_EQ(sink.done.size(), 1u) << "rank 0 has to confirm it stopped writing for 'a'";
+  report(handle_of("a"), 0, ReportKind::kCancelled);
   ASSERT_EQ(sink.done.size(), 2u);
   EXPECT_EQ(sink.done[1].id, "a");
   EXPECT_EQ(sink.done[1].status, CompletionStatus::ERROR);
