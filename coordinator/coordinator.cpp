@@ -180,7 +180,7 @@ class Coordinator : public Sink {
   }
 
   bool has_input() {
-    if (submit_.used_bytes() != 0) return true;
+    if (submit_.readable()) return true;
     for (auto& r : reports_)
       if (r.size() != 0) return true;
     return false;

@@ -578,10 +578,11 @@ void TaskTable::complete_unknown(const std::string& id, CompletionKind kind,
   sink_.complete(msg);
   if (status == CompletionStatus::REJECTED) {
     ++counters_.rejected;
+    spdlog::info("rejected: {}", message);  // the live request of that id is not affected
   } else {
     ++counters_.errors;
+    spdlog::warn("{}", message);
   }
-  spdlog::warn("{}", message);
 }
 
 void TaskTable::remember(const std::string& id, bool task_seen, bool dest_seen, uint64_t now_ns) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -82,6 +83,15 @@ bool MpscRing::fits(uint64_t tail, uint64_t head, uint64_t required) const {
   return required <= to_end || required <= (head & mask_);  // before the end, or after a wrap
 }
 
+// Positions written by well-behaved processes are 8-byte aligned and at most
+// a ring apart. Anything else was scribbled by a process that bypassed this
+// class: touching records at such positions would be misaligned, so nothing
+// is read or written until the state makes sense again.
+bool MpscRing::sane(uint64_t head, uint64_t tail) const {
+  return head % kAlignment == 0 && tail % kAlignment == 0 && head <= tail &&
+         tail - head <= capacity_;
+}
+
 Result<MpscClaim> MpscRing::try_claim(size_t payload_bytes) {
   if (payload_bytes > h_->max_payload_bytes)
     return make_error(Errc::kTooLarge,
@@ -99,9 +109,18 @@ Result<MpscClaim> MpscRing::try_claim(size_t payload_bytes) {
     uint64_t head = h_->head_cache.load(std::memory_order_acquire);
     KVRELAY_CHAOS_POINT();
     tail = h_->tail.load(std::memory_order_acquire);
+    if (tail % kAlignment != 0)
+      return make_error(Errc::kCorrupt, "ring state is corrupt (misaligned tail); nothing written");
     if (tail - head > capacity_ - required) {
       head = h_->head.load(std::memory_order_acquire);
-      if (head > tail) continue;  // the tail moved on meanwhile: start again
+      if (head > tail) {
+        // The tail moved on meanwhile: start again. A head past even a fresh
+        // tail only happens in a scribbled ring: refuse rather than spin.
+        if (head > h_->tail.load(std::memory_order_acquire))
+          return make_error(Errc::kCorrupt,
+                            "ring state is corrupt (head past tail); nothing written");
+        continue;
+      }
       if (tail - head > capacity_ - required) {
         h_->full_events.fetch_add(1, std::memory_order_relaxed);
         return make_error(Errc::kFull, "ring full");
@@ -117,7 +136,12 @@ Result<MpscClaim> MpscRing::try_claim(size_t payload_bytes) {
       uint64_t head_index = head & mask_;
       if (required > head_index) {
         head = h_->head.load(std::memory_order_acquire);
-        if (head > tail) continue;
+        if (head > tail) {
+          if (head > h_->tail.load(std::memory_order_acquire))
+            return make_error(Errc::kCorrupt,
+                              "ring state is corrupt (head past tail); nothing written");
+          continue;
+        }
         head_index = head & mask_;
         if (required > head_index) {
           h_->full_events.fetch_add(1, std::memory_order_relaxed);
@@ -251,6 +275,10 @@ size_t MpscRing::read_contiguous(const Handler& handler, size_t max_records, boo
 }
 
 size_t MpscRing::read(const Handler& handler, size_t max_records) {
+  if (!sane(h_->head.load(std::memory_order_relaxed), h_->tail.load(std::memory_order_acquire))) {
+    h_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+  }
   size_t total = 0;
   bool progressed = true;
   // Two passes at most: up to the end of the buffer, then from its start.
@@ -263,6 +291,7 @@ size_t MpscRing::read(const Handler& handler, size_t max_records) {
 
 bool MpscRing::has_committed_record() const {
   const uint64_t head = h_->head.load(std::memory_order_relaxed);
+  if (head % kAlignment != 0) return false;
   return record_at(head & mask_).length.load(std::memory_order_acquire) > 0;
 }
 
@@ -284,9 +313,11 @@ size_t MpscRing::read_wait(const Handler& handler, size_t max_records, Deadline 
 
 std::vector<MpscRing::PeekedRecord> MpscRing::peek(size_t max_records) const {
   std::vector<PeekedRecord> out;
-  uint64_t pos = h_->head.load(std::memory_order_acquire);
+  const uint64_t head = h_->head.load(std::memory_order_acquire);
   const uint64_t tail = h_->tail.load(std::memory_order_acquire);
-  while (out.size() < max_records && pos < tail && tail - pos <= capacity_) {
+  if (!sane(head, tail)) return out;
+  // Walk by distance from head: positions may sit anywhere in 64 bits.
+  for (uint64_t pos = head; out.size() < max_records && pos - head < tail - head;) {
     const uint64_t index = pos & mask_;
     const MpscRecordHeader& rec = record_at(index);
     const int32_t length = rec.length.load(std::memory_order_acquire);
@@ -297,7 +328,8 @@ std::vector<MpscRing::PeekedRecord> MpscRing::peek(size_t max_records) const {
     if (type != kPaddingType) {
       PeekedRecord r{pos, type, {}};
       r.payload.resize(static_cast<size_t>(length) - kRecordHeaderBytes);
-      std::memcpy(r.payload.data(), buffer_ + index + kRecordHeaderBytes, r.payload.size());
+      if (!r.payload.empty())
+        std::memcpy(r.payload.data(), buffer_ + index + kRecordHeaderBytes, r.payload.size());
       // If the consumer passed this record while we copied, it may be zeroed
       // or reused: the copy cannot be trusted.
       std::atomic_thread_fence(std::memory_order_acquire);
@@ -353,9 +385,15 @@ bool MpscRing::unblock() {
 
   int32_t length = rec.length.load(std::memory_order_acquire);
   if (length < 0) {
-    // Header written, payload never committed: its length is known.
+    // Header written, payload never committed: its length is known (kept
+    // within what is left before the end, in case it was scribbled).
+    const uint64_t room = capacity_ - consumer_index;
+    const uint64_t claimed =
+        align_up(static_cast<uint64_t>(-static_cast<int64_t>(length)), kAlignment);
+    const auto padding =
+        static_cast<int32_t>(std::clamp<uint64_t>(claimed, kRecordHeaderBytes, room));
     rec.type.store(kPaddingType, std::memory_order_relaxed);
-    return rec.length.compare_exchange_strong(length, -length, std::memory_order_release);
+    return rec.length.compare_exchange_strong(length, padding, std::memory_order_release);
   }
   if (length > 0) return false;  // it was committed meanwhile
 

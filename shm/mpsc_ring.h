@@ -128,6 +128,9 @@ class MpscRing {
   // Waits until a committed record is waiting (true) or `deadline` (false),
   // without consuming it.
   bool wait_readable(Deadline deadline);
+  // Whether a committed record waits at the head (a claim that is not yet
+  // committed does not count: a consumer must not spin on a dead producer's).
+  bool readable() const { return has_committed_record(); }
 
   // How long a half-written record may block the consumer before it is
   // skipped when its producer is dead; a live producer gets 4x as long.
@@ -157,6 +160,7 @@ class MpscRing {
     return *reinterpret_cast<MpscRecordHeader*>(buffer_ + offset);
   }
   bool fits(uint64_t tail, uint64_t head, uint64_t required) const;
+  bool sane(uint64_t head, uint64_t tail) const;
   size_t read_contiguous(const Handler& handler, size_t max_records, bool& progressed);
   bool has_committed_record() const;
   void note_stall();

@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/interprocess/exceptions.hpp>
 #include <cerrno>
+#include <vector>
 
 namespace kvrelay {
 
@@ -22,11 +24,27 @@ Error from_boost(const std::string& what, const bip::interprocess_exception& e) 
     case bip::not_found_error:
       return make_error(Errc::kNotFound, fmt::format("{}: no such segment", what));
     case bip::security_error:
-      return make_error(Errc::kPermissionDenied, fmt::format("{}: permission denied", what));
+      return make_error(
+          Errc::kPermissionDenied,
+          fmt::format("{}: permission denied (kvrelay segments are private to the user "
+                      "that created them, mode 0600, unless created with group access)",
+                      what));
     default:
       return err != 0 ? system_error(what, err)
                       : make_error(Errc::kSystem, fmt::format("{}: {}", what, e.what()));
   }
+}
+
+// Another user may attach only to a segment created with group access
+// (mode 0660), and only as a member of the segment's group.
+bool group_may_attach(const struct stat& st) {
+  if ((st.st_mode & 0060) != 0060) return false;
+  if (getegid() == st.st_gid) return true;
+  const int n = getgroups(0, nullptr);
+  if (n <= 0) return false;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  if (getgroups(n, groups.data()) != n) return false;
+  return std::find(groups.begin(), groups.end(), st.st_gid) != groups.end();
 }
 
 }  // namespace
@@ -81,11 +99,13 @@ Status SharedSegment::map(SegmentAccess access) {
   inode_ = st.st_ino;
   owner_uid_ = st.st_uid;
   mode_ = st.st_mode & 07777;
-  if (st.st_uid != geteuid()) {
-    return make_error(Errc::kPermissionDenied,
-                      fmt::format("segment /{} belongs to uid {}, this process runs as uid {}; "
-                                  "kvrelay does not attach to other users' segments",
-                                  name_, st.st_uid, geteuid()));
+  if (st.st_uid != geteuid() && !group_may_attach(st)) {
+    return make_error(
+        Errc::kPermissionDenied,
+        fmt::format("segment /{} belongs to uid {}, this process runs as uid {}; "
+                    "kvrelay does not attach to other users' segments (unless the "
+                    "instance was started with --group-access and we share its group)",
+                    name_, st.st_uid, geteuid()));
   }
   if (st.st_size <= 0)
     return make_error(Errc::kSizeMismatch, fmt::format("segment /{} is empty", name_));

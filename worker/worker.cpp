@@ -147,7 +147,7 @@ class Worker {
       if (!busy) {
         wait_until(
             doorbell_,
-            [&] { return task_ring_.used_bytes() != 0 || signal_ring_.size() != 0 || g_stop != 0; },
+            [&] { return task_ring_.readable() || signal_ring_.size() != 0 || g_stop != 0; },
             Deadline::after(50ms));
       }
     }

@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
                  "fraction of decode halves sent after prefill finished")
       ->capture_default_str();
   app.add_flag("--legacy", o.legacy, "the original's per-query mode: (step, layer) signals");
+  app.add_option("--kill-every-ms", o.kill_every_ms,
+                 "soak: SIGKILL a random worker this often (requests on its rank fail, naming it)");
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();
   int64_t timeout_s = o.timeout.count();
   app.add_option("--timeout-s", timeout_s, "give up after this long")->capture_default_str();

@@ -1,6 +1,7 @@
 #include "simulator.h"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "shm/control_layout.h"
 #include "shm/control_segment.h"
 #include "shm/counters.h"
+#include "shm/liveness.h"
 #include "shm/pool_segment.h"
 
 namespace kvrelay::sim {
@@ -84,8 +86,14 @@ class Simulation {
     const auto start = std::chrono::steady_clock::now();
     const Deadline give_up = Deadline::after(o_.timeout);
     uint64_t step = 0;
+    uint64_t next_kill =
+        o_.kill_every_ms != 0 ? mono_now_ns() + o_.kill_every_ms * 1'000'000ULL : UINT64_MAX;
     while ((finished_count_ < o_.requests) && !give_up.passed()) {
       ++step;
+      if (mono_now_ns() >= next_kill) {
+        kill_random_worker(prefill_instance);
+        next_kill = mono_now_ns() + o_.kill_every_ms * 1'000'000ULL;
+      }
       admit(step);
       send_due_dests(step);
       if (o_.legacy) {
@@ -101,6 +109,8 @@ class Simulation {
       }
       draw_progress();
     }
+    report_.timed_out = finished_count_ < o_.requests;
+    report_.soak = o_.kill_every_ms != 0;
     drain_completions(Deadline::after(200ms));  // an extra completion would show up here
     report_.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -137,6 +147,21 @@ class Simulation {
             for (uint32_t b = 0; b < g.blocks_in_layer(l); ++b)
               poison_block(*pool, l, t, b);
       }
+    }
+  }
+
+  // Soak mode: SIGKILL one worker, of the prefill or the decode instance.
+  void kill_random_worker(const std::string& prefill_instance) {
+    const std::string& instance = rng_() % 4 == 0 ? decode_instance_ : prefill_instance;
+    auto c = ControlSegment::attach(instance, AttachOptions{.access = SegmentAccess::kReadOnly});
+    if (!c) return;
+    const auto rank = static_cast<uint32_t>(rng_() % c->config().tp_size);
+    const SlotSnapshot s = read_slot(c->worker_slot(rank));
+    if (s.owner.pid == 0 || s.state != SlotState::kReady) return;  // still restarting
+    if (::kill(static_cast<pid_t>(s.owner.pid), SIGKILL) == 0) {
+      ++report_.kills;
+      trace(fmt::format("killed worker pid {} (rank {} of '{}')", s.owner.pid, rank, instance),
+            "-");
     }
   }
 
@@ -373,7 +398,9 @@ class Simulation {
     ++finished_count_;
     if (c.status != CompletionStatus::kFinished) {
       ++report_.failed;
-      if (report_.first_error.empty())
+      if (c.status == CompletionStatus::kError && c.error_rank >= 0) ++report_.failed_naming_a_rank;
+      if (c.status == CompletionStatus::kTimeout) ++report_.timeouts;
+      if (report_.first_error.empty() && !(o_.kill_every_ms != 0 && c.error_rank >= 0))
         report_.first_error =
             fmt::format("'{}' {}: {}", r.id, completion_status_name(c.status), c.message);
     } else {
@@ -458,6 +485,13 @@ std::string SimReport::summary() const {
   s +=
       fmt::format("verification      {} wrong words, {} blocks written outside their request: {}\n",
                   wrong_words, stray_blocks, ok() ? "every byte verified" : "FAILED");
+  if (soak)
+    s += fmt::format(
+        "soak tally        requests {}, kills {}, finished {}, errors {} ({} naming the "
+        "killed rank), timeouts {}, without exactly one completion {}, hangs {}, byte "
+        "errors in finished requests {}\n",
+        requests, kills, finished, failed - timeouts, failed_naming_a_rank, timeouts,
+        missing_or_extra, timed_out ? 1 : 0, wrong_words);
   if (!first_error.empty()) s += fmt::format("first problem     {}\n", first_error);
   return s;
 }

@@ -37,12 +37,18 @@ struct SimOptions {
   bool progress = false;  // draw a progress bar on stderr
   bool trace = false;     // print each request's submit / prefilled / completion times on stderr
   std::chrono::seconds timeout{600};
+  // Soak mode: SIGKILL a random worker (of either instance) this often; 0: never.
+  uint32_t kill_every_ms = 0;
 };
 
 struct SimReport {
   uint32_t requests = 0;
   uint32_t finished = 0;
-  uint32_t failed = 0;            // error / timeout / cancelled completions
+  uint32_t failed = 0;  // error / timeout / cancelled completions
+  uint32_t failed_naming_a_rank =
+      0;  // errors that name the rank that failed (expected under kills)
+  uint32_t timeouts = 0;
+  uint32_t kills = 0;
   uint32_t missing_or_extra = 0;  // requests without exactly one completion
   uint64_t bytes = 0;
   double seconds = 0;
@@ -54,9 +60,13 @@ struct SimReport {
   uint64_t exposed_p99_ns = 0;
   uint64_t layer_copy_p50_ns = 0;  // one layer's copy of one request's chunk (workers)
   std::string first_error;
+  bool soak = false;
+  bool timed_out = false;  // the run itself hit its timeout: something hung
   bool ok() const {
-    return finished == requests && failed == 0 && missing_or_extra == 0 && wrong_words == 0 &&
-           stray_blocks == 0;
+    const bool clean = missing_or_extra == 0 && wrong_words == 0 && stray_blocks == 0 && !timed_out;
+    // Under kills, requests in flight on a killed rank fail, naming it.
+    if (soak) return clean && failed == failed_naming_a_rank && finished + failed == requests;
+    return clean && finished == requests && failed == 0;
   }
   std::string summary() const;
 };
