@@ -319,6 +319,72 @@ Status Client::push_legacy_layer_done(uint32_t rank, uint64_t step, uint32_t lay
   return impl_->push(rank, s, deadline);
 }
 
+Status Client::wait_layer(std::string_view request_id, uint32_t layer, Deadline deadline,
+                          std::optional<uint32_t> rank) {
+  const uint32_t tag = records::request_tag(request_id);
+  SwapProgressTable& table = impl_->control.swap_progress();
+  if (rank && *rank >= impl_->config.tp_size)
+    return make_error(Errc::kInvalidArgument, fmt::format("rank {} out of range", *rank));
+  // The newest load with this tag (a tag may be reused by a later request).
+  auto find = [&]() -> SwapProgressSlot* {
+    SwapProgressSlot* best = nullptr;
+    for (SwapProgressSlot& slot : table.slots) {
+      if (slot.tag.load(std::memory_order_acquire) != tag ||
+          slot.state.load(std::memory_order_acquire) ==
+              static_cast<uint32_t>(SwapProgressState::kFree))
+        continue;
+      if (best == nullptr || slot.handle > best->handle) best = &slot;
+    }
+    return best;
+  };
+  SwapProgressSlot* slot = nullptr;
+  for (;;) {  // the load may not have been dispatched yet
+    slot = find();
+    if (slot != nullptr) break;
+    if (Status a = impl_->alive(); !a) return a;
+    if (deadline.passed())
+      return make_error(Errc::kTimeout,
+                        fmt::format("no load '{}' appeared before the deadline", request_id));
+    Deadline slice = Deadline::after(kCoordinatorCheck);
+    if (deadline.ns() < slice.ns()) slice = deadline;
+    wait_until(
+        table.slot_taken, [&] { return find() != nullptr; }, slice);
+  }
+  if (layer < slot->first_layer || layer >= slot->first_layer + slot->layer_count)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("load '{}' covers layers [{}, {}), not layer {}", request_id,
+                                  slot->first_layer, slot->first_layer + slot->layer_count, layer));
+  const uint32_t need = layer - slot->first_layer + 1;
+  auto ready = [&] {
+    for (uint32_t r = 0; r < impl_->config.tp_size; ++r) {
+      if (rank && r != *rank) continue;
+      if (slot->layers_done[r].load(std::memory_order_acquire) < need) return false;
+    }
+    return true;
+  };
+  auto failed = [&] {
+    return slot->state.load(std::memory_order_acquire) ==
+           static_cast<uint32_t>(SwapProgressState::kFailed);
+  };
+  for (;;) {
+    if (ready()) return {};
+    if (failed())
+      return make_error(Errc::kAborted,
+                        fmt::format("load '{}' failed or was cancelled before layer {} was "
+                                    "loaded; its completion says why",
+                                    request_id, layer));
+    if (Status a = impl_->alive(); !a) return a;
+    if (deadline.passed())
+      return make_error(Errc::kTimeout,
+                        fmt::format("layer {} of load '{}' was not loaded before the deadline",
+                                    layer, request_id));
+    Deadline slice = Deadline::after(kCoordinatorCheck);
+    if (deadline.ns() < slice.ns()) slice = deadline;
+    wait_until(
+        slot->changed, [&] { return ready() || failed(); }, slice);
+  }
+}
+
 Result<std::optional<Completion>> Client::poll() {
   std::optional<Completion> out;
   Status decoded;

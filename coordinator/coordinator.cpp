@@ -94,6 +94,47 @@ class Coordinator : public Sink {
     }
   }
 
+  uint32_t begin_load_progress(uint64_t handle, const std::string& id, uint32_t first_layer,
+                               uint32_t layer_count) override {
+    SwapProgressTable& t = control_.swap_progress();
+    // A free slot, else the longest-finished one.
+    SwapProgressSlot* pick = nullptr;
+    for (SwapProgressSlot& slot : t.slots) {
+      const auto state = static_cast<SwapProgressState>(slot.state.load(std::memory_order_acquire));
+      if (state == SwapProgressState::kFree) {
+        pick = &slot;
+        break;
+      }
+      if (state != SwapProgressState::kLoading && (pick == nullptr || slot.handle < pick->handle))
+        pick = &slot;
+    }
+    if (pick == nullptr) {
+      spdlog::warn("no swap progress slot free for '{}': its per-layer waits will not be served",
+                   id);
+      return kNoProgressSlot;
+    }
+    pick->state.store(static_cast<uint32_t>(SwapProgressState::kFree), std::memory_order_release);
+    pick->tag.store(records::request_tag(id), std::memory_order_relaxed);
+    pick->handle = handle;
+    pick->first_layer = first_layer;
+    pick->layer_count = layer_count;
+    for (auto& done : pick->layers_done)
+      done.store(0, std::memory_order_relaxed);
+    pick->state.store(static_cast<uint32_t>(SwapProgressState::kLoading),
+                      std::memory_order_release);
+    notify_waiters(t.slot_taken);
+    return static_cast<uint32_t>(pick - t.slots);
+  }
+
+  void end_load_progress(uint32_t slot, bool finished) override {
+    if (slot >= kSwapProgressSlots) return;
+    SwapProgressSlot& s = control_.swap_progress().slots[slot];
+    s.state.store(
+        static_cast<uint32_t>(finished ? SwapProgressState::kDone : SwapProgressState::kFailed),
+        std::memory_order_release);
+    notify_waiters(s.changed);
+  }
+
   int run() {
     register_self(control_.coordinator_slot(), SlotState::kStarting);
     g_doorbell = &status_.coordinator_doorbell;

@@ -60,6 +60,7 @@ struct TaskTable::Request {
   bool cancelling = false;
   std::vector<RankState> ranks;
   uint64_t bytes = 0;
+  uint32_t progress_slot = Sink::kNoProgressSlot;  // swap loads: per-layer progress
   // Set once the outcome is decided; the completion waits for the writers.
   bool ending = false;
   CompletionStatus end_status = CompletionStatus::FINISHED;
@@ -261,7 +262,16 @@ void TaskTable::on_swap(schema::SwapTask::Reader shared, uint64_t now_ns) {
     return;
   }
   Request& r = create(id, CompletionKind::SWAP, now_ns, swap.getDeadlineMs());
-  send_to_ranks(r, [&](schema::WorkerTask::Builder w) { w.setSwap(swap); });
+  if (swap.getDirection() == schema::SwapTask::Direction::LOAD) {
+    const uint32_t first = swap.getFirstLayer();
+    const uint32_t count =
+        swap.getLayerCount() != 0 ? swap.getLayerCount() : limits_.total_layers() - first;
+    r.progress_slot = sink_.begin_load_progress(r.handle, id, first, count);
+  }
+  send_to_ranks(r, [&](schema::WorkerTask::Builder w) {
+    w.setSwap(swap);
+    w.setProgressSlot(r.progress_slot);
+  });
 }
 
 void TaskTable::on_connect(schema::ConnectTask::Reader shared, uint64_t now_ns) {
@@ -545,6 +555,8 @@ void TaskTable::emit(Request& r, uint64_t now_ns) {
   c.setBytesMoved(r.bytes);
   c.setSubmittedNs(r.submitted_ns);
   c.setCompletedNs(now_ns);
+  if (r.progress_slot != Sink::kNoProgressSlot)
+    sink_.end_load_progress(r.progress_slot, r.end_status == CompletionStatus::FINISHED);
   sink_.complete(msg);
   switch (r.end_status) {
     case CompletionStatus::FINISHED: ++counters_.finished; break;

@@ -60,6 +60,14 @@ class Sink {
   virtual void complete(capnp::MessageBuilder& completion) = 0;
   // A rank did not confirm a withdrawal in time; it should be stopped.
   virtual void rank_unresponsive(uint32_t /*rank*/, const std::string& /*why*/) {}
+  // A swap load is about to be dispatched: take a per-layer progress slot
+  // (kNoProgressSlot when there is none); given back with end_load_progress.
+  virtual uint32_t begin_load_progress(uint64_t /*handle*/, const std::string& /*id*/,
+                                       uint32_t /*first_layer*/, uint32_t /*layer_count*/) {
+    return kNoProgressSlot;
+  }
+  virtual void end_load_progress(uint32_t /*slot*/, bool /*finished*/) {}
+  static constexpr uint32_t kNoProgressSlot = 0xffffffff;
 };
 
 struct TableOptions {

@@ -248,6 +248,10 @@ struct WorkerTask {
   requestId @1 :Text;
   # For logs.
 
+  progressSlot @9 :UInt32 = 0xffffffff;
+  # swap load: the SwapProgressTable slot where this rank publishes how many
+  # layers it has loaded; 0xffffffff when there is none.
+
   union {
     bind @2 :CacheTask;
     # The prefill half, validated: follow its slot's (or legacy step's)

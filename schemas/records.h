@@ -37,7 +37,7 @@ struct BatchEntry {
   // cannot say. With it, signals that arrive before their CacheTask are
   // attributed exactly even if the slot is reused meanwhile; without it the
   // worker assumes a chunk at offset 0 starts a new request.
-  uint32_t request_tag;
+  uint32_t request_tag = 0;
 };
 
 inline constexpr uint32_t kBatchEntriesPerSignal = 6;

@@ -32,6 +32,7 @@ ControlLayout plan_control_layout(const InstanceConfig& c) {
   p.add(RegionKind::kBarrier, 0, sizeof(BarrierState));
   p.add(RegionKind::kStatus, 0, sizeof(InstanceStatus));
   p.add(RegionKind::kPoolDirectory, 0, sizeof(PoolDirectory));
+  p.add(RegionKind::kSwapProgress, 0, sizeof(SwapProgressTable));
   p.add(RegionKind::kSubmitRing, 0, MpscRing::bytes_for(c.submit_ring_bytes));
   p.add(RegionKind::kCompletionRing, 0, MpscRing::bytes_for(c.completion_ring_bytes));
   for (uint32_t r = 0; r < c.tp_size; ++r) {

@@ -194,6 +194,7 @@ Status ControlSegment::initialize(const InstanceConfig& config, const ControlLay
         break;
       case RegionKind::kStatus: new (at) InstanceStatus{}; break;
       case RegionKind::kPoolDirectory: new (at) PoolDirectory{}; break;
+      case RegionKind::kSwapProgress: new (at) SwapProgressTable{}; break;
       case RegionKind::kSubmitRing:
         s = MpscRing::initialize(at, r.bytes, config.submit_ring_bytes,
                                  MpscRing::default_max_payload(config.submit_ring_bytes));
@@ -288,6 +289,10 @@ CountersBlock& ControlSegment::counters(uint32_t block) const {
 
 InstanceStatus& ControlSegment::status() const {
   return *reinterpret_cast<InstanceStatus*>(region(RegionKind::kStatus).data());
+}
+
+SwapProgressTable& ControlSegment::swap_progress() const {
+  return *reinterpret_cast<SwapProgressTable*>(region(RegionKind::kSwapProgress).data());
 }
 
 PoolDirectory& ControlSegment::pool_directory() const {

@@ -68,6 +68,7 @@ class ControlSegment {
   BarrierState& barrier() const;
   InstanceStatus& status() const;
   PoolDirectory& pool_directory() const;
+  SwapProgressTable& swap_progress() const;
 
   Result<MpscRing> submit_ring() const { return mpsc(RegionKind::kSubmitRing, 0); }
   Result<MpscRing> completion_ring() const { return mpsc(RegionKind::kCompletionRing, 0); }

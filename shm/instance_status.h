@@ -48,4 +48,30 @@ struct PoolDirectory {
   PoolSlot slots[kMaxTpSize][kPoolTiers];
 };
 
+// Per-layer progress of swap loads, so that an engine can start layer i's
+// compute as soon as layer i is back on the device. The coordinator takes a
+// slot when it dispatches a load (tag = the request's tag, never 0) and gives
+// it back after the completion; each rank's worker raises its layers_done
+// after every layer and wakes `changed`. Readers (Client::wait_layer) find
+// the slot by tag.
+inline constexpr uint32_t kSwapProgressSlots = 1024;
+
+enum class SwapProgressState : uint32_t { kFree = 0, kLoading = 1, kDone = 2, kFailed = 3 };
+
+struct alignas(64) SwapProgressSlot {
+  std::atomic<uint32_t> tag;    // records::request_tag of the request id; 0 when free
+  std::atomic<uint32_t> state;  // SwapProgressState
+  uint32_t first_layer;
+  uint32_t layer_count;
+  uint64_t handle;  // the coordinator's request handle (tells reuses of one tag apart)
+  uint8_t reserved[40];
+  std::atomic<uint32_t> layers_done[kMaxTpSize];  // per rank: layers loaded so far
+  WaitEvent changed;
+};
+
+struct SwapProgressTable {
+  WaitEvent slot_taken;  // a slot was taken (a reader waiting for its load to appear)
+  SwapProgressSlot slots[kSwapProgressSlots];
+};
+
 }  // namespace kvrelay

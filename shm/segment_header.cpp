@@ -32,6 +32,7 @@ const char* region_kind_name(uint32_t kind) {
     case RegionKind::kReportRing: return "report_ring";
     case RegionKind::kStatus: return "status";
     case RegionKind::kPoolDirectory: return "pool_directory";
+    case RegionKind::kSwapProgress: return "swap_progress";
   }
   return "unknown";
 }

@@ -79,6 +79,7 @@ enum class RegionKind : uint32_t {
   kReportRing = 8,      // SpscRing per rank: worker -> coordinator
   kStatus = 9,          // InstanceStatus: ready flags and doorbells
   kPoolDirectory = 10,  // PoolDirectory: where each rank's pools live
+  kSwapProgress = 11,   // SwapProgressTable: per-layer progress of swap loads
 };
 const char* region_kind_name(uint32_t kind);
 

@@ -19,6 +19,7 @@
 #include "shm/process_logging.h"
 #include "worker/host_destination.h"
 #include "worker/send_scheduler.h"
+#include "worker/swap_engine.h"
 #include "worker/worker_counters.h"
 
 namespace kvrelay::worker {
@@ -96,6 +97,7 @@ class Worker {
       host_pool_ = std::move(host).value();
     }
     resolver_ = std::make_unique<HostDestinationResolver>(rank_, *device_pool_);
+    start_swap_engine();
     scheduler_ = std::make_unique<SendScheduler>(
         rank_, device_pool_->geometry(), *resolver_,
         [this](uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message) {
@@ -129,6 +131,7 @@ class Worker {
       heartbeat(slot_);
       bool busy = drain_signals();
       busy = drain_tasks() || busy;
+      drain_swap_reports();
       flush_reports();
       mirror_counters();
       const uint64_t now = mono_now_ns();
@@ -147,7 +150,10 @@ class Worker {
       if (!busy) {
         wait_until(
             doorbell_,
-            [&] { return task_ring_.readable() || signal_ring_.size() != 0 || g_stop != 0; },
+            [&] {
+              return task_ring_.readable() || signal_ring_.size() != 0 ||
+                     (swap_ && swap_->has_reports()) || g_stop != 0;
+            },
             Deadline::after(50ms));
       }
     }
@@ -200,7 +206,9 @@ class Worker {
         scheduler_->on_bind(h, t.getBind());
         break;
       case schema::WorkerTask::DEST: scheduler_->on_dest(h, t.getDest()); break;
-      case schema::WorkerTask::CANCEL: scheduler_->on_cancel(h); break;
+      case schema::WorkerTask::CANCEL:
+        if (!(swap_ && swap_->cancel(h))) scheduler_->on_cancel(h);
+        break;
       case schema::WorkerTask::CONNECT: {
         Status s = resolver_->check_connect(t.getConnect());
         report(h, s ? ReportKind::kConnected : ReportKind::kConnectFailed, 0,
@@ -208,12 +216,30 @@ class Worker {
         break;
       }
       case schema::WorkerTask::SWAP:
-        report(h, ReportKind::kFailed, 0, "swap tasks are not supported by this worker yet");
+        if (swap_) {
+          swap_->submit(h, t.getSwap(), t.getProgressSlot());
+        } else {
+          report(h, ReportKind::kFailed, 0,
+                 "this instance has no host tier (--num-host-blocks is 0)");
+        }
         break;
       case schema::WorkerTask::REGISTER_POOL: register_pool(h, t.getRegisterPool()); break;
       case schema::WorkerTask::SHUTDOWN: shutdown_ = true; break;
     }
     return {};
+  }
+
+  void start_swap_engine() {
+    swap_.reset();
+    if (host_pool_)
+      swap_ = std::make_unique<SwapEngine>(rank_, *device_pool_, *host_pool_,
+                                           &control_.swap_progress(), doorbell_);
+  }
+
+  void drain_swap_reports() {
+    if (!swap_ || !swap_->has_reports()) return;
+    for (const SwapReport& r : swap_->take_reports())
+      report(r.handle, r.kind, r.bytes, r.message);
   }
 
   void install_latency_observer() {
@@ -234,7 +260,7 @@ class Worker {
     }
     const PoolTier tier =
         d.getTier() == schema::PoolDescriptor::Tier::HOST ? PoolTier::kHost : PoolTier::kDevice;
-    if (scheduler_->live_requests() != 0) {
+    if (scheduler_->live_requests() != 0 || (swap_ && swap_->pending() != 0)) {
       report(handle, ReportKind::kPoolRejected, 0,
              fmt::format("{} requests are in flight; register pools before sending",
                          scheduler_->live_requests()));
@@ -255,11 +281,14 @@ class Worker {
           [this](uint64_t h, ReportKind kind, uint64_t bytes, const std::string& message) {
             report(h, kind, bytes, message);
           });
+      swap_.reset();  // it holds the old pools
       device_pool_ = std::move(owned);
       install_latency_observer();
     } else {
+      swap_.reset();
       host_pool_ = std::move(owned);
     }
+    start_swap_engine();
     report(handle, ReportKind::kPoolRegistered, 0, "");
   }
 
@@ -322,6 +351,7 @@ class Worker {
   std::unique_ptr<HostPool> host_pool_;
   std::unique_ptr<HostDestinationResolver> resolver_;
   std::unique_ptr<SendScheduler> scheduler_;
+  std::unique_ptr<SwapEngine> swap_;  // after the pools: it refers to them
   std::deque<WorkerReport> pending_reports_;
   bool shutdown_ = false;
 };

@@ -20,6 +20,7 @@ struct Geometry {
   uint32_t kv_heads = 1;
   uint32_t head_dim = 128;
   std::string dtype = "bfloat16";
+  uint32_t host_blocks = 0;
 };
 
 class ManagedInstance {

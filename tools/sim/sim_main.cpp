@@ -9,6 +9,7 @@
 #include "instances.h"
 #include "kvrelay/client.h"
 #include "simulator.h"
+#include "swap_scenario.h"
 
 using namespace kvrelay;
 
@@ -16,12 +17,17 @@ int main(int argc, char** argv) {
   sim::SimOptions o;
   sim::Geometry g;
   std::string prefill = "sim-prefill", decode = "sim-decode", log_dir, log_level = "warn";
-  bool start = false;
+  bool start = false, swap = false;
+  sim::SwapOptions swap_options;
   CLI::App app{
       "kvrelay-sim: an engine simulator that moves verifiable KV blocks from a prefill "
       "instance to a decode instance and checks every byte"};
   app.add_flag("--start", start,
                "start both instances (kvrelay-coordinator) and stop them at the end");
+  app.add_flag(
+      "--swap", swap,
+      "the transfer manager's scenario instead: evict to the host tier, then load layer by layer "
+      "while a simulated forward waits on each layer (one instance, --prefill, with a host tier)");
   app.add_option("--prefill", prefill, "prefill instance name")->capture_default_str();
   app.add_option("--decode", decode, "decode instance name")->capture_default_str();
   app.add_option("--tp", g.tp, "with --start: tensor-parallel ranks")->capture_default_str();
@@ -64,6 +70,31 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-s", timeout_s, "give up after this long")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   o.timeout = std::chrono::seconds(timeout_s);
+  if (swap) {
+    g.host_blocks = 2 * g.blocks;
+    swap_options.rounds = o.requests;
+    swap_options.seed = o.seed;
+    sim::ManagedInstance instance;
+    if (start) {
+      fmt::print(
+          "starting instance '{}' (mixed, tp {}, {} layers, {} device blocks, {} host blocks)\n",
+          prefill, g.tp, g.layers + g.extra_layers, g.blocks, g.host_blocks);
+      if (Status s = instance.start(prefill, "mixed", g, log_dir, log_level); !s) {
+        fmt::print(stderr, "kvrelay-sim: {}\n", s.error().message);
+        return 2;
+      }
+    }
+    auto client = Client::attach(prefill, Deadline::after(std::chrono::seconds(60)));
+    if (!client) {
+      fmt::print(stderr, "kvrelay-sim: {}\n", client.error().message);
+      return 2;
+    }
+    const sim::SwapReportSummary r = sim::run_swap_scenario(swap_options, *client);
+    fmt::print("\n{}", r.summary());
+    client = make_error(Errc::kOk, "");
+    if (start && instance.stop() != 0) return 1;
+    return r.ok() ? 0 : 1;
+  }
   o.progress = isatty(2) != 0;
 
   sim::ManagedInstance decode_instance, prefill_instance;

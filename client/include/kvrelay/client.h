@@ -157,6 +157,17 @@ class Client {
   // Legacy per-query mode: (step, layer) is the newest computed position.
   Status push_legacy_layer_done(uint32_t rank, uint64_t step, uint32_t layer, Deadline deadline);
 
+  // ---- swap loads ----
+  // Waits until layer `layer` of the load `request_id` is back in the device
+  // tier on every rank (or on `rank` only), so that the forward pass can use
+  // it while later layers are still loading. Parks on a futex (no spinning
+  // beyond a few microseconds); any process of the engine may call it.
+  // kAborted when the load failed or was cancelled before that layer;
+  // kInvalidArgument when the load does not cover the layer; kTimeout at the
+  // deadline (also when no such load was submitted); kCoordinatorGone.
+  Status wait_layer(std::string_view request_id, uint32_t layer, Deadline deadline,
+                    std::optional<uint32_t> rank = std::nullopt);
+
   // ---- completions (one reader per instance) ----
   // The next completion if one is waiting.
   Result<std::optional<Completion>> poll();

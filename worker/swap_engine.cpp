@@ -1,0 +1,152 @@
+#include "worker/swap_engine.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "kernels/block_copy.h"
+#include "worker/copy_plan.h"
+
+namespace kvrelay::worker {
+
+namespace {
+std::vector<uint32_t> to_vector(capnp::List<uint32_t>::Reader list) {
+  std::vector<uint32_t> out;
+  out.reserve(list.size());
+  for (uint32_t v : list)
+    out.push_back(v);
+  return out;
+}
+}  // namespace
+
+SwapEngine::SwapEngine(uint32_t rank, const HostPool& device, const HostPool& host,
+                       SwapProgressTable* progress, WaitEvent& doorbell)
+    : rank_(rank), device_(device), host_(host), progress_(progress), doorbell_(doorbell) {
+  thread_ = std::thread([this] { run(); });
+}
+
+SwapEngine::~SwapEngine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void SwapEngine::submit(uint64_t handle, schema::SwapTask::Reader task, uint32_t progress_slot) {
+  Op op;
+  op.handle = handle;
+  op.id = task.getRequestId().cStr();
+  op.load = task.getDirection() == schema::SwapTask::Direction::LOAD;
+  op.device_ids = to_vector(task.getDeviceBlockIds());
+  op.host_ids = to_vector(task.getHostBlockIds());
+  op.first_layer = task.getFirstLayer();
+  const uint32_t total = device_.geometry().total_layers();
+  op.layer_count = task.getLayerCount() != 0
+                       ? task.getLayerCount()
+                       : (op.first_layer < total ? total - op.first_layer : 0);
+  op.progress_slot = progress_slot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    (op.load ? loads_ : evictions_).push_back(std::move(op));
+  }
+  cv_.notify_all();
+}
+
+bool SwapEngine::cancel(uint64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto* queue : {&loads_, &evictions_}) {
+    for (Op& op : *queue) {
+      if (op.handle == handle) {
+        op.cancelled = true;
+        cv_.notify_all();
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+std::vector<SwapReport> SwapEngine::take_reports() {
+  std::lock_guard<std::mutex> lock(mu_);
+  reports_ready_.store(0, std::memory_order_relaxed);
+  return std::exchange(outbox_, {});
+}
+
+size_t SwapEngine::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loads_.size() + evictions_.size();
+}
+
+void SwapEngine::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !loads_.empty() || !evictions_.empty(); });
+    if (stop_) return;
+    // Loads first; evictions only when no load waits.
+    std::deque<Op>& queue = !loads_.empty() ? loads_ : evictions_;
+    Op& op = queue.front();
+    if (op.cancelled) {
+      report(op, records::ReportKind::kCancelled, "");
+      queue.pop_front();
+      continue;
+    }
+    if (op.next_layer == op.layer_count) {
+      report(op, records::ReportKind::kFinished, "");
+      queue.pop_front();
+      continue;
+    }
+    // Copy one layer without the lock; the queue may grow meanwhile but this
+    // op stays at its front (only this thread pops).
+    Op* current = &op;
+    lock.unlock();
+    const std::string error = copy_layer(*current);
+    if (error.empty() && current->load) publish_progress(*current);
+    lock.lock();
+    if (!error.empty()) {
+      report(*current, records::ReportKind::kFailed, error);
+      (current->load ? loads_ : evictions_).pop_front();
+    }
+  }
+}
+
+std::string SwapEngine::copy_layer(Op& op) {
+  const uint32_t layer = op.first_layer + op.next_layer;
+  const HostPool& from = op.load ? host_ : device_;
+  const HostPool& to = op.load ? device_ : host_;
+  const auto& from_ids = op.load ? op.host_ids : op.device_ids;
+  const auto& to_ids = op.load ? op.device_ids : op.host_ids;
+  Result<std::vector<BlockRun>> runs =
+      plan_block_runs(from_ids, to_ids, from.geometry().blocks_in_layer(layer),
+                      to.geometry().blocks_in_layer(layer), rank_, layer);
+  if (!runs) return runs.error().message;
+  const PoolGeometry& g = device_.geometry();
+  for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
+    const auto tensor = static_cast<PoolTensor>(t);
+    const std::byte* src = from.tensor(layer, tensor);
+    std::byte* dst = to.tensor(layer, tensor);
+    if (src == nullptr || dst == nullptr) return fmt::format("layer {} does not exist", layer);
+    to_byte_runs(*runs, g.block_bytes(tensor), scratch_);
+    kernels::copy_runs_host(src, dst, scratch_);
+    op.bytes += kernels::run_bytes(scratch_);
+  }
+  ++op.next_layer;
+  return {};
+}
+
+void SwapEngine::publish_progress(const Op& op) {
+  if (progress_ == nullptr || op.progress_slot >= kSwapProgressSlots) return;
+  SwapProgressSlot& slot = progress_->slots[op.progress_slot];
+  if (slot.handle != op.handle) return;  // not ours any more
+  // Copies before the count: a reader that sees layer i done sees its bytes.
+  slot.layers_done[rank_].store(op.next_layer, std::memory_order_release);
+  notify_waiters(slot.changed);
+}
+
+void SwapEngine::report(const Op& op, records::ReportKind kind, const std::string& message) {
+  outbox_.push_back(SwapReport{op.handle, kind, op.bytes, message});
+  reports_ready_.fetch_add(1, std::memory_order_release);
+  notify_waiters(doorbell_);
+}
+
+}  // namespace kvrelay::worker

@@ -1,0 +1,95 @@
+// Swap between this rank's device tier and host tier (the original's
+// transfer manager), on a thread of its own so that swaps and prefill->decode
+// sends never wait for each other.
+//
+// Order: loads go first - they gate the engine's forward pass - in the order
+// they arrived, one layer at a time; after each layer the load's progress
+// slot is raised and its waiters (Client::wait_layer) are woken. Evictions
+// run in the background in arrival order, one layer at a time, whenever no
+// load is waiting. A cancel takes effect between layers. Nothing orders an
+// eviction against a later load of the same host blocks: the engine waits
+// for the eviction's completion before loading them back.
+//
+// Thread-safety: submit/cancel/knows/take_reports are called by the worker's
+// main thread; the copies and progress updates happen on the swap thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/block_copy.h"
+#include "schemas/kvrelay.capnp.h"
+#include "schemas/records.h"
+#include "shm/instance_status.h"
+#include "shm/pool_segment.h"
+#include "shm/wait_event.h"
+
+namespace kvrelay::worker {
+
+struct SwapReport {
+  uint64_t handle;
+  records::ReportKind kind;
+  uint64_t bytes;
+  std::string message;
+};
+
+class SwapEngine {
+ public:
+  // `doorbell` is rung whenever a report is ready for take_reports().
+  SwapEngine(uint32_t rank, const HostPool& device, const HostPool& host,
+             SwapProgressTable* progress, WaitEvent& doorbell);
+  ~SwapEngine();
+  SwapEngine(const SwapEngine&) = delete;
+  SwapEngine& operator=(const SwapEngine&) = delete;
+
+  void submit(uint64_t handle, schema::SwapTask::Reader task, uint32_t progress_slot);
+  // True if the handle was a swap of this engine (it will report kCancelled).
+  bool cancel(uint64_t handle);
+  std::vector<SwapReport> take_reports();
+  bool has_reports() const { return reports_ready_.load(std::memory_order_acquire) != 0; }
+  size_t pending() const;
+
+ private:
+  struct Op {
+    uint64_t handle;
+    std::string id;
+    bool load;
+    std::vector<uint32_t> device_ids;
+    std::vector<uint32_t> host_ids;
+    uint32_t first_layer;
+    uint32_t layer_count;
+    uint32_t next_layer = 0;  // layers done so far, from first_layer
+    uint32_t progress_slot;
+    uint64_t bytes = 0;
+    bool cancelled = false;
+  };
+  void run();
+  // Copies one layer of `op`; returns an error message, or empty.
+  std::string copy_layer(Op& op);
+  void publish_progress(const Op& op);
+  void report(const Op& op, records::ReportKind kind, const std::string& message);
+
+  uint32_t rank_;
+  const HostPool& device_;
+  const HostPool& host_;
+  SwapProgressTable* progress_;
+  WaitEvent& doorbell_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> loads_;
+  std::deque<Op> evictions_;
+  std::vector<SwapReport> outbox_;
+  std::atomic<uint32_t> reports_ready_{0};
+  bool stop_ = false;
+  std::thread thread_;
+  std::vector<kernels::CopyRun> scratch_;
+};
+
+}  // namespace kvrelay::worker
