@@ -64,7 +64,13 @@ struct Client::Impl {
         submit(control.submit_ring().value()),
         completions(control.completion_ring().value()),
         limits(messages::Limits::from(config)),
-        signals(config.tp_size) {}
+        signals(config.tp_size) {
+    // Map every rank's signal ring now, so that no push ever allocates.
+    for (uint32_t r = 0; r < config.tp_size; ++r) {
+      auto ring = control.signal_ring<LayerSignal>(r);
+      if (ring) signals[r] = *ring;
+    }
+  }
 
   Status alive() const {
     if (control.state() == InstanceState::kDead)

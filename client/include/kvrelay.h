@@ -1,0 +1,178 @@
+/* kvrelay's C ABI: the engine-side client for languages and contexts that
+ * can only call C - notably CUDA host callbacks, where an engine pushes its
+ * layer signals.
+ *
+ * Handles are opaque. Every call returns a kvrelay_status; on failure,
+ * kvrelay_last_error() returns a message for this thread's last failed call
+ * (valid until the next failing call on the same thread).
+ *
+ * Timeouts are in milliseconds: 0 means "try once", a negative value is not
+ * allowed (nothing in kvrelay waits forever).
+ *
+ * Signal pushes (kvrelay_push_batch, kvrelay_push_layer_done,
+ * kvrelay_push_legacy_layer_done) allocate no memory and take no lock: they
+ * write a fixed record into the rank's shared-memory ring and make a system
+ * call only when the rank's worker is parked (or, with a timeout, when the
+ * ring is full). They are safe inside a CUDA host callback. The signal rings
+ * are mapped by kvrelay_attach, so even the first push allocates nothing.
+ *
+ * Contract (as for the C++ client, client/include/kvrelay/client.h): exactly
+ * one completion per request; one completion reader per instance; one signal
+ * producer per rank; any number of submitters.
+ */
+#ifndef KVRELAY_H
+#define KVRELAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvrelay_client kvrelay_client;
+typedef struct kvrelay_pool kvrelay_pool;
+
+typedef enum kvrelay_status {
+  KVRELAY_OK = 0,
+  KVRELAY_INVALID_ARGUMENT = 1, /* bad input; nothing was submitted */
+  KVRELAY_FULL = 2,             /* a ring stayed full until the timeout; nothing was written */
+  KVRELAY_TIMEOUT = 3,          /* nothing arrived before the timeout */
+  KVRELAY_COORDINATOR_GONE = 4, /* the instance's coordinator died or the instance shut down */
+  KVRELAY_NOT_FOUND = 5,        /* no such instance */
+  KVRELAY_ABORTED = 6,          /* the load being waited on failed or was cancelled */
+  KVRELAY_PERMISSION_DENIED = 7,
+  KVRELAY_ERROR = 8             /* anything else; see kvrelay_last_error() */
+} kvrelay_status;
+
+typedef enum kvrelay_protocol { KVRELAY_IPC = 0, KVRELAY_TCP = 1, KVRELAY_RDMA = 2 } kvrelay_protocol;
+
+typedef enum kvrelay_completion_status {
+  KVRELAY_FINISHED = 0,
+  KVRELAY_FAILED = 1,    /* error: see error_rank and message */
+  KVRELAY_CANCELLED = 2,
+  KVRELAY_TIMED_OUT = 3,
+  KVRELAY_REJECTED = 4   /* a refused submission; does not end the request of that id */
+} kvrelay_completion_status;
+
+typedef enum kvrelay_completion_kind {
+  KVRELAY_KIND_CACHE = 0,
+  KVRELAY_KIND_SWAP = 1,
+  KVRELAY_KIND_CONNECT = 2,
+  KVRELAY_KIND_REGISTER_POOL = 3,
+  KVRELAY_KIND_OTHER = 4
+} kvrelay_completion_kind;
+
+typedef struct kvrelay_completion {
+  char request_id[132]; /* NUL-terminated */
+  int32_t kind;         /* kvrelay_completion_kind */
+  int32_t status;       /* kvrelay_completion_status */
+  int32_t error_rank;   /* -1 unless a rank failed */
+  char message[512];    /* NUL-terminated, truncated if longer */
+  uint64_t bytes_moved;
+  uint64_t submitted_ns; /* CLOCK_MONOTONIC */
+  uint64_t completed_ns;
+} kvrelay_completion;
+
+typedef struct kvrelay_batch_slot {
+  uint32_t slot;
+  uint32_t chunk_token_offset;
+  uint32_t chunk_len;
+  uint32_t request_tag; /* kvrelay_request_tag(request id), or 0 */
+} kvrelay_batch_slot;
+
+/* The shape of one rank's KV pool (DESIGN.md section 6). */
+typedef struct kvrelay_pool_geometry {
+  uint32_t num_layers;
+  uint32_t extra_layers;       /* speculative extra cache layers, after num_layers */
+  uint32_t num_blocks;         /* blocks in each of the num_layers layers */
+  uint32_t extra_layer_blocks; /* blocks in each extra layer */
+  uint32_t kv_heads;
+  uint32_t block_size;         /* tokens per block */
+  uint32_t head_dim;
+  uint32_t dtype;              /* 0 bfloat16, 1 float16, 2 uint8, 3 fp8 */
+  uint32_t tensors_per_layer;  /* 2 (K, V) or 4 (K, V, K scale, V scale) */
+} kvrelay_pool_geometry;
+
+typedef enum kvrelay_tensor {
+  KVRELAY_KEY = 0,
+  KVRELAY_VALUE = 1,
+  KVRELAY_KEY_SCALE = 2,
+  KVRELAY_VALUE_SCALE = 3
+} kvrelay_tensor;
+
+/* The message of this thread's last failed call ("" if none). */
+const char* kvrelay_last_error(void);
+const char* kvrelay_status_name(kvrelay_status status);
+
+/* Attaches to `instance`, waiting up to timeout_ms for it to be ready. */
+kvrelay_status kvrelay_attach(const char* instance, int64_t timeout_ms, kvrelay_client** out);
+void kvrelay_detach(kvrelay_client* client);
+/* 1 when rank `rank` is serving (the original's cache_ready_signal), else 0. */
+int kvrelay_rank_ready(const kvrelay_client* client, uint32_t rank);
+uint32_t kvrelay_tp_size(const kvrelay_client* client);
+uint32_t kvrelay_request_tag(const char* request_id);
+
+/* The prefill half. engine_slot >= 0 for per-chunk mode; otherwise
+ * legacy_prefill_step is used (legacy per-query mode). */
+kvrelay_status kvrelay_submit_cache_task(kvrelay_client* client, const char* request_id,
+                                         const uint32_t* src_block_ids, size_t n_src,
+                                         uint64_t need_prefill_tokens, int64_t engine_slot,
+                                         uint64_t legacy_prefill_step, uint32_t deadline_ms,
+                                         int64_t timeout_ms);
+/* The decode half. `ports` are rdma_ports (KVRELAY_RDMA) or tcp_ports
+ * (KVRELAY_TCP); strings may be NULL. A non-empty error_message fails the
+ * request with that text. */
+kvrelay_status kvrelay_submit_cache_dest(kvrelay_client* client, const char* request_id,
+                                         const uint32_t* dest_block_ids, size_t n_dest,
+                                         kvrelay_protocol protocol, const char* peer_instance,
+                                         const char* peer_address, const uint16_t* ports,
+                                         size_t n_ports, const uint32_t* device_ids,
+                                         size_t n_devices, const char* error_message,
+                                         int64_t timeout_ms);
+/* load = 0: evict (device -> host); load = 1: load (host -> device). */
+kvrelay_status kvrelay_submit_swap(kvrelay_client* client, const char* request_id, int load,
+                                   const uint32_t* device_block_ids, const uint32_t* host_block_ids,
+                                   size_t n_blocks, uint32_t first_layer, uint32_t layer_count,
+                                   uint32_t deadline_ms, int64_t timeout_ms);
+kvrelay_status kvrelay_connect(kvrelay_client* client, uint64_t task_id, kvrelay_protocol protocol,
+                               const char* peer_instance, const char* peer_address,
+                               const uint16_t* ports, size_t n_ports, int64_t timeout_ms);
+kvrelay_status kvrelay_cancel(kvrelay_client* client, const char* request_id, int64_t timeout_ms);
+kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int host_tier,
+                                     const char* segment_name, int64_t timeout_ms);
+
+/* Layer signals: no allocation, no lock (see the top). */
+kvrelay_status kvrelay_push_batch(kvrelay_client* client, uint32_t rank, uint64_t step,
+                                  const kvrelay_batch_slot* slots, size_t n_slots,
+                                  int64_t timeout_ms);
+kvrelay_status kvrelay_push_layer_done(kvrelay_client* client, uint32_t rank, uint64_t step,
+                                       uint32_t layer, int64_t timeout_ms);
+kvrelay_status kvrelay_push_legacy_layer_done(kvrelay_client* client, uint32_t rank,
+                                              uint64_t step, uint32_t layer, int64_t timeout_ms);
+
+/* Completions. kvrelay_poll sets *has to 1 and fills *out when one waits. */
+kvrelay_status kvrelay_poll(kvrelay_client* client, kvrelay_completion* out, int* has);
+kvrelay_status kvrelay_wait(kvrelay_client* client, int64_t timeout_ms, kvrelay_completion* out);
+/* Waits until layer `layer` of load `request_id` is back on every rank
+ * (rank < 0) or on rank `rank`. */
+kvrelay_status kvrelay_wait_layer(kvrelay_client* client, const char* request_id, uint32_t layer,
+                                  int32_t rank, int64_t timeout_ms);
+
+/* Host-memory pools (the host default's "device" memory, or the host tier
+ * with host_tier = 1): map rank `rank`'s pool to read or write KV bytes. A
+ * pool stays mapped until kvrelay_close_pool, also after kvrelay_detach. */
+kvrelay_status kvrelay_open_pool(const kvrelay_client* client, uint32_t rank, int host_tier,
+                                 kvrelay_pool** out);
+void kvrelay_close_pool(kvrelay_pool* pool);
+void kvrelay_pool_get_geometry(const kvrelay_pool* pool, kvrelay_pool_geometry* out);
+/* One block of one tensor of one layer: *data and *bytes. INVALID_ARGUMENT
+ * when the layer, tensor or block is out of range. */
+kvrelay_status kvrelay_pool_block(const kvrelay_pool* pool, uint32_t layer, kvrelay_tensor tensor,
+                                  uint32_t block_id, void** data, size_t* bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVRELAY_H */
