@@ -298,6 +298,7 @@ class Coordinator : public Sink {
       for (uint32_t rank : supervisor_->restart_due(now)) {
         CounterWriter(counters_).add(kWorkerRestarts);
         lost_[rank] = false;
+        table_->set_rank_up(rank);
       }
     } else if (now >= next_external_check_) {
       next_external_check_ = now + 100'000'000ULL;
@@ -306,6 +307,7 @@ class Coordinator : public Sink {
         if (s.registrations != seen_registrations_[r]) {
           seen_registrations_[r] = s.registrations;
           lost_[r] = false;
+          table_->set_rank_up(r);
         }
         if (!lost_[r] && s.state != SlotState::kEmpty &&
             judge_peer(s, std::chrono::milliseconds(config_.peer_timeout_ms)) == PeerHealth::kDead)
@@ -325,7 +327,8 @@ class Coordinator : public Sink {
     table_->on_rank_lost(rank, reason, now);
     // Nothing addressed to the dead worker is still wanted: its requests
     // have failed. The restarted worker starts from empty rings.
-    size_t dropped = control_.task_ring(rank)->read([](int32_t, std::span<const std::byte>) {});
+    size_t dropped = tasks_[rank].discard_backlog();
+    dropped += control_.task_ring(rank)->read([](int32_t, std::span<const std::byte>) {});
     auto signals = control_.signal_ring<records::LayerSignal>(rank);
     records::LayerSignal s{};
     while (signals && signals->try_pop(s))

@@ -30,6 +30,12 @@ class RingWriter {
   // Writes what the ring has room for now. Returns true when the backlog is empty.
   bool flush();
   size_t backlog() const { return backlog_.size(); }
+  // Forgets what has not reached the ring (its reader is gone). Returns how many.
+  size_t discard_backlog() {
+    const size_t n = backlog_.size();
+    backlog_.clear();
+    return n;
+  }
   uint64_t delayed() const { return delayed_; }
 
  private:

@@ -78,7 +78,7 @@ struct TaskTable::Request {
 };
 
 TaskTable::TaskTable(const messages::Limits& limits, TableOptions options, Sink& sink)
-    : limits_(limits), options_(std::move(options)), sink_(sink) {}
+    : limits_(limits), options_(std::move(options)), sink_(sink), down_(limits.tp_size) {}
 
 TaskTable::~TaskTable() = default;
 
@@ -173,9 +173,10 @@ void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns)
   }
   r.task = std::move(owned);
   spdlog::debug("CacheTask '{}' (handle {}) bound on every rank", id, r.handle);
-  send_to_ranks(r, [&](schema::WorkerTask::Builder w) {
-    w.setBind(r.task->getRoot<schema::CacheTask>().asReader());
-  });
+  const bool sent = send_to_ranks(
+      r, [&](schema::WorkerTask::Builder w) { w.setBind(r.task->getRoot<schema::CacheTask>().asReader()); },
+      now_ns);
+  if (!sent) return;
   r.task_bound = true;
   maybe_dispatch_dest(r, now_ns);
 }
@@ -230,14 +231,14 @@ void TaskTable::on_cache_dest(schema::CacheDest::Reader shared, uint64_t now_ns)
 }
 
 void TaskTable::maybe_dispatch_dest(Request& r, uint64_t now_ns) {
-  if (!r.task || !r.dest || r.dest_sent) return;
+  if (!r.task || !r.dest || r.dest_sent || r.ending) return;
   const auto task = r.task->getRoot<schema::CacheTask>().asReader();
   const auto dest = r.dest->getRoot<schema::CacheDest>().asReader();
   if (Status s = messages::validate_pair(task, dest); !s) {
     finish(r, CompletionStatus::ERROR, -1, s.error().message, now_ns);
     return;
   }
-  send_to_ranks(r, [&](schema::WorkerTask::Builder w) { w.setDest(dest); });
+  if (!send_to_ranks(r, [&](schema::WorkerTask::Builder w) { w.setDest(dest); }, now_ns)) return;
   r.dest_sent = true;
 }
 
@@ -268,10 +269,13 @@ void TaskTable::on_swap(schema::SwapTask::Reader shared, uint64_t now_ns) {
         swap.getLayerCount() != 0 ? swap.getLayerCount() : limits_.total_layers() - first;
     r.progress_slot = sink_.begin_load_progress(r.handle, id, first, count);
   }
-  send_to_ranks(r, [&](schema::WorkerTask::Builder w) {
-    w.setSwap(swap);
-    w.setProgressSlot(r.progress_slot);
-  });
+  send_to_ranks(
+      r,
+      [&](schema::WorkerTask::Builder w) {
+        w.setSwap(swap);
+        w.setProgressSlot(r.progress_slot);
+      },
+      now_ns);
 }
 
 void TaskTable::on_connect(schema::ConnectTask::Reader shared, uint64_t now_ns) {
@@ -293,7 +297,7 @@ void TaskTable::on_connect(schema::ConnectTask::Reader shared, uint64_t now_ns) 
   }
   tombstones_.erase(id);  // connect ids may be reused once done
   Request& r = create(id, CompletionKind::CONNECT, now_ns, 0);
-  send_to_ranks(r, [&](schema::WorkerTask::Builder w) { w.setConnect(connect); });
+  send_to_ranks(r, [&](schema::WorkerTask::Builder w) { w.setConnect(connect); }, now_ns);
 }
 
 void TaskTable::on_register_pool(schema::RegisterPool::Reader shared, uint64_t now_ns) {
@@ -315,6 +319,10 @@ void TaskTable::on_register_pool(schema::RegisterPool::Reader shared, uint64_t n
     return;
   }
   if (refuse_if_draining(id, CompletionKind::REGISTER_POOL, now_ns)) return;
+  if (auto why = down_reason(pool.getRank())) {
+    complete_unknown(id, CompletionKind::REGISTER_POOL, CompletionStatus::ERROR, *why, now_ns);
+    return;
+  }
   tombstones_.erase(id);
   Request& r = create(id, CompletionKind::REGISTER_POOL, now_ns, 0);
   // Only the pool's own rank takes part.
@@ -414,6 +422,7 @@ void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
 }
 
 void TaskTable::on_rank_lost(uint32_t rank, const std::string& reason, uint64_t now_ns) {
+  if (rank < down_.size()) down_[rank] = reason;
   std::vector<uint64_t> hit;
   for (auto& [handle, r] : by_handle_) {
     if (rank < r->ranks.size() && r->ranks[rank] == RankState::kPending) hit.push_back(handle);
@@ -492,8 +501,23 @@ void TaskTable::fail_all(const std::string& reason, uint64_t now_ns) {
   }
 }
 
-void TaskTable::send_to_ranks(Request& r,
-                              const std::function<void(schema::WorkerTask::Builder)>& fill) {
+std::optional<std::string> TaskTable::down_reason(uint32_t rank) const {
+  if (rank >= down_.size() || !down_[rank]) return std::nullopt;
+  return fmt::format("rank {} is down ({}) and not yet restarted; nothing was started, resubmit "
+                     "once the instance is ready again",
+                     rank, *down_[rank]);
+}
+
+bool TaskTable::send_to_ranks(Request& r,
+                              const std::function<void(schema::WorkerTask::Builder)>& fill,
+                              uint64_t now_ns) {
+  for (uint32_t rank = 0; rank < limits_.tp_size; ++rank) {
+    if (auto why = down_reason(rank)) {
+      finish(r, CompletionStatus::ERROR, static_cast<int32_t>(rank),
+             fmt::format("'{}': {}", r.id, *why), now_ns);
+      return false;
+    }
+  }
   for (uint32_t rank = 0; rank < limits_.tp_size; ++rank) {
     capnp::MallocMessageBuilder msg(512);
     auto w = msg.initRoot<schema::WorkerTask>();
@@ -503,6 +527,7 @@ void TaskTable::send_to_ranks(Request& r,
     sink_.to_worker(rank, msg);
     r.ranks[rank] = RankState::kPending;
   }
+  return true;
 }
 
 void TaskTable::send_cancel(Request& r) {

@@ -20,6 +20,10 @@
 //     that does not confirm within `withdraw_timeout_ns` is reported through
 //     Sink::rank_unresponsive (the coordinator kills it) and the completion
 //     goes out saying so.
+//   - While a rank is down (its worker died and has not been restarted yet),
+//     a new request that needs it fails at once, naming the rank: nothing is
+//     queued for a worker that does not exist, so nothing stale can run
+//     after the engine was told the request ended.
 //   - After its completion an id is remembered for a while (a tombstone): the
 //     partner half of a request that already ended is absorbed silently, so
 //     the engine never sees a second final completion for one request.
@@ -115,6 +119,11 @@ class TaskTable {
   void on_report(const records::WorkerReport& report, uint64_t now_ns);
   // Rank `rank` died: every live request it held fails, naming the rank.
   void on_rank_lost(uint32_t rank, const std::string& reason, uint64_t now_ns);
+  // Whether new requests may be sent to `rank`. on_rank_lost() marks it down;
+  // the coordinator marks it up when its replacement worker is started.
+  void set_rank_up(uint32_t rank) {
+    if (rank < down_.size()) down_[rank].reset();
+  }
 
   // Deadlines and tombstone expiry. Returns the next time tick() has work.
   uint64_t tick(uint64_t now_ns);
@@ -137,7 +146,11 @@ class TaskTable {
                   uint32_t deadline_ms);
   void absorb_or_reject_half(const std::string& id, Half half, const char* what, uint64_t now_ns);
   void maybe_dispatch_dest(Request& r, uint64_t now_ns);
-  void send_to_ranks(Request& r, const std::function<void(schema::WorkerTask::Builder)>& fill);
+  // Sends a part of `r` to every rank. When a rank is down it sends nothing,
+  // ends `r` with an error naming the rank, and returns false.
+  bool send_to_ranks(Request& r, const std::function<void(schema::WorkerTask::Builder)>& fill,
+                     uint64_t now_ns);
+  std::optional<std::string> down_reason(uint32_t rank) const;
   void send_cancel(Request& r);
   // Ends `r`: at once if it finished or no rank can still write for it,
   // otherwise once every such rank has confirmed (see the top).
@@ -155,6 +168,7 @@ class TaskTable {
   Sink& sink_;
   uint64_t next_handle_ = 1;
   bool draining_ = false;
+  std::vector<std::optional<std::string>> down_;  // per rank: why it is down
   std::unordered_map<uint64_t, std::unique_ptr<Request>> by_handle_;
   std::unordered_map<std::string, Request*> by_id_;
   std::multimap<uint64_t, uint64_t> deadlines_;  // (deadline, handle) of live requests

@@ -251,6 +251,44 @@ TEST_F(TaskTableTest, LostRankFailsItsInFlightRequestsOnly) {
             "rank 1 died (killed by SIGKILL) while the request was in flight");
 }
 
+// The soak once caught this: a request sent to a rank in its restart
+// backoff sat in the dead worker's ring, was withdrawn unconfirmed, and the
+// replacement worker then ran it into blocks the engine had been told were
+// free. While a rank is down nothing is queued for it.
+TEST_F(TaskTableTest, RequestsForARankThatIsDownFailAtOnceUntilItIsRestarted) {
+  table->on_rank_lost(1, "killed by SIGKILL", now);
+  task("early");
+  ASSERT_EQ(sink.done.size(), 1u);
+  EXPECT_TRUE(sink.tasks.empty()) << "nothing queued for either rank";
+  EXPECT_EQ(sink.done[0].status, CompletionStatus::ERROR);
+  EXPECT_EQ(sink.done[0].error_rank, 1);
+  EXPECT_EQ(sink.done[0].message,
+            "'early': rank 1 is down (killed by SIGKILL) and not yet restarted; nothing was "
+            "started, resubmit once the instance is ready again");
+  dest("early");
+  EXPECT_EQ(sink.done.size(), 1u) << "its partner half is absorbed";
+  EXPECT_TRUE(sink.tasks.empty());
+
+  table->set_rank_up(1);
+  task("late");
+  dest("late");
+  EXPECT_EQ(sink.count(schema::WorkerTask::DEST), 2u);
+  report(handle_of("late"), 0, ReportKind::kFinished);
+  report(handle_of("late"), 1, ReportKind::kFinished);
+  ASSERT_EQ(sink.done.size(), 2u);
+  EXPECT_EQ(sink.done[1].status, CompletionStatus::FINISHED);
+}
+
+TEST_F(TaskTableTest, DecodeHalfOfABoundRequestIsNotSentWhileARankIsDown) {
+  task("r1");
+  EXPECT_EQ(sink.count(schema::WorkerTask::BIND), 2u);
+  table->on_rank_lost(1, "killed by SIGKILL", now);
+  ASSERT_EQ(sink.done.size(), 1u);
+  dest("r1");
+  EXPECT_EQ(sink.count(schema::WorkerTask::DEST), 0u) << "the request already ended";
+  EXPECT_EQ(sink.done.size(), 1u);
+}
+
 TEST_F(TaskTableTest, InvalidHalfEndsTheRequestOnceAndItsPartnerIsAbsorbed) {
   dest("r1", {7, 8, 9, 10, 11});  // longer than the source
   task("r1", {1, 2, 3});
