@@ -42,7 +42,9 @@ kvrelay_status fail(kvrelay_status s, std::string message) {
   return s;
 }
 
-kvrelay_status from(const Status& s) { return s ? KVRELAY_OK : fail(to_status(s.code()), s.error().message); }
+kvrelay_status from(const Status& s) {
+  return s ? KVRELAY_OK : fail(to_status(s.code()), s.error().message);
+}
 
 // A timeout in ms as a deadline; negative timeouts are refused.
 bool deadline_of(int64_t timeout_ms, Deadline* out) {
@@ -51,15 +53,18 @@ bool deadline_of(int64_t timeout_ms, Deadline* out) {
   return true;
 }
 
-#define KVRELAY_DEADLINE(var, ms)                                                   \
-  Deadline var = Deadline::now();                                                   \
-  if (!deadline_of(ms, &var))                                                       \
-    return fail(KVRELAY_INVALID_ARGUMENT, "timeout_ms must not be negative: nothing in kvrelay waits forever")
+#define KVRELAY_DEADLINE(var, ms)       \
+  Deadline var = Deadline::now();       \
+  if (!deadline_of(ms, &var))           \
+  return fail(KVRELAY_INVALID_ARGUMENT, \
+              "timeout_ms must not be negative: nothing in kvrelay waits forever")
 
-#define KVRELAY_NEED(ptr)                                                                 \
+#define KVRELAY_NEED(ptr) \
   if ((ptr) == nullptr) return fail(KVRELAY_INVALID_ARGUMENT, #ptr " must not be NULL")
 
-std::string str(const char* s) { return s == nullptr ? std::string() : std::string(s); }
+std::string str(const char* s) {
+  return s == nullptr ? std::string() : std::string(s);
+}
 
 template <class T>
 std::vector<T> vec(const T* p, size_t n) {
@@ -82,7 +87,9 @@ void copy_completion(const Completion& c, kvrelay_completion* out) {
 
 extern "C" {
 
-const char* kvrelay_last_error(void) { return t_last_error.c_str(); }
+const char* kvrelay_last_error(void) {
+  return t_last_error.c_str();
+}
 
 const char* kvrelay_status_name(kvrelay_status status) {
   switch (status) {
@@ -109,7 +116,9 @@ kvrelay_status kvrelay_attach(const char* instance, int64_t timeout_ms, kvrelay_
   return KVRELAY_OK;
 }
 
-void kvrelay_detach(kvrelay_client* client) { delete client; }
+void kvrelay_detach(kvrelay_client* client) {
+  delete client;
+}
 
 int kvrelay_rank_ready(const kvrelay_client* client, uint32_t rank) {
   return client != nullptr && client->client.rank_ready(rank) ? 1 : 0;
@@ -119,7 +128,9 @@ uint32_t kvrelay_tp_size(const kvrelay_client* client) {
   return client == nullptr ? 0 : client->client.config().tp_size;
 }
 
-uint32_t kvrelay_request_tag(const char* request_id) { return Client::request_tag(str(request_id)); }
+uint32_t kvrelay_request_tag(const char* request_id) {
+  return Client::request_tag(str(request_id));
+}
 
 kvrelay_status kvrelay_submit_cache_task(kvrelay_client* client, const char* request_id,
                                          const uint32_t* src_block_ids, size_t n_src,
@@ -215,11 +226,13 @@ kvrelay_status kvrelay_push_batch(kvrelay_client* client, uint32_t rank, uint64_
                                   const kvrelay_batch_slot* slots, size_t n_slots,
                                   int64_t timeout_ms) {
   KVRELAY_NEED(client);
-  if (slots == nullptr && n_slots != 0) return fail(KVRELAY_INVALID_ARGUMENT, "slots must not be NULL");
+  if (slots == nullptr && n_slots != 0)
+    return fail(KVRELAY_INVALID_ARGUMENT, "slots must not be NULL");
   KVRELAY_DEADLINE(deadline, timeout_ms);
   static_assert(sizeof(kvrelay_batch_slot) == sizeof(BatchSlot));
   return from(client->client.push_batch(
-      rank, step, std::span<const BatchSlot>(reinterpret_cast<const BatchSlot*>(slots), n_slots), deadline));
+      rank, step, std::span<const BatchSlot>(reinterpret_cast<const BatchSlot*>(slots), n_slots),
+      deadline));
 }
 
 kvrelay_status kvrelay_push_layer_done(kvrelay_client* client, uint32_t rank, uint64_t step,
@@ -229,8 +242,8 @@ kvrelay_status kvrelay_push_layer_done(kvrelay_client* client, uint32_t rank, ui
   return from(client->client.push_layer_done(rank, step, layer, deadline));
 }
 
-kvrelay_status kvrelay_push_legacy_layer_done(kvrelay_client* client, uint32_t rank,
-                                              uint64_t step, uint32_t layer, int64_t timeout_ms) {
+kvrelay_status kvrelay_push_legacy_layer_done(kvrelay_client* client, uint32_t rank, uint64_t step,
+                                              uint32_t layer, int64_t timeout_ms) {
   KVRELAY_NEED(client);
   KVRELAY_DEADLINE(deadline, timeout_ms);
   return from(client->client.push_legacy_layer_done(rank, step, layer, deadline));
@@ -280,14 +293,16 @@ kvrelay_status kvrelay_open_pool(const kvrelay_client* client, uint32_t rank, in
   return KVRELAY_OK;
 }
 
-void kvrelay_close_pool(kvrelay_pool* pool) { delete pool; }
+void kvrelay_close_pool(kvrelay_pool* pool) {
+  delete pool;
+}
 
 void kvrelay_pool_get_geometry(const kvrelay_pool* pool, kvrelay_pool_geometry* out) {
   if (pool == nullptr || out == nullptr) return;
   const PoolGeometry& g = pool->pool->geometry();
-  *out = kvrelay_pool_geometry{g.num_layers, g.extra_layers, g.num_blocks,  g.extra_layer_blocks,
-                               g.kv_heads,   g.block_size,   g.head_dim,    g.dtype,
-                               g.tensors_per_layer()};
+  *out = kvrelay_pool_geometry{g.num_layers,         g.extra_layers, g.num_blocks,
+                               g.extra_layer_blocks, g.kv_heads,     g.block_size,
+                               g.head_dim,           g.dtype,        g.tensors_per_layer()};
 }
 
 kvrelay_status kvrelay_pool_block(const kvrelay_pool* pool, uint32_t layer, kvrelay_tensor tensor,

@@ -58,6 +58,11 @@ endif()
 # --- Python: the pybind11 module.
 set(KVRELAY_HAVE_PYTHON OFF)
 if(NOT KVRELAY_PYTHON STREQUAL "OFF")
+  # Prefer Debian's interpreter, the one python3-pytest and python3-numpy
+  # install into: a pyenv or virtualenv python earlier on PATH would lack them.
+  if(NOT DEFINED Python3_EXECUTABLE AND EXISTS /usr/bin/python3)
+    set(Python3_EXECUTABLE /usr/bin/python3)
+  endif()
   find_package(Python3 QUIET COMPONENTS Interpreter Development.Module)
   find_package(pybind11 CONFIG QUIET)
   if(Python3_FOUND AND pybind11_FOUND)

@@ -42,17 +42,21 @@ typedef enum kvrelay_status {
   KVRELAY_NOT_FOUND = 5,        /* no such instance */
   KVRELAY_ABORTED = 6,          /* the load being waited on failed or was cancelled */
   KVRELAY_PERMISSION_DENIED = 7,
-  KVRELAY_ERROR = 8             /* anything else; see kvrelay_last_error() */
+  KVRELAY_ERROR = 8 /* anything else; see kvrelay_last_error() */
 } kvrelay_status;
 
-typedef enum kvrelay_protocol { KVRELAY_IPC = 0, KVRELAY_TCP = 1, KVRELAY_RDMA = 2 } kvrelay_protocol;
+typedef enum kvrelay_protocol {
+  KVRELAY_IPC = 0,
+  KVRELAY_TCP = 1,
+  KVRELAY_RDMA = 2
+} kvrelay_protocol;
 
 typedef enum kvrelay_completion_status {
   KVRELAY_FINISHED = 0,
-  KVRELAY_FAILED = 1,    /* error: see error_rank and message */
+  KVRELAY_FAILED = 1, /* error: see error_rank and message */
   KVRELAY_CANCELLED = 2,
   KVRELAY_TIMED_OUT = 3,
-  KVRELAY_REJECTED = 4   /* a refused submission; does not end the request of that id */
+  KVRELAY_REJECTED = 4 /* a refused submission; does not end the request of that id */
 } kvrelay_completion_status;
 
 typedef enum kvrelay_completion_kind {
@@ -88,10 +92,10 @@ typedef struct kvrelay_pool_geometry {
   uint32_t num_blocks;         /* blocks in each of the num_layers layers */
   uint32_t extra_layer_blocks; /* blocks in each extra layer */
   uint32_t kv_heads;
-  uint32_t block_size;         /* tokens per block */
+  uint32_t block_size; /* tokens per block */
   uint32_t head_dim;
-  uint32_t dtype;              /* 0 bfloat16, 1 float16, 2 uint8, 3 fp8 */
-  uint32_t tensors_per_layer;  /* 2 (K, V) or 4 (K, V, K scale, V scale) */
+  uint32_t dtype;             /* 0 bfloat16, 1 float16, 2 uint8, 3 fp8 */
+  uint32_t tensors_per_layer; /* 2 (K, V) or 4 (K, V, K scale, V scale) */
 } kvrelay_pool_geometry;
 
 typedef enum kvrelay_tensor {
@@ -148,8 +152,8 @@ kvrelay_status kvrelay_push_batch(kvrelay_client* client, uint32_t rank, uint64_
                                   int64_t timeout_ms);
 kvrelay_status kvrelay_push_layer_done(kvrelay_client* client, uint32_t rank, uint64_t step,
                                        uint32_t layer, int64_t timeout_ms);
-kvrelay_status kvrelay_push_legacy_layer_done(kvrelay_client* client, uint32_t rank,
-                                              uint64_t step, uint32_t layer, int64_t timeout_ms);
+kvrelay_status kvrelay_push_legacy_layer_done(kvrelay_client* client, uint32_t rank, uint64_t step,
+                                              uint32_t layer, int64_t timeout_ms);
 
 /* Completions. kvrelay_poll sets *has to 1 and fills *out when one waits. */
 kvrelay_status kvrelay_poll(kvrelay_client* client, kvrelay_completion* out, int* has);

@@ -1,0 +1,244 @@
+"""kvrelay's engine-side client (type stubs of the compiled module).
+
+Submit KV-cache transfer and swap requests to a kvrelay instance, push the
+model's layer signals, and read exactly one completion per request.
+
+Contract (as for the C++ client):
+  * exactly one completion per request ('finished', 'error', 'cancelled' or
+    'timeout'); a refused submission gets one 'rejected' completion, which
+    does not end the request of that id;
+  * one completion reader per instance (the engine's scheduler);
+  * one signal producer per rank (the rank's model runner);
+  * any number of submitters, in any number of processes and threads.
+
+Timeouts are in seconds and bound every wait: nothing waits forever. Calls
+that may wait release the GIL. A Client may be shared between threads: the
+completion reader and each rank's signal producer are serialised for you.
+"""
+
+from typing import Iterable, Iterator, Optional, SupportsIndex, Tuple, Union
+
+__version__: str
+
+BlockIds = Iterable[SupportsIndex]
+"""Block ids: a list, tuple, range, numpy integer array, ... of ints >= 0."""
+
+BatchEntry = Union[
+    Tuple[SupportsIndex, SupportsIndex, SupportsIndex],
+    Tuple[SupportsIndex, SupportsIndex, SupportsIndex, Union[SupportsIndex, str, None]],
+]
+"""(slot, chunk_token_offset, chunk_len[, request]): request is the request id
+(or its Client.request_tag), so that signals reaching a worker before the
+request's task are attributed exactly."""
+
+class Error(Exception):
+    """Base class of every kvrelay error. str(e) is the message to show."""
+
+class InvalidArgument(Error, ValueError):
+    """Bad input; nothing was submitted."""
+
+class RingFull(Error):
+    """A ring stayed full until the timeout; nothing was written."""
+
+class Timeout(Error, TimeoutError):
+    """Nothing arrived before the timeout."""
+
+class CoordinatorGone(Error, ConnectionError):
+    """The instance's coordinator died or the instance shut down; attach
+    again once a new coordinator is up."""
+
+class NotFound(Error, LookupError):
+    """No such instance, pool or request."""
+
+class Aborted(Error):
+    """The load waited on failed or was cancelled."""
+
+class PermissionDenied(Error, PermissionError):
+    """The instance's segments belong to another user."""
+
+class Completion:
+    """The one completion of a request (or of a rejected submission)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def kind(self) -> str:
+        """'cache', 'swap', 'connect', 'register_pool' or 'other'."""
+    @property
+    def status(self) -> str:
+        """'finished', 'error', 'cancelled', 'timeout' or 'rejected'."""
+    @property
+    def ok(self) -> bool:
+        """status == 'finished'."""
+    @property
+    def error_rank(self) -> Optional[int]:
+        """The rank that failed the request, or None."""
+    @property
+    def message(self) -> str: ...
+    @property
+    def bytes_moved(self) -> int: ...
+    @property
+    def submitted_ns(self) -> int:
+        """CLOCK_MONOTONIC (time.monotonic_ns())."""
+    @property
+    def completed_ns(self) -> int: ...
+    @property
+    def latency_s(self) -> float: ...
+
+class Pool:
+    """One rank's host-memory KV pool, mapped into this process."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def extra_layers(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def extra_layer_blocks(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def dtype(self) -> str:
+        """'bfloat16', 'float16', 'uint8' or 'fp8'."""
+    @property
+    def tensors(self) -> list[str]:
+        """['k', 'v'] or ['k', 'v', 'k_scale', 'v_scale']."""
+    def block_bytes(self, tensor: Union[str, int] = "k") -> int: ...
+    def block(self, layer: int, tensor: Union[str, int], block_id: int) -> memoryview:
+        """A writable view of one block (np.frombuffer(view, dtype) for an
+        array). The view keeps the mapping alive."""
+
+class Client:
+    """The engine-side client of one kvrelay instance."""
+
+    def __init__(self, instance: str, timeout: float = 30.0) -> None:
+        """Attaches to `instance`, waiting up to `timeout` seconds for it to
+        be ready. Raises NotFound (no such instance), Timeout (not ready in
+        time), CoordinatorGone, PermissionDenied."""
+    @property
+    def instance(self) -> str: ...
+    @property
+    def tp_size(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def config(self) -> dict[str, object]:
+        """The instance's configuration: role, tp_size, geometry, ..."""
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def epoch(self) -> int: ...
+    def rank_ready(self, rank: int) -> bool:
+        """The original's cache_ready_signal: rank `rank` is serving."""
+    def coordinator_alive(self) -> bool: ...
+    @staticmethod
+    def request_tag(request_id: str) -> int:
+        """The 32-bit tag of a request id (never 0), for batch entries."""
+
+    # ---- submissions: each waits up to `timeout` for ring room (RingFull) ----
+    def submit_cache_task(
+        self,
+        request_id: str,
+        src_block_ids: BlockIds,
+        need_prefill_tokens: int,
+        *,
+        engine_slot: Optional[int] = None,
+        legacy_prefill_step: Optional[int] = None,
+        deadline_ms: int = 0,
+        timeout: float = 5.0,
+    ) -> None:
+        """The prefill half. Give engine_slot (per-chunk mode) or
+        legacy_prefill_step (legacy per-query mode). deadline_ms 0: the
+        instance's default."""
+    def submit_cache_dest(
+        self,
+        request_id: str,
+        dest_block_ids: BlockIds,
+        *,
+        protocol: str = "ipc",
+        peer_instance: str = "",
+        peer_address: str = "",
+        rdma_ports: Optional[BlockIds] = None,
+        tcp_ports: Optional[BlockIds] = None,
+        device_ids: Optional[BlockIds] = None,
+        error_message: str = "",
+        timeout: float = 5.0,
+    ) -> None:
+        """The decode half. dest_block_ids may be shorter than the source:
+        the decode side already holds the first len(src) - len(dest) blocks.
+        A non-empty error_message fails the request with that text."""
+    def submit_swap(
+        self,
+        request_id: str,
+        direction: str,
+        device_block_ids: BlockIds,
+        host_block_ids: BlockIds,
+        *,
+        first_layer: int = 0,
+        layer_count: int = 0,
+        deadline_ms: int = 0,
+        timeout: float = 5.0,
+    ) -> None:
+        """direction 'evict' (device -> host) or 'load' (host -> device,
+        layer by layer: see wait_layer). layer_count 0: all layers."""
+    def connect(
+        self,
+        task_id: int,
+        *,
+        protocol: str = "ipc",
+        peer_instance: str = "",
+        peer_address: str = "",
+        ports: Optional[BlockIds] = None,
+        timeout: float = 5.0,
+    ) -> None:
+        """Pre-connects to a peer; the completion's id is f"connect-{task_id}"."""
+    def cancel(self, request_id: str, *, timeout: float = 5.0) -> None: ...
+    def register_pool(
+        self, rank: int, segment_name: str, *, host_tier: bool = False, timeout: float = 5.0
+    ) -> None: ...
+
+    # ---- layer signals (one producer per rank) ----
+    def push_batch(
+        self, rank: int, step: int, slots: Iterable[BatchEntry], *, timeout: float = 5.0
+    ) -> None:
+        """A step's batch: before the step's first push_layer_done."""
+    def push_layer_done(self, rank: int, step: int, layer: int, *, timeout: float = 5.0) -> None:
+        """Layer `layer` of step `step` is computed for every slot of its batch."""
+    def push_legacy_layer_done(
+        self, rank: int, step: int, layer: int, *, timeout: float = 5.0
+    ) -> None:
+        """Legacy per-query mode: (step, layer) is the newest computed position."""
+
+    # ---- swap loads ----
+    def wait_layer(
+        self, request_id: str, layer: int, *, rank: Optional[int] = None, timeout: float = 30.0
+    ) -> None:
+        """Returns once layer `layer` of load `request_id` is back on every
+        rank (or on `rank`). Raises Aborted (the load failed or was
+        cancelled), InvalidArgument (the load does not cover the layer),
+        Timeout."""
+
+    # ---- completions (one reader) ----
+    def poll(self) -> Optional[Completion]:
+        """The next completion if one is waiting, else None."""
+    def wait(self, timeout: float) -> Completion:
+        """The next completion; Timeout if none arrives in time."""
+    def completions(self, timeout: float = 0.0) -> Iterator[Completion]:
+        """Completions as they arrive, until none arrives within `timeout`
+        seconds of the previous one (0: only those already waiting)."""
+
+    # ---- pools ----
+    def open_pool(self, rank: int, *, host_tier: bool = False) -> Pool: ...
+
+    def close(self) -> None:
+        """Detaches; later calls raise InvalidArgument."""
+    def __enter__(self) -> "Client": ...
+    def __exit__(self, *exc: object) -> None: ...

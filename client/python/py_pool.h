@@ -1,0 +1,32 @@
+// kvrelay.Pool: one rank's host-memory KV pool mapped into this process, and
+// its blocks as writable memoryviews (np.frombuffer(view, dtype) for arrays).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+
+#include "shm/pool_segment.h"
+
+namespace kvrelay::python {
+
+class PyPool {
+ public:
+  explicit PyPool(std::unique_ptr<HostPool> pool) : pool_(std::move(pool)) {}
+
+  const PoolGeometry& geometry() const { return pool_->geometry(); }
+  const std::string& name() const { return pool_->name(); }
+  // A memoryview of one block of one tensor; the view keeps the mapping alive.
+  pybind11::memoryview block(uint32_t layer, pybind11::handle tensor, uint32_t block_id) const;
+  // Bytes of one block of `tensor`.
+  uint64_t block_bytes(pybind11::handle tensor) const;
+
+ private:
+  PoolTensor to_tensor(pybind11::handle tensor) const;
+  std::shared_ptr<HostPool> pool_;
+};
+
+void define_pool(pybind11::module_& m);
+
+}  // namespace kvrelay::python
