@@ -57,6 +57,8 @@ struct Client::Impl {
   MpscRing completions;
   messages::Limits limits;
   std::vector<std::optional<SpscRing<LayerSignal>>> signals;
+  // Checked on every submit: its /proc check runs at most every 10 ms.
+  mutable CachedPeerJudge coordinator_judge;
 
   explicit Impl(ControlSegment c)
       : control(std::move(c)),
@@ -77,7 +79,8 @@ struct Client::Impl {
       return make_error(Errc::kCoordinatorGone,
                         fmt::format("instance '{}' has shut down", control.instance()));
     const SlotSnapshot s = read_slot(control.coordinator_slot());
-    if (judge_peer(s, std::chrono::milliseconds(config.peer_timeout_ms)) == PeerHealth::kDead)
+    if (coordinator_judge.judge(s, std::chrono::milliseconds(config.peer_timeout_ms)) ==
+        PeerHealth::kDead)
       return make_error(Errc::kCoordinatorGone,
                         fmt::format("the coordinator of instance '{}' (pid {}) is gone",
                                     control.instance(), s.owner.pid));

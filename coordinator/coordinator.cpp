@@ -381,16 +381,18 @@ class Coordinator : public Sink {
   std::optional<uint32_t> peer_blocks(const std::string& peer) {
     auto it = peers_.find(peer);
     if (it != peers_.end()) {
-      const SlotSnapshot s = read_slot(it->second->coordinator_slot());
-      if (judge_peer(s, std::chrono::milliseconds(config_.peer_timeout_ms)) == PeerHealth::kHealthy)
-        return it->second->config().num_blocks;
+      const SlotSnapshot s = read_slot(it->second.control->coordinator_slot());
+      if (it->second.judge->judge(s, std::chrono::milliseconds(config_.peer_timeout_ms)) ==
+          PeerHealth::kHealthy)
+        return it->second.control->config().num_blocks;
       peers_.erase(it);
     }
     Result<ControlSegment> c =
         ControlSegment::attach(peer, AttachOptions{.access = SegmentAccess::kReadOnly});
     if (!c) return std::nullopt;
     const uint32_t blocks = c->config().num_blocks;
-    peers_[peer] = std::make_unique<ControlSegment>(std::move(c).value());
+    peers_[peer] = Peer{std::make_unique<ControlSegment>(std::move(c).value()),
+                        std::make_unique<CachedPeerJudge>()};
     return blocks;
   }
 
@@ -423,7 +425,13 @@ class Coordinator : public Sink {
   std::vector<SpscRing<WorkerReport>> reports_;
   std::unique_ptr<TaskTable> table_;
   std::unique_ptr<Supervisor> supervisor_;
-  std::unordered_map<std::string, std::unique_ptr<ControlSegment>> peers_;
+  // Peer instances named by CacheDests, judged per request (/proc at most
+  // every 10 ms).
+  struct Peer {
+    std::unique_ptr<ControlSegment> control;
+    std::unique_ptr<CachedPeerJudge> judge;
+  };
+  std::unordered_map<std::string, Peer> peers_;
   std::vector<uint32_t> seen_registrations_;
   std::vector<bool> lost_;
   uint64_t next_external_check_ = 0;

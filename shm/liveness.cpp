@@ -80,6 +80,26 @@ PeerHealth judge_peer(const SlotSnapshot& slot, Nanos max_heartbeat_age) {
                                                                 : PeerHealth::kHealthy;
 }
 
+PeerHealth CachedPeerJudge::judge(const SlotSnapshot& slot, Nanos max_heartbeat_age) {
+  if (slot.state == SlotState::kEmpty || slot.owner.pid == 0) return PeerHealth::kAbsent;
+  const uint64_t now = mono_now_ns();
+  bool known_alive = false;
+  {
+    std::lock_guard lock(mu_);
+    known_alive = alive_.pid == slot.owner.pid && alive_.start_time == slot.owner.start_time &&
+                  now - checked_ns_ < static_cast<uint64_t>(recheck_.count());
+  }
+  if (!known_alive) {
+    if (check_liveness(slot.owner, {}) != Liveness::kAlive) return PeerHealth::kDead;
+    std::lock_guard lock(mu_);
+    alive_ = slot.owner;
+    checked_ns_ = now;
+  }
+  const uint64_t age = now > slot.heartbeat_ns ? now - slot.heartbeat_ns : 0;
+  return age > static_cast<uint64_t>(max_heartbeat_age.count()) ? PeerHealth::kSilent
+                                                                : PeerHealth::kHealthy;
+}
+
 std::string PidfdWatcher::Exit::describe() const {
   if (signal != 0) {
     const char* abbrev = sigabbrev_np(signal);

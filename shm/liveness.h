@@ -9,7 +9,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -75,6 +77,24 @@ const char* peer_health_name(PeerHealth h);
 
 // Judges a peer: process gone beats everything; then heartbeat age.
 PeerHealth judge_peer(const SlotSnapshot& slot, Nanos max_heartbeat_age);
+
+// judge_peer() for hot paths (a check per submit, per request): the /proc
+// check of the peer's identity (an open, a read and a close: ~10 us on these
+// machines) is repeated at most every `recheck`; in between, a peer found
+// alive with the same identity is taken to be alive still. The heartbeat and
+// the slot's state are read on every call. A peer that died is therefore
+// noticed within `recheck` plus the usual limits. Thread-safe.
+class CachedPeerJudge {
+ public:
+  explicit CachedPeerJudge(Nanos recheck = std::chrono::milliseconds(10)) : recheck_(recheck) {}
+  PeerHealth judge(const SlotSnapshot& slot, Nanos max_heartbeat_age);
+
+ private:
+  Nanos recheck_;
+  std::mutex mu_;
+  ProcessIdentity alive_{};  // the identity last found alive
+  uint64_t checked_ns_ = 0;  // when
+};
 
 // Watches child processes through pidfds. Not thread-safe; one owner.
 class PidfdWatcher {

@@ -61,7 +61,7 @@ Result<std::shared_ptr<const HostPool>> HostDestinationResolver::peer_pool(
     const ControlSegment& c = *it->second.control;
     const SlotSnapshot s = read_slot(c.coordinator_slot());
     const Nanos timeout = std::chrono::milliseconds(c.config().peer_timeout_ms);
-    if (c.state() != InstanceState::kDead && judge_peer(s, timeout) != PeerHealth::kDead)
+    if (c.state() != InstanceState::kDead && it->second.judge->judge(s, timeout) != PeerHealth::kDead)
       return it->second.pool;
     peers_.erase(it);
   }
@@ -78,6 +78,7 @@ Result<std::shared_ptr<const HostPool>> HostDestinationResolver::peer_pool(
   Peer peer;
   peer.control = std::make_unique<ControlSegment>(std::move(control).value());
   peer.pool = std::make_shared<const HostPool>(std::move(pool).value());
+  peer.judge = std::make_unique<CachedPeerJudge>();
   auto result = peer.pool;
   peers_[peer_instance] = std::move(peer);
   return result;

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "shm/control_segment.h"
+#include "shm/liveness.h"
 #include "shm/pool_segment.h"
 #include "worker/destination.h"
 
@@ -45,6 +46,7 @@ class HostDestinationResolver : public DestinationResolver {
   struct Peer {
     std::unique_ptr<ControlSegment> control;
     std::shared_ptr<const HostPool> pool;
+    std::unique_ptr<CachedPeerJudge> judge;  // checked per request: /proc at most every 10 ms
   };
   uint32_t rank_;
   const HostPool& local_;

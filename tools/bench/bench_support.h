@@ -42,5 +42,22 @@ void print_header(const std::string& title, const std::string& baseline_name);
 void print_row(const Row& row);
 // "target: ..." line, PASS/MISS, honest either way.
 void print_target(const std::string& what, bool met, const std::string& detail);
+// One point of a curve: recorded for plotting, and printed unless `quiet`
+// (when a table row already shows it).
+void record_point(const std::string& series, const std::string& x_name, double x,
+                  const std::string& y_name, double y, bool quiet = false);
+
+// The original's control path, rebuilt in Python (manager_baseline.py):
+// runs `python script args` and parses its "p50_us=.. p99_us=.." line.
+struct PythonBaseline {
+  double p50_us = 0, p99_us = 0;
+  bool ok = false;
+};
+PythonBaseline run_python_baseline(const std::string& python, const std::string& script,
+                                   const std::string& args);
+
+// When KVRELAY_BENCH_JSON names a file, every header, row, target and point
+// is also appended to it as one JSON object per line (tools/bench/run turns
+// those lines into the report).
 
 }  // namespace kvrelay::bench

@@ -110,6 +110,10 @@ int main(int argc, char** argv) {
       Row row{fmt::format("{} KiB blocks, {}", kib, scattered ? "scattered ids" : "contiguous ids"),
               "GB/s", ours, base};
       print_row(row);
+      record_point(scattered ? "kvrelay, scattered ids" : "kvrelay, contiguous ids", "block KiB",
+                   static_cast<double>(kib), "GB/s", ours, true);
+      if (!scattered)
+        record_point("memcpy", "block KiB", static_cast<double>(kib), "GB/s", base, true);
       worst = std::min(worst, row.ratio());
     }
   }

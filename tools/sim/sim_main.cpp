@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
                  "fraction of decode halves sent after prefill finished")
       ->capture_default_str();
   app.add_flag("--legacy", o.legacy, "the original's per-query mode: (step, layer) signals");
+  app.add_flag("--send-after-prefill", o.send_after_prefill,
+               "baseline: push every layer's signal only after the step's last layer")
+      ->excludes("--legacy");
   app.add_option("--kill-every-ms", o.kill_every_ms,
                  "soak: SIGKILL a random worker this often (requests on its rank fail, naming it)");
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();

@@ -300,6 +300,11 @@ class Simulation {
     }
   }
 
+  void push_layer(uint64_t step, uint32_t layer) {
+    for (uint32_t rank = 0; rank < tp_; ++rank)
+      submit(prefill_.push_layer_done(rank, step, layer, Deadline::after(10s)), "layer");
+  }
+
   void run_chunk_step(uint64_t step) {
     struct Chunk {
       SimRequest* r;
@@ -327,9 +332,11 @@ class Simulation {
         compute_layer(*c.r, layer, first,
                       std::min<uint32_t>(last, static_cast<uint32_t>(c.r->blocks.src.size())));
       }
-      for (uint32_t rank = 0; rank < tp_; ++rank)
-        submit(prefill_.push_layer_done(rank, step, layer, Deadline::after(10s)), "layer");
+      if (!o_.send_after_prefill) push_layer(step, layer);
     }
+    if (o_.send_after_prefill)
+      for (uint32_t layer = 0; layer < layers_; ++layer)
+        push_layer(step, layer);
     const uint64_t now = mono_now_ns();
     for (const Chunk& c : chunks) {
       c.r->prefilled += c.len;

@@ -33,6 +33,9 @@ struct SimOptions {
   double late_dest_rate = 0.1;
   uint32_t late_dest_steps = 3;
   bool legacy = false;  // the original's per-query mode: (step, layer) signals
+  // The baseline of layer-wise transfer: every layer's signal is pushed only
+  // after the step's last layer is computed (send after prefill).
+  bool send_after_prefill = false;
   uint64_t seed = 1;
   bool progress = false;  // draw a progress bar on stderr
   bool trace = false;     // print each request's submit / prefilled / completion times on stderr

@@ -1,0 +1,41 @@
+// A prefill instance and a decode instance started for one benchmark case,
+// with a client attached to each and their rank pools mapped. Stopped (and
+// their segments removed) when it goes out of scope.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "instances.h"
+#include "kvrelay/client.h"
+#include "shm/pool_segment.h"
+
+namespace kvrelay::bench {
+
+class InstancePair {
+ public:
+  // Names are unique to this process, so that benchmarks never meet a live
+  // instance of someone else's.
+  static Result<std::unique_ptr<InstancePair>> start(const sim::Geometry& g,
+                                                     const std::string& tag);
+  ~InstancePair();
+  InstancePair(const InstancePair&) = delete;
+  InstancePair& operator=(const InstancePair&) = delete;
+
+  Client& prefill() { return *prefill_client_; }
+  const std::string& decode_name() const { return decode_name_; }
+  HostPool& src(uint32_t rank) { return *src_[rank]; }
+  HostPool& dst(uint32_t rank) { return *dst_[rank]; }
+  uint32_t tp() const { return tp_; }
+
+ private:
+  InstancePair() = default;
+  std::string decode_name_;
+  uint32_t tp_ = 0;
+  sim::ManagedInstance prefill_instance_, decode_instance_;
+  std::unique_ptr<Client> prefill_client_, decode_client_;
+  std::vector<std::unique_ptr<HostPool>> src_, dst_;
+};
+
+}  // namespace kvrelay::bench
