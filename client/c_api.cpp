@@ -81,6 +81,7 @@ void copy_completion(const Completion& c, kvrelay_completion* out) {
   out->bytes_moved = c.bytes_moved;
   out->submitted_ns = c.submitted_ns;
   out->completed_ns = c.completed_ns;
+  out->first_copy_ns = c.first_copy_ns;
 }
 
 }  // namespace

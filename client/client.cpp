@@ -415,6 +415,7 @@ Result<std::optional<Completion>> Client::poll() {
               x.bytes_moved = c.getBytesMoved();
               x.submitted_ns = c.getSubmittedNs();
               x.completed_ns = c.getCompletedNs();
+              x.first_copy_ns = c.getFirstCopyNs();
               out = std::move(x);
               return {};
             });

@@ -60,6 +60,7 @@ struct TaskTable::Request {
   bool cancelling = false;
   std::vector<RankState> ranks;
   uint64_t bytes = 0;
+  uint64_t first_copy_ns = 0;  // the earliest rank's first copy (0: none yet)
   uint32_t progress_slot = Sink::kNoProgressSlot;  // swap loads: per-layer progress
   // Set once the outcome is decided; the completion waits for the writers.
   bool ending = false;
@@ -379,6 +380,8 @@ void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
     ++counters_.stray_reports;
     return;
   }
+  if (report.first_copy_ns != 0 && (r.first_copy_ns == 0 || report.first_copy_ns < r.first_copy_ns))
+    r.first_copy_ns = report.first_copy_ns;
   if (r.ending) {  // any answer means this rank stopped
     if (static_cast<records::ReportKind>(report.kind) == records::ReportKind::kSwapLayerDone)
       return;
@@ -580,6 +583,7 @@ void TaskTable::emit(Request& r, uint64_t now_ns) {
   c.setBytesMoved(r.bytes);
   c.setSubmittedNs(r.submitted_ns);
   c.setCompletedNs(now_ns);
+  c.setFirstCopyNs(r.first_copy_ns);
   if (r.progress_slot != Sink::kNoProgressSlot)
     sink_.end_load_progress(r.progress_slot, r.end_status == CompletionStatus::FINISHED);
   sink_.complete(msg);

@@ -318,7 +318,13 @@ struct Completion {
 
   submittedNs @6 :UInt64;
   completedNs @7 :UInt64;
-  # CLOCK_MONOTONIC timestamps (ns) of submission and completion.
+  # CLOCK_MONOTONIC timestamps (ns) of submission (the request's first part
+  # reaching the coordinator) and completion.
+
+  firstCopyNs @8 :UInt64;
+  # CLOCK_MONOTONIC (ns) at which the first rank began copying for the
+  # request; 0 when nothing was copied. Minus the engine's own submit time it
+  # is the dispatch latency (plus any wait for layer signals).
 }
 
 # ---------------------------------------------------------------------------

@@ -14,6 +14,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include "shm/instance_config.h"
+
 namespace kvrelay::records {
 
 // ---- Layer signals (DESIGN.md sections 4 and 5) -----------------------------
@@ -61,7 +63,8 @@ struct LayerSignal {
   BatchEntry entries[kBatchEntriesPerSignal];
 };
 static_assert(std::is_trivially_copyable_v<LayerSignal>);
-static_assert(sizeof(LayerSignal) == 120, "120 bytes + 8-byte slot sequence = two cache lines");
+static_assert(sizeof(LayerSignal) == kSignalRecordBytes,
+              "120 bytes + 8-byte slot sequence = two cache lines");
 
 // ---- Worker reports ---------------------------------------------------------
 
@@ -76,7 +79,7 @@ enum class ReportKind : uint32_t {
   kSwapLayerDone = 8,  // (issue 6) load progress; `layer` is the layer just loaded
 };
 
-inline constexpr size_t kReportMessageBytes = 88;
+inline constexpr size_t kReportMessageBytes = 144;
 
 struct WorkerReport {
   uint64_t handle;  // the coordinator's request handle (WorkerTask.handle)
@@ -85,6 +88,7 @@ struct WorkerReport {
   uint64_t bytes_moved;  // bytes this rank copied for the request
   uint32_t layer;
   uint32_t reserved;
+  uint64_t first_copy_ns;  // CLOCK_MONOTONIC when this rank began its first copy for it; 0: none
   char message[kReportMessageBytes];  // NUL-terminated; empty unless failed
 
   void set_message(std::string_view text) {
@@ -100,6 +104,7 @@ struct WorkerReport {
   }
 };
 static_assert(std::is_trivially_copyable_v<WorkerReport>);
-static_assert(sizeof(WorkerReport) == 120, "120 bytes + 8-byte slot sequence = two cache lines");
+static_assert(sizeof(WorkerReport) == kReportRecordBytes,
+              "184 bytes + 8-byte slot sequence = three cache lines");
 
 }  // namespace kvrelay::records

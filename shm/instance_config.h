@@ -12,6 +12,11 @@
 
 namespace kvrelay {
 
+// Sizes of the fixed records on the signal and report rings
+// (schemas/records.h asserts that its structs match).
+inline constexpr uint32_t kSignalRecordBytes = 120;
+inline constexpr uint32_t kReportRecordBytes = 184;
+
 inline constexpr uint32_t kMaxTpSize = 16;
 
 enum class Role : uint32_t { kMixed = 0, kPrefill = 1, kDecode = 2 };

@@ -39,6 +39,7 @@ struct SendScheduler::Request {
   std::shared_ptr<Destination> destination;
   std::vector<uint32_t> sent;  // per layer: blocks [0, sent[l]) are there
   uint64_t bytes = 0;
+  uint64_t first_copy_ns = 0;  // when its first copy began (dispatch latency, Completion)
 };
 
 SendScheduler::SendScheduler(uint32_t rank, const PoolGeometry& local,
@@ -116,7 +117,8 @@ void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest) {
   if (it == requests_.end()) {
     report_(handle, ReportKind::kFailed, 0,
             "this rank does not know the request (its worker restarted after the request was "
-            "bound)");
+            "bound)",
+            0);
     return;
   }
   Request& r = *it->second;
@@ -145,7 +147,7 @@ void SendScheduler::on_cancel(uint64_t handle) {
   if (it == requests_.end()) {
     // Unknown here (already finished, or bound before this worker restarted):
     // still answer, so that the coordinator can settle the request.
-    report_(handle, ReportKind::kCancelled, 0, "");
+    report_(handle, ReportKind::kCancelled, 0, "", 0);
     return;
   }
   end(*it->second, ReportKind::kCancelled, "");
@@ -328,6 +330,7 @@ void SendScheduler::advance(Request& r, uint64_t signal_ns) {
       return;
     }
     const uint64_t copy_start = mono_now_ns();
+    if (r.first_copy_ns == 0) r.first_copy_ns = copy_start;
     Result<uint64_t> moved = r.destination->copy_layer(layer, *runs);
     if (!moved) {
       end(r, ReportKind::kFailed, moved.error().message);
@@ -370,7 +373,7 @@ void SendScheduler::end(Request& r, ReportKind kind, const std::string& message)
       spdlog::warn("request '{}' failed on rank {}: {}", r.id, rank_, message);
       break;
   }
-  report_(r.handle, kind, r.bytes, message);
+  report_(r.handle, kind, r.bytes, message, r.first_copy_ns);
   unbind(r);
   if (r.legacy) std::erase(legacy_requests_, r.handle);
   requests_.erase(r.handle);  // destroys r

@@ -120,6 +120,7 @@ std::string SwapEngine::copy_layer(Op& op) {
       plan_block_runs(from_ids, to_ids, from.geometry().blocks_in_layer(layer),
                       to.geometry().blocks_in_layer(layer), rank_, layer);
   if (!runs) return runs.error().message;
+  if (op.first_copy_ns == 0) op.first_copy_ns = mono_now_ns();
   const PoolGeometry& g = device_.geometry();
   for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
     const auto tensor = static_cast<PoolTensor>(t);
@@ -144,7 +145,7 @@ void SwapEngine::publish_progress(const Op& op) {
 }
 
 void SwapEngine::report(const Op& op, records::ReportKind kind, const std::string& message) {
-  outbox_.push_back(SwapReport{op.handle, kind, op.bytes, message});
+  outbox_.push_back(SwapReport{op.handle, kind, op.bytes, message, op.first_copy_ns});
   reports_ready_.fetch_add(1, std::memory_order_release);
   notify_waiters(doorbell_);
 }

@@ -38,6 +38,7 @@ struct SwapReport {
   records::ReportKind kind;
   uint64_t bytes;
   std::string message;
+  uint64_t first_copy_ns;  // when its first layer's copy began; 0: none
 };
 
 class SwapEngine {
@@ -68,6 +69,7 @@ class SwapEngine {
     uint32_t next_layer = 0;  // layers done so far, from first_layer
     uint32_t progress_slot;
     uint64_t bytes = 0;
+    uint64_t first_copy_ns = 0;
     bool cancelled = false;
   };
   void run();

@@ -100,9 +100,8 @@ class Worker {
     start_swap_engine();
     scheduler_ = std::make_unique<SendScheduler>(
         rank_, device_pool_->geometry(), *resolver_,
-        [this](uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message) {
-          report(handle, kind, bytes, message);
-        });
+        [this](uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
+               uint64_t first_copy_ns) { report(handle, kind, bytes, message, first_copy_ns); });
     install_latency_observer();
     return {};
   }
@@ -239,7 +238,7 @@ class Worker {
   void drain_swap_reports() {
     if (!swap_ || !swap_->has_reports()) return;
     for (const SwapReport& r : swap_->take_reports())
-      report(r.handle, r.kind, r.bytes, r.message);
+      report(r.handle, r.kind, r.bytes, r.message, r.first_copy_ns);
   }
 
   void install_latency_observer() {
@@ -278,8 +277,9 @@ class Worker {
       resolver_ = std::make_unique<HostDestinationResolver>(rank_, *owned);
       scheduler_ = std::make_unique<SendScheduler>(
           rank_, owned->geometry(), *resolver_,
-          [this](uint64_t h, ReportKind kind, uint64_t bytes, const std::string& message) {
-            report(h, kind, bytes, message);
+          [this](uint64_t h, ReportKind kind, uint64_t bytes, const std::string& message,
+                 uint64_t first_copy_ns) {
+            report(h, kind, bytes, message, first_copy_ns);
           });
       swap_.reset();  // it holds the old pools
       device_pool_ = std::move(owned);
@@ -302,8 +302,10 @@ class Worker {
     return n > 0;
   }
 
-  void report(uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message) {
+  void report(uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
+              uint64_t first_copy_ns = 0) {
     WorkerReport r{};
+    r.first_copy_ns = first_copy_ns;
     r.handle = handle;
     r.kind = static_cast<uint32_t>(kind);
     r.rank = rank_;

@@ -83,6 +83,10 @@ class Completion:
     @property
     def completed_ns(self) -> int: ...
     @property
+    def first_copy_ns(self) -> int:
+        """When the first rank began copying for the request (0: nothing
+        copied); minus the engine's submit time, the dispatch latency."""
+    @property
     def latency_s(self) -> float: ...
 
 class Pool:

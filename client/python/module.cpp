@@ -49,6 +49,8 @@ void define_completion(py::module_& m) {
       .def_readonly("bytes_moved", &Completion::bytes_moved)
       .def_readonly("submitted_ns", &Completion::submitted_ns, "CLOCK_MONOTONIC")
       .def_readonly("completed_ns", &Completion::completed_ns, "CLOCK_MONOTONIC")
+      .def_readonly("first_copy_ns", &Completion::first_copy_ns,
+                    "CLOCK_MONOTONIC when the first rank began copying; 0: nothing copied")
       .def_property_readonly("latency_s",
                              [](const Completion& c) {
                                return c.completed_ns >= c.submitted_ns

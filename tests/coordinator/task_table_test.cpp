@@ -28,6 +28,7 @@ struct Done {
   int32_t error_rank;
   std::string message;
   uint64_t bytes;
+  uint64_t first_copy_ns;
 };
 
 class RecordingSink : public Sink {
@@ -39,7 +40,7 @@ class RecordingSink : public Sink {
   void complete(capnp::MessageBuilder& msg) override {
     auto c = msg.getRoot<schema::Completion>().asReader();
     done.push_back({c.getRequestId().cStr(), c.getStatus(), c.getErrorRank(), c.getMessage().cStr(),
-                    c.getBytesMoved()});
+                    c.getBytesMoved(), c.getFirstCopyNs()});
   }
   std::vector<SentTask> tasks;
   std::vector<Done> done;
@@ -78,8 +79,9 @@ class TaskTableTest : public ::testing::Test {
     table->on_cancel(m.getRoot<schema::Cancel>().asReader(), now);
   }
   void report(uint64_t handle, uint32_t rank, ReportKind kind, uint64_t bytes = 0,
-              const std::string& msg = "") {
+              const std::string& msg = "", uint64_t first_copy_ns = 0) {
     records::WorkerReport r{};
+    r.first_copy_ns = first_copy_ns;
     r.handle = handle;
     r.rank = rank;
     r.kind = static_cast<uint32_t>(kind);
@@ -108,6 +110,15 @@ TEST_F(TaskTableTest, TaskThenDestBindsAtOnceAndSendsWhenBothAreIn) {
   EXPECT_EQ(sink.done[0].status, CompletionStatus::FINISHED);
   EXPECT_EQ(sink.done[0].bytes, 150u);
   EXPECT_EQ(table->live(), 0u);
+}
+
+TEST_F(TaskTableTest, CompletionCarriesTheEarliestRanksFirstCopy) {
+  task("r1");
+  dest("r1");
+  report(handle_of("r1"), 0, ReportKind::kFinished, 10, "", 5000);
+  report(handle_of("r1"), 1, ReportKind::kFinished, 10, "", 4000);
+  ASSERT_EQ(sink.done.size(), 1u);
+  EXPECT_EQ(sink.done[0].first_copy_ns, 4000u);
 }
 
 TEST_F(TaskTableTest, DestThenTaskWorksTheSameWay) {

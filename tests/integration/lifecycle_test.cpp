@@ -48,6 +48,10 @@ TEST_P(Lifecycle, TaskThenDestMovesEveryByteAndFinishesOnce) {
   EXPECT_EQ(c.status, CompletionStatus::kFinished) << c.message;
   EXPECT_EQ(env_->wrong_words(r), 0u);
   EXPECT_GT(c.bytes_moved, 0u);
+  // When the first copy began: after the request reached the coordinator,
+  // before it completed.
+  EXPECT_GE(c.first_copy_ns, c.submitted_ns);
+  EXPECT_LE(c.first_copy_ns, c.completed_ns);
   EXPECT_TRUE(env_->others().empty());
 }
 

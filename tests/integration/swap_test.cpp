@@ -95,6 +95,8 @@ TEST_F(Swap, EvictThenLoadLayerByLayerRestoresEveryByteWhileTheForwardWaitsOnEac
   EXPECT_EQ(c.status, CompletionStatus::kFinished) << c.message;
   EXPECT_EQ(c.bytes_moved,
             2u * kLayers * 2 * dev.size() * device(0).geometry().block_bytes(PoolTensor::kKey));
+  EXPECT_GE(c.first_copy_ns, c.submitted_ns);
+  EXPECT_LE(c.first_copy_ns, c.completed_ns);
   // After completion, waits on any layer return at once; one rank can be named.
   EXPECT_TRUE(engine().wait_layer("load-1", kLayers - 1, Deadline::now(), 1).ok());
   EXPECT_EQ(engine().wait_layer("load-1", kLayers, Deadline::now()).code(), Errc::kInvalidArgument);

@@ -385,6 +385,7 @@ TEST_F(TransferCase, EntirelyPrefixCachedDestinationSendsNothingAndCompletesOnce
   const Completion c = env_->wait_for("all-cached");
   EXPECT_EQ(c.status, CompletionStatus::kFinished) << c.message;
   EXPECT_EQ(c.bytes_moved, 0u);
+  EXPECT_EQ(c.first_copy_ns, 0u) << "nothing was copied";
   EXPECT_EQ(env_->engine().wait(Deadline::after(200ms)).code(), Errc::kTimeout);
 }
 

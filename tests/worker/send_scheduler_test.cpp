@@ -68,7 +68,7 @@ class SchedulerTest : public ::testing::Test {
   Resolver resolver;
   std::vector<Report> reports;
   SendScheduler s{0, geometry(), resolver,
-                  [this](uint64_t h, ReportKind k, uint64_t, const std::string& m) {
+                  [this](uint64_t h, ReportKind k, uint64_t, const std::string& m, uint64_t) {
                     reports.push_back({h, k, m});
                   }};
 

@@ -105,6 +105,9 @@ struct Completion {
   uint64_t bytes_moved = 0;
   uint64_t submitted_ns = 0;  // CLOCK_MONOTONIC
   uint64_t completed_ns = 0;
+  // When the first rank began copying for the request (0: nothing copied):
+  // minus the engine's submit time, the dispatch latency.
+  uint64_t first_copy_ns = 0;
 };
 
 // One entry of a step's batch: slot `slot` prefilled tokens
