@@ -78,7 +78,11 @@ class Coordinator : public Sink {
     tasks_[rank].write(MessageType::WORKER_TASK, task);
   }
   void complete(capnp::MessageBuilder& completion) override {
-    auto c = completion.getRoot<schema::Completion>().asReader();
+    // Stamped when published: the loop's clock may be older than the
+    // reports that completed the request.
+    auto stamp = completion.getRoot<schema::Completion>();
+    stamp.setCompletedNs(std::max(stamp.getCompletedNs(), mono_now_ns()));
+    auto c = stamp.asReader();
     if (c.getStatus() == schema::Completion::Status::FINISHED && c.getSubmittedNs() != 0)
       CounterWriter(counters_).record(kRequestLatencyNs, c.getCompletedNs() - c.getSubmittedNs());
     completions_.write(MessageType::COMPLETION, completion);
@@ -161,7 +165,9 @@ class Coordinator : public Sink {
       const uint64_t now = mono_now_ns();
       heartbeat(control_.coordinator_slot());
       bool busy = drain_submissions(now);
-      busy = drain_reports(now) || busy;
+      // A fresh clock: reports may complete requests submitted in this very
+      // iteration, and a completion must not carry its submission's time.
+      busy = drain_reports(mono_now_ns()) || busy;
       const uint64_t next_deadline = table_->tick(now);
       supervise(now);
       flush_writers();

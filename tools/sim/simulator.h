@@ -59,7 +59,7 @@ struct SimReport {
   uint64_t stray_blocks = 0;           // destination blocks found written before they were used
   uint64_t signal_to_copy_p50_ns = 0;  // layer signal -> that layer's copy done (workers)
   uint64_t signal_to_copy_p99_ns = 0;
-  uint64_t exposed_p50_ns = 0;  // last layer signalled -> completion (decode half on time)
+  uint64_t exposed_p50_ns = 0;  // last layer computed -> completion (decode half on time)
   uint64_t exposed_p99_ns = 0;
   uint64_t layer_copy_p50_ns = 0;  // one layer's copy of one request's chunk (workers)
   std::string first_error;

@@ -99,8 +99,9 @@ SwapReportSummary run_swap_scenario(const SwapOptions& o, Client& client) {
     auto evicted = finish(s.request_id);
     if (!evicted) break;
     report.bytes += evicted->bytes_moved;
-    evict_rates.push_back(static_cast<double>(evicted->bytes_moved) /
-                          static_cast<double>(evicted->completed_ns - evicted->submitted_ns));
+    if (evicted->completed_ns > evicted->submitted_ns)
+      evict_rates.push_back(static_cast<double>(evicted->bytes_moved) /
+                            static_cast<double>(evicted->completed_ns - evicted->submitted_ns));
     // The engine reuses the device blocks meanwhile.
     for (uint32_t r = 0; r < tp; ++r)
       for (uint32_t l = 0; l < g.total_layers(); ++l)
@@ -132,8 +133,9 @@ SwapReportSummary run_swap_scenario(const SwapOptions& o, Client& client) {
     auto loaded = finish(s.request_id);
     if (!loaded) break;
     report.bytes += loaded->bytes_moved;
-    load_rates.push_back(static_cast<double>(loaded->bytes_moved) /
-                         static_cast<double>(loaded->completed_ns - loaded->submitted_ns));
+    if (loaded->completed_ns > loaded->submitted_ns)
+      load_rates.push_back(static_cast<double>(loaded->bytes_moved) /
+                           static_cast<double>(loaded->completed_ns - loaded->submitted_ns));
     device_blocks.give_back(*dev);
     host_blocks.give_back(*hst);
     ++report.rounds;
