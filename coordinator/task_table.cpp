@@ -60,7 +60,7 @@ struct TaskTable::Request {
   bool cancelling = false;
   std::vector<RankState> ranks;
   uint64_t bytes = 0;
-  uint64_t first_copy_ns = 0;  // the earliest rank's first copy (0: none yet)
+  uint64_t first_copy_ns = 0;                      // the earliest rank's first copy (0: none yet)
   uint32_t progress_slot = Sink::kNoProgressSlot;  // swap loads: per-layer progress
   // Set once the outcome is decided; the completion waits for the writers.
   bool ending = false;
@@ -175,7 +175,10 @@ void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns)
   r.task = std::move(owned);
   spdlog::debug("CacheTask '{}' (handle {}) bound on every rank", id, r.handle);
   const bool sent = send_to_ranks(
-      r, [&](schema::WorkerTask::Builder w) { w.setBind(r.task->getRoot<schema::CacheTask>().asReader()); },
+      r,
+      [&](schema::WorkerTask::Builder w) {
+        w.setBind(r.task->getRoot<schema::CacheTask>().asReader());
+      },
       now_ns);
   if (!sent) return;
   r.task_bound = true;
@@ -239,7 +242,9 @@ void TaskTable::maybe_dispatch_dest(Request& r, uint64_t now_ns) {
     finish(r, CompletionStatus::ERROR, -1, s.error().message, now_ns);
     return;
   }
-  if (!send_to_ranks(r, [&](schema::WorkerTask::Builder w) { w.setDest(dest); }, now_ns)) return;
+  if (!send_to_ranks(
+          r, [&](schema::WorkerTask::Builder w) { w.setDest(dest); }, now_ns))
+    return;
   r.dest_sent = true;
 }
 
@@ -298,7 +303,8 @@ void TaskTable::on_connect(schema::ConnectTask::Reader shared, uint64_t now_ns) 
   }
   tombstones_.erase(id);  // connect ids may be reused once done
   Request& r = create(id, CompletionKind::CONNECT, now_ns, 0);
-  send_to_ranks(r, [&](schema::WorkerTask::Builder w) { w.setConnect(connect); }, now_ns);
+  send_to_ranks(
+      r, [&](schema::WorkerTask::Builder w) { w.setConnect(connect); }, now_ns);
 }
 
 void TaskTable::on_register_pool(schema::RegisterPool::Reader shared, uint64_t now_ns) {
@@ -506,9 +512,10 @@ void TaskTable::fail_all(const std::string& reason, uint64_t now_ns) {
 
 std::optional<std::string> TaskTable::down_reason(uint32_t rank) const {
   if (rank >= down_.size() || !down_[rank]) return std::nullopt;
-  return fmt::format("rank {} is down ({}) and not yet restarted; nothing was started, resubmit "
-                     "once the instance is ready again",
-                     rank, *down_[rank]);
+  return fmt::format(
+      "rank {} is down ({}) and not yet restarted; nothing was started, resubmit "
+      "once the instance is ready again",
+      rank, *down_[rank]);
 }
 
 bool TaskTable::send_to_ranks(Request& r,

@@ -61,7 +61,8 @@ Result<std::shared_ptr<const HostPool>> HostDestinationResolver::peer_pool(
     const ControlSegment& c = *it->second.control;
     const SlotSnapshot s = read_slot(c.coordinator_slot());
     const Nanos timeout = std::chrono::milliseconds(c.config().peer_timeout_ms);
-    if (c.state() != InstanceState::kDead && it->second.judge->judge(s, timeout) != PeerHealth::kDead)
+    if (c.state() != InstanceState::kDead &&
+        it->second.judge->judge(s, timeout) != PeerHealth::kDead)
       return it->second.pool;
     peers_.erase(it);
   }

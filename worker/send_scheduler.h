@@ -60,8 +60,8 @@ class SendScheduler {
  public:
   // report(handle, kind, bytes, message, first_copy_ns): the request's end
   // on this rank; first_copy_ns is when its first copy began (0: none).
-  using Reporter = std::function<void(uint64_t, records::ReportKind, uint64_t, const std::string&,
-                                      uint64_t)>;
+  using Reporter =
+      std::function<void(uint64_t, records::ReportKind, uint64_t, const std::string&, uint64_t)>;
   // Called for each layer copy: signal-to-copy-done latency, the copy's own
   // duration (both ns), and its bytes.
   using LatencyObserver = std::function<void(uint32_t layer, uint64_t signal_to_done_ns,

@@ -278,9 +278,7 @@ class Worker {
       scheduler_ = std::make_unique<SendScheduler>(
           rank_, owned->geometry(), *resolver_,
           [this](uint64_t h, ReportKind kind, uint64_t bytes, const std::string& message,
-                 uint64_t first_copy_ns) {
-            report(h, kind, bytes, message, first_copy_ns);
-          });
+                 uint64_t first_copy_ns) { report(h, kind, bytes, message, first_copy_ns); });
       swap_.reset();  // it holds the old pools
       device_pool_ = std::move(owned);
       install_latency_observer();

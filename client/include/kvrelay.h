@@ -74,7 +74,7 @@ typedef struct kvrelay_completion {
   int32_t error_rank;   /* -1 unless a rank failed */
   char message[512];    /* NUL-terminated, truncated if longer */
   uint64_t bytes_moved;
-  uint64_t submitted_ns;  /* CLOCK_MONOTONIC */
+  uint64_t submitted_ns; /* CLOCK_MONOTONIC */
   uint64_t completed_ns;
   uint64_t first_copy_ns; /* when the first rank began copying; 0: nothing copied */
 } kvrelay_completion;

@@ -25,24 +25,24 @@
 
 static int g_failures = 0;
 
-#define CHECK(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, \
-              #cond, kvrelay_last_error());                                             \
-      ++g_failures;                                                                     \
-    }                                                                                   \
+#define CHECK(cond)                                                                           \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
+              kvrelay_last_error());                                                          \
+      ++g_failures;                                                                           \
+    }                                                                                         \
   } while (0)
 
 /* Aborts the test: later checks depend on this one. */
-#define REQUIRE(cond)                                                                   \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      fprintf(stderr, "%s:%d: REQUIRE(%s) failed; last error: %s\n", __FILE__, __LINE__, \
-              #cond, kvrelay_last_error());                                             \
-      ++g_failures;                                                                     \
-      goto done;                                                                        \
-    }                                                                                   \
+#define REQUIRE(cond)                                                                           \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
+      fprintf(stderr, "%s:%d: REQUIRE(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
+              kvrelay_last_error());                                                            \
+      ++g_failures;                                                                             \
+      goto done;                                                                                \
+    }                                                                                           \
   } while (0)
 
 enum { kTp = 2, kLayers = 4, kBlocks = 32, kHostBlocks = 16, kBlockTokens = 16 };
@@ -50,9 +50,9 @@ enum { kTp = 2, kLayers = 4, kBlocks = 32, kHostBlocks = 16, kBlockTokens = 16 }
 static pid_t start_coordinator(const char* binary, const char* instance, const char* role) {
   const pid_t pid = fork();
   if (pid == 0) {
-    execl(binary, binary, "--instance", instance, "--role", role, "--tp-size", "2",
-          "--num-layers", "4", "--num-blocks", "32", "--num-host-blocks", "16", "--block-size",
-          "16", "--head-dim", "32", "--log-level", "warn", (char*)NULL);
+    execl(binary, binary, "--instance", instance, "--role", role, "--tp-size", "2", "--num-layers",
+          "4", "--num-blocks", "32", "--num-host-blocks", "16", "--block-size", "16", "--head-dim",
+          "32", "--log-level", "warn", (char*)NULL);
     perror("execl");
     _exit(127);
   }
@@ -192,7 +192,7 @@ int main(int argc, char** argv) {
     void* data = NULL;
     size_t bytes = 0;
     CHECK(kvrelay_pool_block(src[0], 0, KVRELAY_KEY, 0, &data, &bytes) == KVRELAY_OK);
-    CHECK(bytes == (size_t)kBlockTokens * 32 * 2);  /* one head, bfloat16 */
+    CHECK(bytes == (size_t)kBlockTokens * 32 * 2); /* one head, bfloat16 */
     CHECK(kvrelay_pool_block(src[0], 0, KVRELAY_KEY, kBlocks, &data, &bytes) ==
           KVRELAY_INVALID_ARGUMENT);
     CHECK(strstr(kvrelay_last_error(), "32 blocks") != NULL);
@@ -209,7 +209,8 @@ int main(int argc, char** argv) {
     const uint64_t tokens = 3 * kBlockTokens - 5; /* a partial last block */
     for (uint32_t r = 0; r < kTp; ++r) {
       fill(src[r], 1, r, src_blocks, 3);
-      for (uint32_t l = 0; l < kLayers; ++l) poison(dst[r], l, dst_blocks, 3);
+      for (uint32_t l = 0; l < kLayers; ++l)
+        poison(dst[r], l, dst_blocks, 3);
     }
     const uint32_t devices[kTp] = {0, 1};
     CHECK(kvrelay_submit_cache_dest(prefill, "c-req-1", dst_blocks, 3, KVRELAY_IPC, decode_name,
@@ -229,7 +230,8 @@ int main(int argc, char** argv) {
     CHECK(done.bytes_moved == (uint64_t)kTp * kLayers * 2 * 3 * kBlockTokens * 32 * 2);
     CHECK(done.completed_ns >= done.submitted_ns && done.submitted_ns > 0);
     for (uint32_t r = 0; r < kTp; ++r)
-      for (uint32_t l = 0; l < kLayers; ++l) CHECK(wrong_bytes(dst[r], 1, r, l, dst_blocks, 3) == 0);
+      for (uint32_t l = 0; l < kLayers; ++l)
+        CHECK(wrong_bytes(dst[r], 1, r, l, dst_blocks, 3) == 0);
   }
 
   /* ---- the legacy per-query mode ---- */
@@ -238,7 +240,8 @@ int main(int argc, char** argv) {
     const uint32_t dst_blocks[2] = {7, 9};
     for (uint32_t r = 0; r < kTp; ++r) {
       fill(src[r], 2, r, src_blocks, 2);
-      for (uint32_t l = 0; l < kLayers; ++l) poison(dst[r], l, dst_blocks, 2);
+      for (uint32_t l = 0; l < kLayers; ++l)
+        poison(dst[r], l, dst_blocks, 2);
     }
     /* Without a device id per rank the half is refused at once. */
     CHECK(kvrelay_submit_cache_dest(prefill, "c-legacy", dst_blocks, 2, KVRELAY_IPC, decode_name,
@@ -254,15 +257,16 @@ int main(int argc, char** argv) {
     REQUIRE(wait_for(prefill, "c-legacy", &done));
     CHECK(done.status == KVRELAY_FINISHED);
     for (uint32_t r = 0; r < kTp; ++r)
-      for (uint32_t l = 0; l < kLayers; ++l) CHECK(wrong_bytes(dst[r], 2, r, l, dst_blocks, 2) == 0);
+      for (uint32_t l = 0; l < kLayers; ++l)
+        CHECK(wrong_bytes(dst[r], 2, r, l, dst_blocks, 2) == 0);
   }
 
   /* ---- the decode side refused: the request fails with its text ---- */
   {
     const uint32_t blocks[1] = {2};
     const uint32_t devices[kTp] = {0, 1};
-    CHECK(kvrelay_submit_cache_dest(prefill, "c-refused", blocks, 1, KVRELAY_IPC, decode_name,
-                                    NULL, NULL, 0, devices, kTp, "decode ran out of blocks",
+    CHECK(kvrelay_submit_cache_dest(prefill, "c-refused", blocks, 1, KVRELAY_IPC, decode_name, NULL,
+                                    NULL, 0, devices, kTp, "decode ran out of blocks",
                                     5000) == KVRELAY_OK);
     REQUIRE(wait_for(prefill, "c-refused", &done));
     CHECK(done.status == KVRELAY_FAILED);
@@ -273,7 +277,8 @@ int main(int argc, char** argv) {
   {
     const uint32_t dev_blocks[3] = {10, 11, 25};
     const uint32_t host_blocks[3] = {15, 0, 4};
-    for (uint32_t r = 0; r < kTp; ++r) fill(src[r], 3, r, dev_blocks, 3);
+    for (uint32_t r = 0; r < kTp; ++r)
+      fill(src[r], 3, r, dev_blocks, 3);
     CHECK(kvrelay_submit_swap(prefill, "c-evict", 0, dev_blocks, host_blocks, 3, 0, 0, 0, 5000) ==
           KVRELAY_OK);
     REQUIRE(wait_for(prefill, "c-evict", &done));
@@ -287,7 +292,8 @@ int main(int argc, char** argv) {
           KVRELAY_OK);
     for (uint32_t l = 0; l < kLayers; ++l) {
       CHECK(kvrelay_wait_layer(prefill, "c-load", l, -1, 10000) == KVRELAY_OK);
-      for (uint32_t r = 0; r < kTp; ++r) CHECK(wrong_bytes(src[r], 3, r, l, dev_blocks, 3) == 0);
+      for (uint32_t r = 0; r < kTp; ++r)
+        CHECK(wrong_bytes(src[r], 3, r, l, dev_blocks, 3) == 0);
     }
     CHECK(kvrelay_wait_layer(prefill, "c-load", 0, 1, 1000) == KVRELAY_OK);
     CHECK(kvrelay_wait_layer(prefill, "c-load", kLayers + 3, -1, 1000) == KVRELAY_INVALID_ARGUMENT);

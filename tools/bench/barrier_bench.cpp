@@ -175,8 +175,8 @@ int main(int argc, char** argv) {
     print_header("Barrier round against the original's (microseconds, lower is better)",
                  "proxied Barrier");
     for (auto [ranks, ours_p50] : {std::pair{2, p50_2}, std::pair{4, p50_4}}) {
-      const PythonBaseline base =
-          run_python_baseline(python, script, fmt::format("barrier --ranks {} --rounds 2000", ranks));
+      const PythonBaseline base = run_python_baseline(
+          python, script, fmt::format("barrier --ranks {} --rounds 2000", ranks));
       if (!base.ok) return 1;
       print_row(Row{fmt::format("{} processes, p50", ranks), "us", ours_p50, base.p50_us, false});
     }

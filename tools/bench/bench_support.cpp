@@ -110,11 +110,11 @@ void record_point(const std::string& series, const std::string& x_name, double x
                   const std::string& y_name, double y, bool quiet) {
   if (!quiet)
     std::printf("%-28s %s=%-8s %s=%s\n", series.c_str(), x_name.c_str(), number(x).c_str(),
-              y_name.c_str(), number(y).c_str());
+                y_name.c_str(), number(y).c_str());
   std::fflush(stdout);
-  emit_json("\"type\": \"point\", \"series\": " + quoted(series) + ", \"x_name\": " +
-            quoted(x_name) + ", \"x\": " + number(x) + ", \"y_name\": " + quoted(y_name) +
-            ", \"y\": " + number(y));
+  emit_json("\"type\": \"point\", \"series\": " + quoted(series) +
+            ", \"x_name\": " + quoted(x_name) + ", \"x\": " + number(x) +
+            ", \"y_name\": " + quoted(y_name) + ", \"y\": " + number(y));
 }
 
 PythonBaseline run_python_baseline(const std::string& python, const std::string& script,

@@ -7,9 +7,9 @@
 //             every 1 ms, tools/bench/manager_baseline.py) in the same run.
 //   scaling   single-block requests per second through one prefill
 //             coordinator, against tp, requests in flight, and layers.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdio>
 #include <optional>
@@ -128,7 +128,8 @@ int run_dispatch(int samples, const std::string& python, const std::string& scri
   std::vector<Row> rows;
   print_header("Dispatch: submit -> a worker starts the copy (microseconds, lower is better)",
                "manager queue");
-  const PythonBaseline base = run_python_baseline(python, script, fmt::format("dispatch --samples {}", samples));
+  const PythonBaseline base =
+      run_python_baseline(python, script, fmt::format("dispatch --samples {}", samples));
   bool all_met = true;
   for (uint32_t tp : {1U, 2U}) {
     const std::vector<double> s = measure_dispatch(tp, samples);
@@ -143,12 +144,13 @@ int run_dispatch(int samples, const std::string& python, const std::string& scri
     if (base.ok) {
       const bool met = p50.ratio() >= 80.0 && ours.p50 <= 10.0;
       all_met = all_met && met;
-      print_target(fmt::format("tp={} dispatch >= 80x at p50, p50 <= 10 us", tp), met,
-                   fmt::format("p50 {:.1f} us vs {:.0f} us: {:.0f}x", ours.p50, base.p50_us,
-                               p50.ratio()));
+      print_target(
+          fmt::format("tp={} dispatch >= 80x at p50, p50 <= 10 us", tp), met,
+          fmt::format("p50 {:.1f} us vs {:.0f} us: {:.0f}x", ours.p50, base.p50_us, p50.ratio()));
     }
   }
-  if (!base.ok) std::printf("(no baseline: pass --python-baseline tools/bench/manager_baseline.py)\n");
+  if (!base.ok)
+    std::printf("(no baseline: pass --python-baseline tools/bench/manager_baseline.py)\n");
   return 0;
 }
 
@@ -185,8 +187,7 @@ std::optional<Point> measure_point(uint32_t tp, uint32_t concurrency, uint32_t l
       const std::string id = fmt::format("s{}", next_id++);
       CacheTaskSpec task{id, {j}, g.block_size, j, std::nullopt, 0};
       if (!check(client.submit(task, Deadline::after(10s)), "submit CacheTask")) return false;
-      if (!check(client.submit(dest_spec(pair, id, {j}), Deadline::after(10s)),
-                 "submit CacheDest"))
+      if (!check(client.submit(dest_spec(pair, id, {j}), Deadline::after(10s)), "submit CacheDest"))
         return false;
       batch[j] = BatchSlot{j, 0, g.block_size, Client::request_tag(id)};
     }
@@ -212,7 +213,8 @@ std::optional<Point> measure_point(uint32_t tp, uint32_t concurrency, uint32_t l
 
 int run_scaling(double seconds, bool quick) {
   print_header("Scaling: single-block requests through one coordinator", "-");
-  const std::vector<uint32_t> tps = quick ? std::vector<uint32_t>{1, 2} : std::vector<uint32_t>{1, 2, 4, 8};
+  const std::vector<uint32_t> tps =
+      quick ? std::vector<uint32_t>{1, 2} : std::vector<uint32_t>{1, 2, 4, 8};
   const std::vector<uint32_t> concurrencies =
       quick ? std::vector<uint32_t>{1, 64, 512} : std::vector<uint32_t>{1, 4, 16, 64, 256, 512};
   const std::vector<uint32_t> layer_counts =
@@ -257,10 +259,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(10, 100'000))
       ->capture_default_str();
   dispatch->add_option("--python-baseline", script, "tools/bench/manager_baseline.py");
-  dispatch->add_option("--python", python, "the interpreter for the baseline")->capture_default_str();
+  dispatch->add_option("--python", python, "the interpreter for the baseline")
+      ->capture_default_str();
   double seconds = 1.0;
   bool quick = false;
-  auto* scaling = app.add_subcommand("scaling", "requests/s against tp, in-flight requests, layers");
+  auto* scaling =
+      app.add_subcommand("scaling", "requests/s against tp, in-flight requests, layers");
   scaling->add_option("--seconds", seconds, "measuring time per point")
       ->check(CLI::Range(0.1, 60.0))
       ->capture_default_str();
