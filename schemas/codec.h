@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "schemas/kvrelay.capnp.h"
 #include "shm/clock.h"
@@ -41,6 +42,15 @@ struct ReadLimits {
 };
 
 const char* message_type_name(schema::MessageType type);
+
+// An owned copy of a list of ids read in place (block ids, ports).
+inline std::vector<uint32_t> to_vector(capnp::List<uint32_t>::Reader list) {
+  std::vector<uint32_t> out;
+  out.reserve(list.size());
+  for (uint32_t v : list)
+    out.push_back(v);
+  return out;
+}
 
 // Bytes the serialized message occupies (a multiple of 8).
 size_t encoded_bytes(capnp::MessageBuilder& message);

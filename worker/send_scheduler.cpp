@@ -5,22 +5,13 @@
 
 #include <algorithm>
 
+#include "schemas/codec.h"
 #include "shm/clock.h"
 
 namespace kvrelay::worker {
 
 using records::ReportKind;
 using records::SignalKind;
-
-namespace {
-std::vector<uint32_t> to_vector(capnp::List<uint32_t>::Reader list) {
-  std::vector<uint32_t> out;
-  out.reserve(list.size());
-  for (uint32_t v : list)
-    out.push_back(v);
-  return out;
-}
-}  // namespace
 
 struct SendScheduler::Request {
   uint64_t handle = 0;
@@ -58,7 +49,7 @@ void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task) {
   auto r = std::make_unique<Request>();
   r->handle = handle;
   r->id = task.getRequestId().cStr();
-  r->src = to_vector(task.getSrcBlockIds());
+  r->src = messages::to_vector(task.getSrcBlockIds());
   r->need_tokens = task.getNeedPrefillTokens();
   r->progress.tokens.assign(layers_, 0);
   Request& req = *r;
@@ -134,7 +125,7 @@ void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest) {
     return;
   }
   r.destination = std::move(target).value();
-  r.dst = to_vector(ids);
+  r.dst = messages::to_vector(ids);
   r.prefix = static_cast<uint32_t>(r.src.size() - r.dst.size());
   r.sent.assign(layers_, r.prefix);
   r.has_dest = true;

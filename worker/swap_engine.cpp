@@ -4,19 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include "kernels/block_copy.h"
+#include "schemas/codec.h"
 #include "worker/copy_plan.h"
 
 namespace kvrelay::worker {
-
-namespace {
-std::vector<uint32_t> to_vector(capnp::List<uint32_t>::Reader list) {
-  std::vector<uint32_t> out;
-  out.reserve(list.size());
-  for (uint32_t v : list)
-    out.push_back(v);
-  return out;
-}
-}  // namespace
 
 SwapEngine::SwapEngine(uint32_t rank, const HostPool& device, const HostPool& host,
                        SwapProgressTable* progress, WaitEvent& doorbell)
@@ -38,8 +29,8 @@ void SwapEngine::submit(uint64_t handle, schema::SwapTask::Reader task, uint32_t
   op.handle = handle;
   op.id = task.getRequestId().cStr();
   op.load = task.getDirection() == schema::SwapTask::Direction::LOAD;
-  op.device_ids = to_vector(task.getDeviceBlockIds());
-  op.host_ids = to_vector(task.getHostBlockIds());
+  op.device_ids = messages::to_vector(task.getDeviceBlockIds());
+  op.host_ids = messages::to_vector(task.getHostBlockIds());
   op.first_layer = task.getFirstLayer();
   const uint32_t total = device_.geometry().total_layers();
   op.layer_count = task.getLayerCount() != 0
