@@ -33,6 +33,7 @@ kvrelay_status to_status(Errc code) {
     case Errc::kNotFound: return KVRELAY_NOT_FOUND;
     case Errc::kAborted: return KVRELAY_ABORTED;
     case Errc::kPermissionDenied: return KVRELAY_PERMISSION_DENIED;
+    case Errc::kBusy: return KVRELAY_BUSY;
     default: return KVRELAY_ERROR;
   }
 }
@@ -82,6 +83,7 @@ void copy_completion(const Completion& c, kvrelay_completion* out) {
   out->submitted_ns = c.submitted_ns;
   out->completed_ns = c.completed_ns;
   out->first_copy_ns = c.first_copy_ns;
+  out->blocks_reusable = c.blocks_reusable ? 1 : 0;
 }
 
 }  // namespace
@@ -103,6 +105,7 @@ const char* kvrelay_status_name(kvrelay_status status) {
     case KVRELAY_ABORTED: return "aborted";
     case KVRELAY_PERMISSION_DENIED: return "permission denied";
     case KVRELAY_ERROR: return "error";
+    case KVRELAY_BUSY: return "busy";
   }
   return "unknown";
 }

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "schemas/codec.h"
@@ -12,6 +15,8 @@
 #include "shm/control_segment.h"
 #include "shm/liveness.h"
 #include "shm/pool_segment.h"
+#include "shm/process_identity.h"
+#include "shm/swap_progress.h"
 
 namespace kvrelay {
 
@@ -35,7 +40,27 @@ schema::TransferProtocol to_schema(Protocol p) {
   return static_cast<schema::TransferProtocol>(p);
 }
 
+// Every waiting call looks at the coordinator at least this often.
 constexpr auto kCoordinatorCheck = std::chrono::milliseconds(100);
+// A coordinator that heartbeat more recently than this is taken to be alive
+// without a system call (it heartbeats every loop turn, at least every 50 ms).
+constexpr uint64_t kFreshHeartbeatNs = 100'000'000;
+
+// A slice of `deadline` no longer than kCoordinatorCheck.
+Deadline slice_of(Deadline deadline) {
+  const Deadline slice = Deadline::after(kCoordinatorCheck);
+  return deadline.ns() < slice.ns() ? deadline : slice;
+}
+
+// Request ids are Text in the messages: an embedded NUL would truncate them.
+Status check_id(std::string_view what, std::string_view id) {
+  if (id.find('\0') != std::string_view::npos)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("{}: request_id contains a NUL byte at position {}; request ids "
+                                  "are printable ASCII without spaces",
+                                  what, id.find('\0')));
+  return {};
+}
 
 }  // namespace
 
@@ -50,40 +75,55 @@ const char* completion_status_name(CompletionStatus s) {
   return "unknown";
 }
 
+static_assert(static_cast<int>(CompletionStatus::kRejected) ==
+              static_cast<int>(schema::Completion::Status::REJECTED));
+static_assert(static_cast<int>(CompletionKind::kCancel) ==
+              static_cast<int>(schema::Completion::Kind::CANCEL));
+static_assert(static_cast<int>(Protocol::kRdma) == static_cast<int>(schema::TransferProtocol::RDMA));
+
 struct Client::Impl {
   ControlSegment control;
   InstanceConfig config;
-  MpscRing submit;
+  MpscRing submit_view;  // for judging sessions
+  MpscProducer submit;   // this session's producer slot
+  uint32_t session;
   MpscRing completions;
   messages::Limits limits;
-  std::vector<std::optional<SpscRing<LayerSignal>>> signals;
-  // Checked on every submit: its /proc check runs at most every 10 ms.
-  mutable CachedPeerJudge coordinator_judge;
+  std::vector<SpscRing<LayerSignal>> signal_rings;
+  // Per rank: this process's producer side of the signal ring, taken on
+  // first use; read without a lock on every push.
+  std::array<std::atomic<SpscProducer<LayerSignal>*>, kMaxTpSize> signal_producers{};
+  std::array<std::unique_ptr<SpscProducer<LayerSignal>>, kMaxTpSize> owned_producers;
+  std::mutex lease_mu;
+  mutable CachedPeerJudge coordinator;
+  std::atomic<uint64_t> dropped{0};
 
-  explicit Impl(ControlSegment c)
+  Impl(ControlSegment c, MpscRing submit_ring, MpscProducer producer)
       : control(std::move(c)),
         config(control.config()),
-        submit(control.submit_ring().value()),
+        submit_view(std::move(submit_ring)),
+        submit(std::move(producer)),
+        session(records::session_id(submit.slot(), submit.generation())),
         completions(control.completion_ring().value()),
         limits(messages::Limits::from(config)),
-        signals(config.tp_size) {
+        coordinator(control.locks()) {
     // Map every rank's signal ring now, so that no push ever allocates.
-    for (uint32_t r = 0; r < config.tp_size; ++r) {
-      auto ring = control.signal_ring<LayerSignal>(r);
-      if (ring) signals[r] = *ring;
-    }
+    for (uint32_t r = 0; r < config.tp_size; ++r)
+      signal_rings.push_back(control.signal_ring<LayerSignal>(r).value());
   }
 
+  // The coordinator lives while it holds its owner lock. A fresh heartbeat
+  // spares the system call that checks it (see kFreshHeartbeatNs).
   Status alive() const {
-    if (control.state() == InstanceState::kDead)
-      return make_error(Errc::kCoordinatorGone,
-                        fmt::format("instance '{}' has shut down", control.instance()));
-    const SlotSnapshot s = read_slot(control.coordinator_slot());
-    if (coordinator_judge.judge(s, std::chrono::milliseconds(config.peer_timeout_ms)) ==
-        PeerHealth::kDead)
+    const uint64_t beat =
+        control.coordinator_slot().heartbeat_ns.load(std::memory_order_acquire);
+    const uint64_t now = mono_now_ns();
+    if (now < beat || now - beat < kFreshHeartbeatNs) return {};
+    if (coordinator.lock_state() == LockState::kFree)
       return make_error(Errc::kCoordinatorGone,
                         fmt::format("the coordinator of instance '{}' (pid {}) is gone",
-                                    control.instance(), s.owner.pid));
+                                    control.instance(),
+                                    read_slot(control.coordinator_slot()).owner.pid));
     return {};
   }
 
@@ -92,44 +132,52 @@ struct Client::Impl {
   Status write(MessageType type, capnp::MessageBuilder& msg, Deadline deadline) {
     if (Status s = alive(); !s) return s;
     for (;;) {
-      Deadline slice = Deadline::after(kCoordinatorCheck);
-      if (deadline.ns() < slice.ns()) slice = deadline;
-      Status s = messages::write_message(submit, type, msg, slice);
+      Status s = messages::write_message(submit, type, msg, slice_of(deadline));
       if (s.ok()) {
         notify_waiters(control.status().coordinator_doorbell);
         return {};
       }
-      if (s.code() != Errc::kTimeout && s.code() != Errc::kFull) return s;
+      if (s.code() != Errc::kTimeout && s.code() != Errc::kFull && s.code() != Errc::kCorrupt)
+        return s;
       if (Status a = alive(); !a) return a;
       if (deadline.passed())
-        return make_error(Errc::kFull,
-                          fmt::format("the submit ring of instance '{}' stayed full until the "
-                                      "deadline; nothing was written",
-                                      control.instance()));
+        return make_error(s.code() == Errc::kCorrupt ? Errc::kCorrupt : Errc::kFull,
+                          fmt::format("the submit ring of instance '{}' {} until the deadline; "
+                                      "nothing was written",
+                                      control.instance(),
+                                      s.code() == Errc::kCorrupt ? "stayed corrupt"
+                                                                 : "stayed full"));
     }
   }
 
-  Result<SpscRing<LayerSignal>*> signal_ring(uint32_t rank) {
+  Result<SpscProducer<LayerSignal>*> signal_producer(uint32_t rank) {
     if (rank >= config.tp_size)
       return make_error(Errc::kInvalidArgument,
                         fmt::format("rank {} out of range: instance '{}' has {} ranks", rank,
                                     control.instance(), config.tp_size));
-    if (!signals[rank]) {
-      auto ring = control.signal_ring<LayerSignal>(rank);
-      if (!ring) return ring.error();
-      signals[rank] = *ring;
-    }
-    return &*signals[rank];
+    SpscProducer<LayerSignal>* p = signal_producers[rank].load(std::memory_order_acquire);
+    if (p != nullptr) return p;
+    std::lock_guard lock(lease_mu);
+    p = signal_producers[rank].load(std::memory_order_acquire);
+    if (p != nullptr) return p;
+    Result<SpscProducer<LayerSignal>> leased = signal_rings[rank].lease_producer();
+    if (!leased)
+      return make_error(leased.code(), fmt::format("rank {}'s signal ring: {}", rank,
+                                                   leased.error().message));
+    owned_producers[rank] =
+        std::make_unique<SpscProducer<LayerSignal>>(std::move(leased).value());
+    signal_producers[rank].store(owned_producers[rank].get(), std::memory_order_release);
+    return owned_producers[rank].get();
   }
 
-  Status push(uint32_t rank, const LayerSignal& s, Deadline deadline) {
-    Result<SpscRing<LayerSignal>*> ring = signal_ring(rank);
+  Status push(uint32_t rank, LayerSignal s, Deadline deadline) {
+    Result<SpscProducer<LayerSignal>*> ring = signal_producer(rank);
     if (!ring) return ring.error();
+    if (Status a = alive(); !a) return a;
+    s.session = session;
     if (!(*ring)->try_push(s)) {
       for (;;) {
-        Deadline slice = Deadline::after(kCoordinatorCheck);
-        if (deadline.ns() < slice.ns()) slice = deadline;
-        if ((*ring)->push(s, slice).ok()) break;
+        if ((*ring)->push(s, slice_of(deadline)).ok()) break;
         if (Status a = alive(); !a) return a;
         if (deadline.passed())
           return make_error(Errc::kFull, fmt::format("rank {}'s signal ring stayed full until the "
@@ -140,6 +188,14 @@ struct Client::Impl {
     notify_waiters(control.status().worker_doorbell[rank]);
     return {};
   }
+
+  // Completions of a session that died are nobody's to read.
+  bool deliverable(uint32_t of_session) const {
+    if (of_session == 0 || of_session == session) return true;
+    return submit_view.session_state(records::session_slot(of_session),
+                                     records::session_generation(of_session)) !=
+           ProducerSession::kDead;
+  }
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -148,12 +204,12 @@ Client& Client::operator=(Client&&) noexcept = default;
 Client::~Client() = default;
 
 Result<Client> Client::attach(std::string_view instance, Deadline ready_by) {
-  // The coordinator may still be starting (no segment yet), or replacing a
-  // stale one: keep trying until the deadline.
+  // The coordinator may still be starting (no segment yet, or one not yet
+  // published): keep trying until the deadline. A stale segment (its
+  // coordinator is gone) is refused at once: waiting would not change it.
   Result<ControlSegment> control = ControlSegment::attach(instance);
   while (!control &&
-         (control.code() == Errc::kNotFound || control.code() == Errc::kNotReady ||
-          control.code() == Errc::kStale) &&
+         (control.code() == Errc::kNotFound || control.code() == Errc::kNotReady) &&
          !ready_by.passed()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     control = ControlSegment::attach(instance);
@@ -163,7 +219,14 @@ Result<Client> Client::attach(std::string_view instance, Deadline ready_by) {
       return make_error(Errc::kCoordinatorGone, control.error().message);
     return control.error();
   }
-  auto impl = std::make_unique<Impl>(std::move(control).value());
+  Result<MpscRing> submit = control->submit_ring();
+  if (!submit) return submit.error();
+  Result<MpscProducer> producer = submit->lease_producer();
+  if (!producer)
+    return make_error(producer.code(), fmt::format("instance '{}': cannot open a session: {}",
+                                                   instance, producer.error().message));
+  auto impl = std::make_unique<Impl>(std::move(control).value(), std::move(submit).value(),
+                                     std::move(producer).value());
   const ControlSegment& c = impl->control;
   const bool ready = wait_until(
       c.status().state_changed, [&] { return c.state() != InstanceState::kInitialising; },
@@ -173,6 +236,23 @@ Result<Client> Client::attach(std::string_view instance, Deadline ready_by) {
     return make_error(Errc::kTimeout,
                       fmt::format("instance '{}' is {}, not ready, at the deadline", c.instance(),
                                   instance_state_name(static_cast<uint32_t>(c.state()))));
+  // Open the session and wait for the coordinator to acknowledge it (after
+  // it has withdrawn the requests of sessions that died).
+  capnp::MallocMessageBuilder hello(16);
+  hello.initRoot<schema::SessionHello>().setPid(self_pid());
+  if (Status s = impl->write(MessageType::SESSION_HELLO, hello, ready_by); !s) return s.error();
+  for (;;) {
+    if (impl->submit.acknowledged()) break;
+    if (Status a = impl->alive(); !a) return a.error();
+    if (ready_by.passed())
+      return make_error(Errc::kTimeout,
+                        fmt::format("instance '{}' did not acknowledge the session before the "
+                                    "deadline",
+                                    c.instance()));
+    wait_until(
+        c.status().state_changed, [&] { return impl->submit.acknowledged(); },
+        slice_of(ready_by));
+  }
   return Client(std::move(impl));
 }
 
@@ -193,8 +273,15 @@ bool Client::rank_ready(uint32_t rank) const {
 Status Client::coordinator_alive() const {
   return impl_->alive();
 }
+uint32_t Client::session() const {
+  return impl_->session;
+}
+uint64_t Client::dropped_completions() const {
+  return impl_->dropped.load(std::memory_order_relaxed);
+}
 
 Status Client::submit(const CacheTaskSpec& spec, Deadline deadline) {
+  if (Status s = check_id("CacheTask", spec.request_id); !s) return s;
   capnp::MallocMessageBuilder msg;
   auto t = msg.initRoot<schema::CacheTask>();
   t.setRequestId(spec.request_id);
@@ -209,11 +296,17 @@ Status Client::submit(const CacheTaskSpec& spec, Deadline deadline) {
                                   spec.request_id));
   if (spec.engine_slot) t.setEngineSlot(*spec.engine_slot);
   if (spec.legacy_prefill_step) t.setLegacyPrefillStep(*spec.legacy_prefill_step);
+  // Where each rank's signals stand now: untagged signals from before this
+  // submission belong to earlier requests (see the contract).
+  auto marks = t.initSignalWatermarks(impl_->config.tp_size);
+  for (uint32_t r = 0; r < impl_->config.tp_size; ++r)
+    marks.set(r, impl_->signal_rings[r].header().write_index.load(std::memory_order_acquire));
   if (Status s = messages::validate(t.asReader(), impl_->limits); !s) return s;
   return impl_->write(MessageType::CACHE_TASK, msg, deadline);
 }
 
 Status Client::submit(const CacheDestSpec& spec, Deadline deadline) {
+  if (Status s = check_id("CacheDest", spec.request_id); !s) return s;
   capnp::MallocMessageBuilder msg;
   auto d = msg.initRoot<schema::CacheDest>();
   d.setRequestId(spec.request_id);
@@ -231,6 +324,7 @@ Status Client::submit(const CacheDestSpec& spec, Deadline deadline) {
 }
 
 Status Client::submit(const SwapSpec& spec, Deadline deadline) {
+  if (Status s = check_id("SwapTask", spec.request_id); !s) return s;
   capnp::MallocMessageBuilder msg;
   auto s = msg.initRoot<schema::SwapTask>();
   s.setRequestId(spec.request_id);
@@ -285,6 +379,7 @@ Status Client::register_pool(const PoolSpec& spec, Deadline deadline) {
 }
 
 Status Client::cancel(std::string_view request_id, Deadline deadline) {
+  if (Status s = check_id("Cancel", request_id); !s) return s;
   capnp::MallocMessageBuilder msg;
   auto c = msg.initRoot<schema::Cancel>();
   c.setRequestId(std::string(request_id));
@@ -292,8 +387,20 @@ Status Client::cancel(std::string_view request_id, Deadline deadline) {
   return impl_->write(MessageType::CANCEL, msg, deadline);
 }
 
+Status Client::own_signals(uint32_t rank) {
+  Result<SpscProducer<LayerSignal>*> p = impl_->signal_producer(rank);
+  return p ? Status{} : Status(p.error());
+}
+
 Status Client::push_batch(uint32_t rank, uint64_t step, std::span<const BatchSlot> slots,
                           Deadline deadline) {
+  for (const BatchSlot& b : slots) {
+    if (b.slot >= messages::kMaxEngineSlots)
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("push_batch: slot {} is out of range: slots are 0..{}; "
+                                    "nothing was pushed",
+                                    b.slot, messages::kMaxEngineSlots - 1));
+  }
   for (size_t start = 0; start < slots.size() || start == 0;
        start += records::kBatchEntriesPerSignal) {
     LayerSignal s{};
@@ -311,7 +418,19 @@ Status Client::push_batch(uint32_t rank, uint64_t step, std::span<const BatchSlo
   return {};
 }
 
+namespace {
+Status check_layer(const InstanceConfig& c, uint32_t layer) {
+  const uint32_t layers = c.num_layers + c.extra_layers;
+  if (layer < layers) return {};
+  return make_error(Errc::kInvalidArgument,
+                    fmt::format("layer {} is out of range: the instance has {} layers; nothing "
+                                "was pushed",
+                                layer, layers));
+}
+}  // namespace
+
 Status Client::push_layer_done(uint32_t rank, uint64_t step, uint32_t layer, Deadline deadline) {
+  if (Status s = check_layer(impl_->config, layer); !s) return s;
   LayerSignal s{};
   s.kind = static_cast<uint32_t>(SignalKind::kLayerDone);
   s.step = step;
@@ -321,6 +440,7 @@ Status Client::push_layer_done(uint32_t rank, uint64_t step, uint32_t layer, Dea
 
 Status Client::push_legacy_layer_done(uint32_t rank, uint64_t step, uint32_t layer,
                                       Deadline deadline) {
+  if (Status s = check_layer(impl_->config, layer); !s) return s;
   LayerSignal s{};
   s.kind = static_cast<uint32_t>(SignalKind::kLegacyLayerDone);
   s.step = step;
@@ -334,50 +454,45 @@ Status Client::wait_layer(std::string_view request_id, uint32_t layer, Deadline 
   SwapProgressTable& table = impl_->control.swap_progress();
   if (rank && *rank >= impl_->config.tp_size)
     return make_error(Errc::kInvalidArgument, fmt::format("rank {} out of range", *rank));
-  // The newest load with this tag (a tag may be reused by a later request).
-  auto find = [&]() -> SwapProgressSlot* {
-    SwapProgressSlot* best = nullptr;
-    for (SwapProgressSlot& slot : table.slots) {
-      if (slot.tag.load(std::memory_order_acquire) != tag ||
-          slot.state.load(std::memory_order_acquire) ==
-              static_cast<uint32_t>(SwapProgressState::kFree))
-        continue;
-      if (best == nullptr || slot.handle > best->handle) best = &slot;
-    }
-    return best;
-  };
-  SwapProgressSlot* slot = nullptr;
+  std::optional<SwapProgressView> load;
   for (;;) {  // the load may not have been dispatched yet
-    slot = find();
-    if (slot != nullptr) break;
+    load = swap_progress::find(table, tag);
+    if (load) break;
     if (Status a = impl_->alive(); !a) return a;
     if (deadline.passed())
       return make_error(Errc::kTimeout,
                         fmt::format("no load '{}' appeared before the deadline", request_id));
-    Deadline slice = Deadline::after(kCoordinatorCheck);
-    if (deadline.ns() < slice.ns()) slice = deadline;
     wait_until(
-        table.slot_taken, [&] { return find() != nullptr; }, slice);
+        table.slot_taken, [&] { return swap_progress::find(table, tag).has_value(); },
+        slice_of(deadline));
   }
-  if (layer < slot->first_layer || layer >= slot->first_layer + slot->layer_count)
+  if (layer < load->first_layer || layer >= load->first_layer + load->layer_count)
     return make_error(Errc::kInvalidArgument,
                       fmt::format("load '{}' covers layers [{}, {}), not layer {}", request_id,
-                                  slot->first_layer, slot->first_layer + slot->layer_count, layer));
-  const uint32_t need = layer - slot->first_layer + 1;
+                                  load->first_layer, load->first_layer + load->layer_count, layer));
+  const uint32_t need = layer - load->first_layer + 1;
+  bool moved_on = false;
   auto ready = [&] {
     for (uint32_t r = 0; r < impl_->config.tp_size; ++r) {
       if (rank && r != *rank) continue;
-      if (slot->layers_done[r].load(std::memory_order_acquire) < need) return false;
+      const std::optional<uint32_t> done = swap_progress::layers_done(table, *load, r);
+      if (!done) {
+        moved_on = true;
+        return false;
+      }
+      if (*done < need) return false;
     }
     return true;
   };
-  auto failed = [&] {
-    return slot->state.load(std::memory_order_acquire) ==
-           static_cast<uint32_t>(SwapProgressState::kFailed);
+  auto ended_badly = [&] {
+    std::optional<SwapProgressView> now = swap_progress::read(table, load->slot);
+    if (now && now->generation != load->generation) moved_on = true;
+    return moved_on || (now && now->state == SwapProgressState::kFailed);
   };
+  SwapProgressSlot& slot = table.slots[load->slot];
   for (;;) {
     if (ready()) return {};
-    if (failed())
+    if (ended_badly())
       return make_error(Errc::kAborted,
                         fmt::format("load '{}' failed or was cancelled before layer {} was "
                                     "loaded; its completion says why",
@@ -387,41 +502,57 @@ Status Client::wait_layer(std::string_view request_id, uint32_t layer, Deadline 
       return make_error(Errc::kTimeout,
                         fmt::format("layer {} of load '{}' was not loaded before the deadline",
                                     layer, request_id));
-    Deadline slice = Deadline::after(kCoordinatorCheck);
-    if (deadline.ns() < slice.ns()) slice = deadline;
     wait_until(
-        slot->changed, [&] { return ready() || failed(); }, slice);
+        slot.changed, [&] { return ready() || ended_badly(); }, slice_of(deadline));
   }
 }
 
 Result<std::optional<Completion>> Client::poll() {
+  if (Status a = impl_->alive(); !a) return a.error();
   std::optional<Completion> out;
   Status decoded;
-  impl_->completions.read(
-      [&](int32_t type, std::span<const std::byte> payload) {
-        if (type != static_cast<int32_t>(MessageType::COMPLETION)) {
-          decoded = make_error(Errc::kCorrupt,
-                               fmt::format("record of type {} on the completion ring", type));
-          return;
-        }
-        decoded = messages::with_message<schema::Completion>(
-            payload, [&](schema::Completion::Reader c) -> Status {
-              Completion x;
-              x.request_id = c.getRequestId().cStr();
-              x.kind = static_cast<CompletionKind>(c.getKind());
-              x.status = static_cast<CompletionStatus>(c.getStatus());
-              x.error_rank = c.getErrorRank();
-              x.message = c.getMessage().cStr();
-              x.bytes_moved = c.getBytesMoved();
-              x.submitted_ns = c.getSubmittedNs();
-              x.completed_ns = c.getCompletedNs();
-              x.first_copy_ns = c.getFirstCopyNs();
-              out = std::move(x);
-              return {};
-            });
-      },
-      1);
-  if (!decoded) return decoded.error();
+  for (;;) {
+    const size_t n = impl_->completions.read(
+        [&](const MpscRecord& rec) {
+          if (rec.defect != nullptr ||
+              rec.type != static_cast<int32_t>(MessageType::COMPLETION)) {
+            decoded = make_error(Errc::kCorrupt,
+                                 fmt::format("record of type {} on the completion ring{}", rec.type,
+                                             rec.defect != nullptr ? fmt::format(" ({})", rec.defect)
+                                                                   : ""));
+            return;
+          }
+          decoded = messages::with_message<schema::Completion>(
+              rec.payload, [&](schema::Completion::Reader c) -> Status {
+                if (!impl_->deliverable(c.getSession())) {
+                  impl_->dropped.fetch_add(1, std::memory_order_relaxed);
+                  return {};
+                }
+                Completion x;
+                x.request_id = std::string(c.getRequestId().cStr(), c.getRequestId().size());
+                x.kind = static_cast<CompletionKind>(c.getKind());
+                x.status = static_cast<CompletionStatus>(c.getStatus());
+                x.error_rank = c.getErrorRank();
+                x.message = std::string(c.getMessage().cStr(), c.getMessage().size());
+                x.bytes_moved = c.getBytesMoved();
+                x.submitted_ns = c.getSubmittedNs();
+                x.completed_ns = c.getCompletedNs();
+                x.first_copy_ns = c.getFirstCopyNs();
+                x.blocks_reusable = c.getBlocksReusable();
+                out = std::move(x);
+                return {};
+              });
+        },
+        1);
+    if (!decoded) return decoded.error();
+    // A dropped completion (its session died) makes room to look at the next.
+    if (out || n == 0) break;
+  }
+  if (impl_->completions.corrupt())
+    return make_error(Errc::kCorrupt,
+                      fmt::format("the completion ring of instance '{}' holds records that cannot "
+                                  "be delimited; the instance is shutting down",
+                                  impl_->control.instance()));
   return out;
 }
 
@@ -430,12 +561,9 @@ Result<Completion> Client::wait(Deadline deadline) {
     Result<std::optional<Completion>> c = poll();
     if (!c) return c.error();
     if (c->has_value()) return std::move(**c);
-    if (Status s = impl_->alive(); !s) return s.error();
     if (deadline.passed())
       return make_error(Errc::kTimeout, "no completion arrived before the deadline");
-    Deadline slice = Deadline::after(kCoordinatorCheck);
-    if (deadline.ns() < slice.ns()) slice = deadline;
-    impl_->completions.wait_readable(slice);
+    impl_->completions.wait_readable(slice_of(deadline));
   }
 }
 

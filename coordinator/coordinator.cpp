@@ -6,11 +6,12 @@
 
 #include <memory>
 #include <optional>
-#include <unordered_map>
 
 #include "coordinator/coordinator_counters.h"
+#include "coordinator/engine_sessions.h"
+#include "coordinator/rank_health.h"
 #include "coordinator/ring_writer.h"
-#include "coordinator/supervisor.h"
+#include "coordinator/submission_reader.h"
 #include "coordinator/task_table.h"
 #include "schemas/codec.h"
 #include "schemas/records.h"
@@ -18,8 +19,10 @@
 #include "shm/control_segment.h"
 #include "shm/counters.h"
 #include "shm/liveness.h"
+#include "shm/peer_instances.h"
 #include "shm/pool_segment.h"
 #include "shm/process_logging.h"
+#include "shm/swap_progress.h"
 
 namespace kvrelay::coordinator {
 
@@ -28,6 +31,10 @@ namespace {
 using namespace std::chrono_literals;
 using records::WorkerReport;
 using schema::MessageType;
+
+// Exit code of a coordinator that found its instance's shared state broken
+// beyond repair (it failed every live request and shut down).
+constexpr int kExitBroken = 4;
 
 // Set by SIGTERM/SIGINT; the handler also rings the doorbell so the loop
 // wakes at once.
@@ -42,7 +49,14 @@ void on_stop_signal(int) {
   }
 }
 
-class Coordinator : public Sink {
+RingWriter make_writer(Result<MpscRing> ring, WaitEvent* doorbell, const char* what) {
+  if (!ring) throw std::runtime_error(fmt::format("{}: {}", what, ring.error().message));
+  Result<MpscProducer> producer = ring->lease_producer();
+  if (!producer) throw std::runtime_error(fmt::format("{}: {}", what, producer.error().message));
+  return RingWriter(std::move(producer).value(), doorbell);
+}
+
+class Coordinator : public Sink, public RankHealth::Listener {
  public:
   Coordinator(const CoordinatorOptions& o, ControlSegment control)
       : options_(o),
@@ -51,32 +65,33 @@ class Coordinator : public Sink {
         status_(control_.status()),
         counters_(control_.counters(kCoordinatorCounters)),
         submit_(control_.submit_ring().value()),
-        completions_(control_.completion_ring().value(), nullptr) {
+        completions_(make_writer(control_.completion_ring(), nullptr, "completion ring")),
+        sessions_(submit_),
+        health_(control_, options_, *this) {
     submit_.set_stall_timeout(std::chrono::milliseconds(config_.stall_timeout_ms));
-    tasks_.reserve(config_.tp_size);
     for (uint32_t r = 0; r < config_.tp_size; ++r) {
-      tasks_.emplace_back(control_.task_ring(r).value(), &status_.worker_doorbell[r]);
+      tasks_.push_back(
+          make_writer(control_.task_ring(r), &status_.worker_doorbell[r], "task ring"));
       reports_.push_back(control_.report_ring<WorkerReport>(r).value());
     }
     TableOptions table_options;
     table_options.default_deadline_ns = uint64_t{config_.request_deadline_ms} * 1'000'000ULL;
-    table_options.tombstone_ns =
-        std::max<uint64_t>(2 * table_options.default_deadline_ns, 60'000'000'000ULL);
-    table_options.peer_blocks = [this](const std::string& peer) { return peer_blocks(peer); };
     table_options.withdraw_timeout_ns = uint64_t{config_.peer_timeout_ms} * 1'000'000ULL;
+    table_options.own_instance = control_.instance();
+    table_options.peer_info = [this](const std::string& peer) { return peer_info(peer); };
     table_ = std::make_unique<TaskTable>(messages::Limits::from(config_), std::move(table_options),
                                          *this);
     std::vector<std::string_view> labels(std::begin(kCoordinatorCounterLabels),
                                          std::end(kCoordinatorCounterLabels));
     define_counters(counters_, labels, {{"request_latency", "ns"}});
-    seen_registrations_.assign(config_.tp_size, 0);
-    lost_.assign(config_.tp_size, false);
+    last_report_repairs_.assign(config_.tp_size, 0);
   }
 
   // ---- Sink ----
   void to_worker(uint32_t rank, capnp::MessageBuilder& task) override {
     tasks_[rank].write(MessageType::WORKER_TASK, task);
   }
+
   void complete(capnp::MessageBuilder& completion) override {
     // Stamped when published: the loop's clock may be older than the
     // reports that completed the request.
@@ -85,78 +100,77 @@ class Coordinator : public Sink {
     auto c = stamp.asReader();
     if (c.getStatus() == schema::Completion::Status::FINISHED && c.getSubmittedNs() != 0)
       CounterWriter(counters_).record(kRequestLatencyNs, c.getCompletedNs() - c.getSubmittedNs());
+    // The table caps its texts; this is the last guard that a completion
+    // always fits one record.
+    if (messages::encoded_bytes(completion) > completions_.max_payload_bytes()) {
+      const std::string message = c.getMessage().cStr();
+      stamp.setMessage(message.substr(0, 200) + "... [cut: too long for the completion ring]");
+    }
     completions_.write(MessageType::COMPLETION, completion);
   }
 
-  void rank_unresponsive(uint32_t rank, const std::string& why) override {
-    if (supervisor_ && supervisor_->pid_of(rank) != 0) {
-      spdlog::error("rank {} {}; killing its worker (pid {}) so that it stops writing", rank, why,
-                    supervisor_->pid_of(rank));
-      kill(static_cast<pid_t>(supervisor_->pid_of(rank)), SIGKILL);
-    } else {
-      spdlog::error("rank {} {} (an external worker: not killed)", rank, why);
-    }
+  bool rank_unresponsive(uint32_t rank, const std::string& why) override {
+    return health_.stop_rank(rank, why);
   }
 
   uint32_t begin_load_progress(uint64_t handle, const std::string& id, uint32_t first_layer,
-                               uint32_t layer_count) override {
-    SwapProgressTable& t = control_.swap_progress();
-    // A free slot, else the longest-finished one.
-    SwapProgressSlot* pick = nullptr;
-    for (SwapProgressSlot& slot : t.slots) {
-      const auto state = static_cast<SwapProgressState>(slot.state.load(std::memory_order_acquire));
-      if (state == SwapProgressState::kFree) {
-        pick = &slot;
-        break;
-      }
-      if (state != SwapProgressState::kLoading && (pick == nullptr || slot.handle < pick->handle))
-        pick = &slot;
-    }
-    if (pick == nullptr) {
+                               uint32_t layer_count, uint32_t& generation) override {
+    const uint32_t slot = swap_progress::begin(control_.swap_progress(), handle,
+                                               records::request_tag(id), first_layer, layer_count,
+                                               generation);
+    if (slot == kNoProgressSlot) {
       spdlog::warn("no swap progress slot free for '{}': its per-layer waits will not be served",
                    id);
       return kNoProgressSlot;
     }
-    pick->state.store(static_cast<uint32_t>(SwapProgressState::kFree), std::memory_order_release);
-    pick->tag.store(records::request_tag(id), std::memory_order_relaxed);
-    pick->handle = handle;
-    pick->first_layer = first_layer;
-    pick->layer_count = layer_count;
-    for (auto& done : pick->layers_done)
-      done.store(0, std::memory_order_relaxed);
-    pick->state.store(static_cast<uint32_t>(SwapProgressState::kLoading),
-                      std::memory_order_release);
-    notify_waiters(t.slot_taken);
-    return static_cast<uint32_t>(pick - t.slots);
+    return slot;
   }
 
   void end_load_progress(uint32_t slot, bool finished) override {
-    if (slot >= kSwapProgressSlots) return;
-    SwapProgressSlot& s = control_.swap_progress().slots[slot];
-    s.state.store(
-        static_cast<uint32_t>(finished ? SwapProgressState::kDone : SwapProgressState::kFailed),
-        std::memory_order_release);
-    notify_waiters(s.changed);
+    swap_progress::end(control_.swap_progress(), slot, finished);
+  }
+
+  // ---- RankHealth::Listener ----
+  void rank_lost(uint32_t rank, const std::string& reason, uint64_t now) override {
+    CounterWriter(counters_).add(kWorkersLost);
+    drain_reports(now);  // what it reported before dying still counts
+    table_->on_rank_lost(rank, reason, now);
+    // Nothing addressed to the dead worker is still wanted: its requests have
+    // failed. Its task ring is reset outright (we are its only producer and
+    // its consumer is dead), so the next worker starts from nothing, whatever
+    // state the dead one left the ring in.
+    const auto [backlog, bytes] = tasks_[rank].reset();
+    size_t signals = 0;
+    if (auto ring = control_.signal_ring<records::LayerSignal>(rank)) {
+      records::LayerSignal s{};
+      while (ring->try_pop(s))
+        ++signals;
+    }
+    if (backlog != 0 || bytes != 0 || signals != 0)
+      spdlog::info("rank {}: dropped {} queued tasks, {} bytes of its task ring and {} signals",
+                   rank, backlog, bytes, signals);
+    // Anyone lined up with it must not wait for it.
+    Barrier(control_.barrier()).poison(static_cast<uint16_t>(config_.tp_size));
+  }
+
+  void rank_up(uint32_t rank) override {
+    CounterWriter(counters_).add(kWorkerRestarts);
+    table_->set_rank_up(rank);
   }
 
   int run() {
     register_self(control_.coordinator_slot(), SlotState::kStarting);
     g_doorbell = &status_.coordinator_doorbell;
-    if (!options_.external_workers) {
-      supervisor_ = std::make_unique<Supervisor>(
-          options_.worker_binary.empty() ? default_worker_binary() : options_.worker_binary,
-          control_.instance(), config_.tp_size, options_.log_dir, options_.log_level);
-      if (Status s = supervisor_->start_all(); !s) {
-        spdlog::error("{}", s.error().message);
-        return shut_down(1);
-      }
-    } else {
-      spdlog::info("waiting for {} external kvrelay-worker processes (--instance {})",
-                   config_.tp_size, control_.instance());
+    if (Status s = health_.start(); !s) {
+      spdlog::error("{}", s.error().message);
+      return shut_down(1);
     }
-    if (!wait_for_workers()) return shut_down(1);
+    const bool ready = health_.wait_ready(
+        Deadline::after(options_.startup_timeout), [] { return g_stop != 0; },
+        [&] { heartbeat(control_.coordinator_slot()); });
+    if (!ready) return shut_down(1);
     set_state(control_.coordinator_slot(), SlotState::kReady);
-    control_.set_state(InstanceState::kReady);
+    set_instance_state(InstanceState::kReady);
     spdlog::info("instance '{}' is ready: {} ranks, role {}, epoch {}", control_.instance(),
                  config_.tp_size, role_name(static_cast<Role>(config_.role)), control_.epoch());
 
@@ -164,28 +178,42 @@ class Coordinator : public Sink {
     for (;;) {
       const uint64_t now = mono_now_ns();
       heartbeat(control_.coordinator_slot());
-      bool busy = drain_submissions(now);
+      keep_shared_state(now);
+      if (broken_) break;
+      // Backpressure: while a reader lags, leave submissions in their ring.
+      bool busy = !congested() && read_submissions(now);
       // A fresh clock: reports may complete requests submitted in this very
       // iteration, and a completion must not carry its submission's time.
       busy = drain_reports(mono_now_ns()) || busy;
+      watch_sessions(now);
       const uint64_t next_deadline = table_->tick(now);
-      supervise(now);
+      health_.supervise(now);
       flush_writers();
+      acknowledge_sessions();
       mirror_counters();
       if (g_stop != 0 && !drain_until) {
         spdlog::info("draining: {} requests in flight, up to {} ms", table_->live(),
                      options_.drain_timeout.count());
         drain_until = Deadline::after(options_.drain_timeout);
         table_->start_draining();
-        control_.set_state(InstanceState::kDraining);
+        set_instance_state(InstanceState::kDraining);
       }
       if (drain_until && (table_->live() == 0 || drain_until->passed())) break;
       if (busy) continue;
       uint64_t wake = std::min<uint64_t>(next_deadline, now + 50'000'000ULL);
-      if (supervisor_) wake = std::min(wake, supervisor_->next_restart_ns());
+      wake = std::min(wake, health_.next_due_ns());
+      if (sessions_.tracked() != 0) wake = std::min<uint64_t>(wake, now + 10'000'000ULL);
       wait_until(
           status_.coordinator_doorbell, [&] { return has_input() || g_stop != 0; },
           Deadline::at_ns(std::max(wake, now)));
+    }
+    if (broken_) {
+      spdlog::critical("instance '{}' is broken: {}; failing every live request and shutting "
+                       "down",
+                       control_.instance(), *broken_);
+      set_instance_state(InstanceState::kDraining);
+      table_->fail_all(fmt::format("the instance shut down: {}", *broken_), mono_now_ns());
+      return shut_down(kExitBroken);
     }
     if (table_->live() != 0) {
       spdlog::warn("drain deadline passed with {} requests in flight; failing them",
@@ -196,92 +224,25 @@ class Coordinator : public Sink {
   }
 
  private:
-  // Waits until every rank's worker is registered and ready.
-  bool wait_for_workers() {
-    const Deadline until = Deadline::after(options_.startup_timeout);
-    for (;;) {
-      heartbeat(control_.coordinator_slot());
-      uint32_t ready = 0;
-      for (uint32_t r = 0; r < config_.tp_size; ++r)
-        ready += read_slot(control_.worker_slot(r)).state == SlotState::kReady ? 1 : 0;
-      if (ready == config_.tp_size) {
-        update_ready_flags();
-        return true;
-      }
-      if (g_stop != 0) return false;
-      if (until.passed()) {
-        for (uint32_t r = 0; r < config_.tp_size; ++r) {
-          if (read_slot(control_.worker_slot(r)).state != SlotState::kReady)
-            spdlog::error(
-                "rank {} did not become ready within {} ms{}", r, options_.startup_timeout.count(),
-                options_.log_dir.empty()
-                    ? ""
-                    : fmt::format(" (see {}/kvrelay-worker-rank{}.log)", options_.log_dir, r));
-        }
-        return false;
-      }
-      supervise(mono_now_ns());
-      wait_until(
-          status_.coordinator_doorbell, [] { return g_stop != 0; }, Deadline::after(20ms));
-    }
+  bool congested() const {
+    if (completions_.congested()) return true;
+    return std::any_of(tasks_.begin(), tasks_.end(), [](const RingWriter& w) { return w.congested(); });
   }
 
   bool has_input() {
-    if (submit_.readable()) return true;
+    if (!congested() && submit_.readable()) return true;
     for (auto& r : reports_)
-      if (r.size() != 0) return true;
+      if (r.readable()) return true;
     return false;
   }
 
-  bool drain_submissions(uint64_t now) {
+  bool read_submissions(uint64_t now) {
     const size_t n = submit_.read(
-        [&](int32_t type, std::span<const std::byte> payload) { dispatch(type, payload, now); },
+        [&](const MpscRecord& rec) {
+          dispatch_submission(rec, *table_, sessions_, submission_stats_, now);
+        },
         256);
     return n > 0;
-  }
-
-  template <class T, class Fn>
-  void decode(std::span<const std::byte> payload, const char* what, uint64_t now, Fn&& fn) {
-    Status s = messages::with_message<T>(payload, [&](typename T::Reader r) -> Status {
-      fn(r);
-      return {};
-    });
-    if (!s) {
-      CounterWriter(counters_).add(kMalformedRecords);
-      table_->on_malformed(what, s.error().message, now);
-    }
-  }
-
-  void dispatch(int32_t type, std::span<const std::byte> payload, uint64_t now) {
-    switch (static_cast<MessageType>(type)) {
-      case MessageType::CACHE_TASK:
-        decode<schema::CacheTask>(payload, "CacheTask", now,
-                                  [&](auto r) { table_->on_cache_task(r, now); });
-        return;
-      case MessageType::CACHE_DEST:
-        decode<schema::CacheDest>(payload, "CacheDest", now,
-                                  [&](auto r) { table_->on_cache_dest(r, now); });
-        return;
-      case MessageType::SWAP_TASK:
-        decode<schema::SwapTask>(payload, "SwapTask", now,
-                                 [&](auto r) { table_->on_swap(r, now); });
-        return;
-      case MessageType::CONNECT_TASK:
-        decode<schema::ConnectTask>(payload, "ConnectTask", now,
-                                    [&](auto r) { table_->on_connect(r, now); });
-        return;
-      case MessageType::CANCEL:
-        decode<schema::Cancel>(payload, "Cancel", now, [&](auto r) { table_->on_cancel(r, now); });
-        return;
-      case MessageType::REGISTER_POOL:
-        decode<schema::RegisterPool>(payload, "RegisterPool", now,
-                                     [&](auto r) { table_->on_register_pool(r, now); });
-        return;
-      default:
-        CounterWriter(counters_).add(kMalformedRecords);
-        table_->on_malformed(fmt::format("record of type {}", type),
-                             "not a message an engine may submit", now);
-    }
   }
 
   bool drain_reports(uint64_t now) {
@@ -297,74 +258,92 @@ class Coordinator : public Sink {
     return any;
   }
 
-  void supervise(uint64_t now) {
-    if (supervisor_) {
-      // At most every millisecond: the pidfd poll is a system call, which
-      // costs ~10 us on the VMs we measure on, and a busy loop turns often.
-      if (now >= next_exit_poll_) {
-        next_exit_poll_ = now + 1'000'000ULL;
-        for (const WorkerExit& e : supervisor_->poll_exits(Deadline::now()))
-          worker_lost(e.rank, e.reason, now);
-      }
-      for (uint32_t rank : supervisor_->restart_due(now)) {
-        CounterWriter(counters_).add(kWorkerRestarts);
-        lost_[rank] = false;
-        table_->set_rank_up(rank);
-      }
-    } else if (now >= next_external_check_) {
-      next_external_check_ = now + 100'000'000ULL;
-      for (uint32_t r = 0; r < config_.tp_size; ++r) {
-        const SlotSnapshot s = read_slot(control_.worker_slot(r));
-        if (s.registrations != seen_registrations_[r]) {
-          seen_registrations_[r] = s.registrations;
-          lost_[r] = false;
-          table_->set_rank_up(r);
-        }
-        if (!lost_[r] && s.state != SlotState::kEmpty &&
-            judge_peer(s, std::chrono::milliseconds(config_.peer_timeout_ms)) == PeerHealth::kDead)
-          worker_lost(r, fmt::format("pid {} is gone", s.owner.pid), now);
-      }
+  // Engine sessions that ended: a dead one's requests are withdrawn, and
+  // every worker forgets the signals it pushed.
+  void watch_sessions(uint64_t now) {
+    for (const EngineSessions::Ended& e : sessions_.poll(now)) {
+      CounterWriter(counters_).add(kSessionsEnded);
+      if (!e.died) continue;
+      CounterWriter(counters_).add(kSessionsDied);
+      spdlog::warn("engine session {:08x} ended without detaching (its process died)", e.session);
+      table_->on_session_ended(e.session, now);
+      capnp::MallocMessageBuilder msg(64);
+      auto w = msg.initRoot<schema::WorkerTask>();
+      w.setSessionEnded(e.session);
+      for (RingWriter& t : tasks_)
+        t.write(MessageType::WORKER_TASK, msg);
     }
-    update_ready_flags();
   }
 
-  void worker_lost(uint32_t rank, const std::string& reason, uint64_t now) {
-    if (lost_[rank]) return;
-    lost_[rank] = true;
-    CounterWriter(counters_).add(kWorkersLost);
-    spdlog::error("rank {} lost: {}", rank, reason);
-    set_state(control_.worker_slot(rank), SlotState::kEmpty);
-    drain_reports(now);  // what it reported before dying still counts
-    table_->on_rank_lost(rank, reason, now);
-    // Nothing addressed to the dead worker is still wanted: its requests
-    // have failed. The restarted worker starts from empty rings.
-    size_t dropped = tasks_[rank].discard_backlog();
-    dropped += control_.task_ring(rank)->read([](int32_t, std::span<const std::byte>) {});
-    auto signals = control_.signal_ring<records::LayerSignal>(rank);
-    records::LayerSignal s{};
-    while (signals && signals->try_pop(s))
-      ++dropped;
-    if (dropped != 0)
-      spdlog::info("rank {}: discarded {} records queued for the dead worker", rank, dropped);
-    // Anyone lined up with it must not wait for it.
-    Barrier(control_.barrier()).poison(static_cast<uint16_t>(config_.tp_size));
-  }
-
-  void update_ready_flags() {
-    bool changed = false;
-    for (uint32_t r = 0; r < config_.tp_size; ++r) {
-      const int32_t ready =
-          !lost_[r] && read_slot(control_.worker_slot(r)).state == SlotState::kReady ? 1 : 0;
-      if (status_.ready_flags[r].exchange(ready, std::memory_order_acq_rel) != ready)
-        changed = true;
-    }
-    if (changed) notify_waiters(status_.state_changed);
+  // A hello is acknowledged once everything written for dead sessions has
+  // reached the task rings (see engine_sessions.h).
+  void acknowledge_sessions() {
+    if (!sessions_.hello_pending()) return;
+    if (std::any_of(tasks_.begin(), tasks_.end(),
+                    [](const RingWriter& w) { return w.backlog() != 0; }))
+      return;
+    if (sessions_.acknowledge_pending()) notify_waiters(status_.state_changed);
   }
 
   void flush_writers() {
     completions_.flush();
     for (RingWriter& w : tasks_)
       w.flush();
+  }
+
+  void set_instance_state(InstanceState s) {
+    state_ = s;
+    control_.set_state(s);
+  }
+
+  // Shared state other processes could have overwritten: put back what we
+  // own, log what we found once, and decide whether the instance can go on.
+  void keep_shared_state(uint64_t now) {
+    if (now < next_state_check_ns_) return;
+    next_state_check_ns_ = now + 10'000'000ULL;
+    CounterWriter counters(counters_);
+    if (control_.header().state.load(std::memory_order_acquire) != static_cast<uint32_t>(state_)) {
+      spdlog::error("the instance state in the segment header was overwritten (with {}); "
+                    "restored to {}",
+                    control_.header().state.load(), instance_state_name(static_cast<uint32_t>(state_)));
+      control_.set_state(state_);
+      counters.add(kSharedStateRepairs);
+    }
+    const SlotSnapshot me = read_slot(control_.coordinator_slot());
+    if (me.owner.pid != self_pid() || me.state != SlotState::kReady) {
+      if (state_ != InstanceState::kInitialising) {
+        spdlog::error("the coordinator's liveness slot was overwritten (pid {}); restored",
+                      me.owner.pid);
+        register_self(control_.coordinator_slot(), SlotState::kReady);
+        counters.add(kSharedStateRepairs);
+      }
+    }
+    if (auto what = submit_.take_corruption()) {
+      spdlog::error("submit ring: {}", *what);
+      counters.add(kSharedStateRepairs);
+    }
+    if (auto what = completions_.producer().take_corruption()) {
+      spdlog::error("completion ring: {}", *what);
+      counters.add(kSharedStateRepairs);
+    }
+    for (uint32_t r = 0; r < tasks_.size(); ++r) {
+      if (auto what = tasks_[r].producer().take_corruption()) {
+        spdlog::error("task ring of rank {}: {}", r, *what);
+        counters.add(kSharedStateRepairs);
+      }
+      const uint64_t repairs = reports_[r].header().corrupt_events.load(std::memory_order_relaxed);
+      if (repairs != last_report_repairs_[r]) {
+        spdlog::error("report ring of rank {}: its shared state was overwritten ({} repairs)", r,
+                      repairs - last_report_repairs_[r]);
+        last_report_repairs_[r] = repairs;
+        counters.add(kSharedStateRepairs);
+      }
+    }
+    if (submit_.corrupt())
+      broken_ = "the submit ring holds records whose boundaries cannot be trusted (written by a "
+                "process that bypassed the client library)";
+    else if (completions_.producer().ring().corrupt())
+      broken_ = "the completion ring's reader found records whose boundaries cannot be trusted";
   }
 
   void mirror_counters() {
@@ -380,31 +359,24 @@ class Coordinator : public Sink {
     set(kRejected, t.rejected);
     set(kAbsorbed, t.absorbed);
     set(kStrayReports, t.stray_reports);
+    set(kMalformedRecords, submission_stats_.malformed);
+    set(kSessionWithdrawals, t.session_withdrawals);
     set(kCompletionsDelayed, completions_.delayed());
     uint64_t delayed = 0;
     for (const RingWriter& w : tasks_)
       delayed += w.delayed();
     set(kTasksDelayed, delayed);
+    set(kLiveRequests, table_->live());
+    set(kRememberedIds, table_->remembered());
   }
 
-  // The block count of a peer (decode) instance on this host, for validating
-  // ipc destinations; nullopt when it cannot be attached.
-  std::optional<uint32_t> peer_blocks(const std::string& peer) {
-    auto it = peers_.find(peer);
-    if (it != peers_.end()) {
-      const SlotSnapshot s = read_slot(it->second.control->coordinator_slot());
-      if (it->second.judge->judge(s, std::chrono::milliseconds(config_.peer_timeout_ms)) ==
-          PeerHealth::kHealthy)
-        return it->second.control->config().num_blocks;
-      peers_.erase(it);
-    }
-    Result<ControlSegment> c =
-        ControlSegment::attach(peer, AttachOptions{.access = SegmentAccess::kReadOnly});
+  // What the coordinator knows of a peer instance on this host, for
+  // validating ipc destinations; nullopt when it cannot be attached.
+  std::optional<PeerInfo> peer_info(const std::string& peer) {
+    Result<const ControlSegment*> c = peers_.get(peer);
     if (!c) return std::nullopt;
-    const uint32_t blocks = c->config().num_blocks;
-    peers_[peer] = Peer{std::make_unique<ControlSegment>(std::move(c).value()),
-                        std::make_unique<CachedPeerJudge>()};
-    return blocks;
+    const InstanceConfig& pc = (*c)->config();
+    return PeerInfo{pc.num_blocks, pc.tp_size, static_cast<Role>(pc.role)};
   }
 
   int shut_down(int code) {
@@ -414,8 +386,8 @@ class Coordinator : public Sink {
     msg.initRoot<schema::WorkerTask>().setShutdown();
     for (RingWriter& w : tasks_)
       w.write(MessageType::WORKER_TASK, msg);
-    control_.set_state(InstanceState::kDead);
-    if (supervisor_) supervisor_->stop_all(Deadline::after(5s));
+    set_instance_state(InstanceState::kDead);
+    health_.stop_all(Deadline::after(5s));
     const size_t pools = unlink_kvrelay_pools(control_);
     set_state(control_.coordinator_slot(), SlotState::kExiting);
     if (Status s = control_.unlink(); !s) spdlog::warn("unlink: {}", s.error().message);
@@ -435,24 +407,20 @@ class Coordinator : public Sink {
   std::vector<RingWriter> tasks_;
   std::vector<SpscRing<WorkerReport>> reports_;
   std::unique_ptr<TaskTable> table_;
-  std::unique_ptr<Supervisor> supervisor_;
-  // Peer instances named by CacheDests, judged per request (/proc at most
-  // every 10 ms).
-  struct Peer {
-    std::unique_ptr<ControlSegment> control;
-    std::unique_ptr<CachedPeerJudge> judge;
-  };
-  std::unordered_map<std::string, Peer> peers_;
-  std::vector<uint32_t> seen_registrations_;
-  std::vector<bool> lost_;
-  uint64_t next_exit_poll_ = 0;
-  uint64_t next_external_check_ = 0;
+  EngineSessions sessions_;
+  RankHealth health_;
+  PeerInstances peers_;
+  SubmissionStats submission_stats_;
+  InstanceState state_ = InstanceState::kInitialising;
+  std::optional<std::string> broken_;
+  uint64_t next_state_check_ns_ = 0;
+  std::vector<uint64_t> last_report_repairs_;
 };
 
 }  // namespace
 
 int run_coordinator(const CoordinatorOptions& o) {
-  if (Status s = setup_logging("coordinator", o.log_dir, o.log_level); !s) {
+  if (Status s = setup_logging("coordinator", o.log_dir, o.log_level, instance_of(o.config)); !s) {
     fmt::print(stderr, "kvrelay-coordinator: {}\n", s.error().message);
     return 2;
   }
@@ -473,8 +441,13 @@ int run_coordinator(const CoordinatorOptions& o) {
     spdlog::warn("replaced the stale segment of instance '{}': {} (epoch {} -> {})",
                  control->instance(), control->replaced()->reason, control->replaced()->old_epoch,
                  control->epoch());
-  Coordinator coordinator(o, std::move(control).value());
-  return coordinator.run();
+  try {
+    Coordinator coordinator(o, std::move(control).value());
+    return coordinator.run();
+  } catch (const std::exception& e) {
+    spdlog::error("cannot run instance '{}': {}", instance_of(o.config), e.what());
+    return 1;
+  }
 }
 
 }  // namespace kvrelay::coordinator

@@ -220,6 +220,7 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   c.completion_ring_bytes = d.completion_ring_bytes;
   c.task_ring_bytes = d.task_ring_bytes;
   c.signal_ring_records = d.signal_ring_records;
+  c.group_access = o.group_access ? 1 : 0;
   Result<Role> r = parse_role(role);
   if (!r) return r.error();
   c.role = static_cast<uint32_t>(*r);

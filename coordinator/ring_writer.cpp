@@ -9,13 +9,15 @@ namespace kvrelay::coordinator {
 
 void RingWriter::write(schema::MessageType type, capnp::MessageBuilder& message) {
   if (backlog_.empty()) {
-    Status s = messages::write_message(ring_, type, message, Deadline::now());
+    Status s = messages::write_message(producer_, type, message, Deadline::now());
     if (s.ok()) {
       if (doorbell_ != nullptr) notify_waiters(*doorbell_);
       return;
     }
-    if (s.code() != Errc::kFull && s.code() != Errc::kTimeout) {
-      spdlog::error("dropping a {}: {}", messages::message_type_name(type), s.error().message);
+    if (s.code() == Errc::kTooLarge || s.code() == Errc::kInvalidArgument) {
+      // The caller sizes what it writes to fit; this is a bug, and loud.
+      spdlog::critical("cannot write a {}: {}", messages::message_type_name(type),
+                       s.error().message);
       return;
     }
   }
@@ -28,9 +30,9 @@ bool RingWriter::flush() {
   while (!backlog_.empty()) {
     auto& [type, words] = backlog_.front();
     const auto bytes = words.asBytes();
-    Status s =
-        ring_.try_write(type, std::span<const std::byte>(
-                                  reinterpret_cast<const std::byte*>(bytes.begin()), bytes.size()));
+    Status s = producer_.try_write(
+        type, std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.begin()),
+                                         bytes.size()));
     if (!s) break;
     backlog_.pop_front();
     wrote = true;

@@ -2,7 +2,12 @@
 // when the ring is full, messages wait in a local backlog, in order, and
 // flush() retries. The coordinator's completions and per-rank tasks go
 // through one each; the reader on the other side (engine, worker) drains the
-// ring and the backlog empties.
+// ring and the backlog empties. The coordinator stops reading submissions
+// while a backlog is long (kMaxBacklog), so that a slow reader makes the
+// engine's submissions see `full` instead of growing the coordinator.
+//
+// The writer is the ring's only producer: it keeps its own copy of the tail
+// and restores the shared one if another process overwrote it.
 #pragma once
 
 #include <capnp/message.h>
@@ -19,8 +24,13 @@ namespace kvrelay::coordinator {
 
 class RingWriter {
  public:
+  static constexpr size_t kMaxBacklog = 1024;
+
   // `doorbell`, if given, is rung after each flush that wrote something.
-  RingWriter(MpscRing ring, WaitEvent* doorbell) : ring_(ring), doorbell_(doorbell) {}
+  RingWriter(MpscProducer producer, WaitEvent* doorbell)
+      : producer_(std::move(producer)), doorbell_(doorbell) {
+    producer_.set_sole_producer();
+  }
   RingWriter(RingWriter&&) = default;
   RingWriter& operator=(RingWriter&&) = default;
   RingWriter(const RingWriter&) = delete;
@@ -30,16 +40,21 @@ class RingWriter {
   // Writes what the ring has room for now. Returns true when the backlog is empty.
   bool flush();
   size_t backlog() const { return backlog_.size(); }
-  // Forgets what has not reached the ring (its reader is gone). Returns how many.
-  size_t discard_backlog() {
+  // Its reader died: drops what has not reached the ring and everything in
+  // it, so that the next reader starts from nothing. Returns the records
+  // dropped from the backlog and the bytes dropped from the ring.
+  std::pair<size_t, uint64_t> reset() {
     const size_t n = backlog_.size();
     backlog_.clear();
-    return n;
+    return {n, producer_.reset_ring()};
   }
   uint64_t delayed() const { return delayed_; }
+  bool congested() const { return backlog_.size() >= kMaxBacklog; }
+  uint32_t max_payload_bytes() const { return producer_.max_payload_bytes(); }
+  MpscProducer& producer() { return producer_; }
 
  private:
-  MpscRing ring_;
+  MpscProducer producer_;
   WaitEvent* doorbell_;
   std::deque<std::pair<int32_t, kj::Array<capnp::word>>> backlog_;
   uint64_t delayed_ = 0;

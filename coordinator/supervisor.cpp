@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <signal.h>
-#include <spawn.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,7 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 
-extern char** environ;
+#include "shm/spawn.h"
 
 namespace kvrelay::coordinator {
 
@@ -48,19 +47,16 @@ Status Supervisor::spawn(uint32_t rank) {
     args.push_back("--log-dir");
     args.push_back(log_dir_);
   }
-  std::vector<char*> argv;
-  for (auto& a : args)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, worker_binary_.c_str(), nullptr, nullptr, argv.data(), environ);
-  if (rc != 0) return system_error(fmt::format("cannot start {}", worker_binary_), rc);
+  SpawnOptions spawn;
+  spawn.die_with_parent = true;
+  Result<pid_t> pid = spawn_process(args, spawn);
+  if (!pid) return pid.error();
   Rank& r = ranks_[rank];
-  r.pid = static_cast<uint32_t>(pid);
+  r.pid = static_cast<uint32_t>(*pid);
   r.started_ns = mono_now_ns();
   r.restart_at_ns = 0;
   if (Status s = watcher_.watch(r.pid); !s) return s;
-  spdlog::info("started rank {} worker, pid {}", rank, pid);
+  spdlog::info("started rank {} worker, pid {}", rank, *pid);
   return {};
 }
 
@@ -81,15 +77,30 @@ std::vector<WorkerExit> Supervisor::poll_exits(Deadline deadline) {
     Rank& r = *it;
     const uint64_t now = mono_now_ns();
     r.pid = 0;
+    WorkerExit exit{rank, e.pid, e.describe(), e.signal == 0 ? e.exit_code : -1, false};
     if (!stopping_) {
-      r.consecutive_failures = now - r.started_ns > kHealthyRunNs ? 1 : r.consecutive_failures + 1;
-      const uint64_t backoff =
-          std::min(kMaxBackoffNs, kFirstBackoffNs << std::min(r.consecutive_failures - 1, 10U));
-      r.restart_at_ns = now + backoff;
-      spdlog::error("rank {} worker (pid {}) died: {}; restarting in {} ms", rank, e.pid,
-                    e.describe(), backoff / 1'000'000);
+      const bool short_run = now - r.started_ns <= kHealthyRunNs;
+      r.consecutive_failures = short_run ? r.consecutive_failures + 1 : 1;
+      const bool same = exit.reason == r.last_failure;
+      r.last_failure = exit.reason;
+      if (exit.exit_code == kWorkerExitRefused ||
+          (same && short_run && r.consecutive_failures >= kGiveUpAfter)) {
+        r.gave_up = true;
+        exit.gave_up = true;
+        spdlog::error("rank {} worker (pid {}) {}; not restarting it{}", rank, e.pid, exit.reason,
+                      exit.exit_code == kWorkerExitRefused
+                          ? ": it cannot start here (see why above)"
+                          : fmt::format(": it failed the same way {} times in a row",
+                                        r.consecutive_failures));
+      } else {
+        const uint64_t backoff = std::min(
+            kMaxBackoffNs, kFirstBackoffNs << std::min(r.consecutive_failures - 1, 10U));
+        r.restart_at_ns = now + backoff;
+        spdlog::error("rank {} worker (pid {}) died: {}; restarting in {} ms", rank, e.pid,
+                      exit.reason, backoff / 1'000'000);
+      }
     }
-    out.push_back(WorkerExit{rank, e.pid, e.describe()});
+    out.push_back(exit);
   }
   return out;
 }
@@ -99,7 +110,7 @@ std::vector<uint32_t> Supervisor::restart_due(uint64_t now_ns) {
   if (stopping_) return started;
   for (uint32_t rank = 0; rank < ranks_.size(); ++rank) {
     Rank& r = ranks_[rank];
-    if (r.pid != 0 || r.restart_at_ns == 0 || r.restart_at_ns > now_ns) continue;
+    if (r.gave_up || r.pid != 0 || r.restart_at_ns == 0 || r.restart_at_ns > now_ns) continue;
     ++r.restarts;
     if (Status s = spawn(rank); !s) {
       spdlog::error("rank {}: {}", rank, s.error().message);

@@ -1,7 +1,13 @@
 // Starts one kvrelay-worker per rank and restarts a crashed one with
-// exponential backoff, logging why it died (exit code or signal). Children
-// are watched through pidfds, so an exit is noticed at the next poll, not at
-// a heartbeat timeout.
+// exponential backoff, logging why it died (exit code or signal, and the
+// reason the worker left in the instance status). Children are watched
+// through pidfds, so an exit is noticed at the next poll, not at a heartbeat
+// timeout, and they die with the coordinator (PR_SET_PDEATHSIG).
+//
+// A worker that cannot start for a reason a restart will not cure (exit code
+// kWorkerExitRefused: another user's segment, a rank already served by
+// another process), or that fails the same way at every start, is given up:
+// it stays down, and the instance says why.
 #pragma once
 
 #include <sys/types.h>
@@ -16,16 +22,26 @@
 
 namespace kvrelay::coordinator {
 
+// kvrelay-worker's exit codes.
+inline constexpr int kWorkerExitError = 1;    // failed while serving: restart it
+inline constexpr int kWorkerExitRefused = 3;  // cannot start here, and will not by retrying
+inline constexpr int kWorkerExitUnusable = 4;  // its rings are unusable: reset them, restart it
+
 struct WorkerExit {
   uint32_t rank;
   uint32_t pid;
   std::string reason;  // "exit code 3" / "killed by SIGKILL"
+  int exit_code = -1;  // when it exited
+  bool gave_up = false;  // it will not be restarted
 };
 
 class Supervisor {
  public:
   Supervisor(std::string worker_binary, std::string instance, uint32_t tp_size, std::string log_dir,
              std::string log_level);
+  // Consecutive identical failures, each within a short run, after which a
+  // worker is given up.
+  static constexpr uint32_t kGiveUpAfter = 5;
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
@@ -43,6 +59,7 @@ class Supervisor {
   void stop_all(Deadline deadline);
   uint32_t pid_of(uint32_t rank) const { return ranks_[rank].pid; }
   uint32_t restarts(uint32_t rank) const { return ranks_[rank].restarts; }
+  bool gave_up(uint32_t rank) const { return ranks_[rank].gave_up; }
 
  private:
   struct Rank {
@@ -51,6 +68,8 @@ class Supervisor {
     uint64_t restart_at_ns = 0;  // 0: not waiting for a restart
     uint32_t restarts = 0;
     uint32_t consecutive_failures = 0;
+    std::string last_failure;  // how it last ended, to see a worker fail the same way
+    bool gave_up = false;
   };
   Status spawn(uint32_t rank);
 

@@ -16,17 +16,25 @@
 //   - A request that ends other than finished (error, cancel, timeout, a
 //     lost rank) is withdrawn from every rank that may still write into its
 //     destination blocks, and its completion waits until each of them has
-//     confirmed (or died): only then may the engine reuse those blocks. A rank
-//     that does not confirm within `withdraw_timeout_ns` is reported through
-//     Sink::rank_unresponsive (the coordinator kills it) and the completion
-//     goes out saying so.
+//     confirmed (or is confirmed dead): only then may the engine reuse those
+//     blocks, which the completion says (blocksReusable). A rank that does
+//     not confirm within `withdraw_timeout_ns` is reported through
+//     Sink::rank_unresponsive: a supervised worker is killed, and the
+//     completion waits for its exit to be confirmed; an external one cannot
+//     be, and the completion goes out with blocksReusable false.
 //   - While a rank is down (its worker died and has not been restarted yet),
 //     a new request that needs it fails at once, naming the rank: nothing is
 //     queued for a worker that does not exist, so nothing stale can run
 //     after the engine was told the request ended.
-//   - After its completion an id is remembered for a while (a tombstone): the
+//   - Every request belongs to the engine session that submitted it. When a
+//     session dies (its process is gone), its requests are withdrawn at once,
+//     confirmed as on cancel, without completions (nobody is left to read
+//     them), and their ids are free for the next engine to use.
+//   - After its completion an id is remembered for a while (Tombstones): the
 //     partner half of a request that already ended is absorbed silently, so
 //     the engine never sees a second final completion for one request.
+//   - Texts echoed into completions are capped, so that every completion fits
+//     one record of the completion ring.
 //
 // The table does no I/O. It talks to the world through a Sink (rings in the
 // coordinator, a recorder in tests), and is driven by on_*() calls and tick().
@@ -36,7 +44,6 @@
 #include <capnp/message.h>
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,14 +52,28 @@
 #include <unordered_map>
 #include <vector>
 
+#include "coordinator/tombstones.h"
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
+#include "shm/instance_config.h"
 
 namespace kvrelay::coordinator {
 
 using CompletionStatus = schema::Completion::Status;
 using CompletionKind = schema::Completion::Kind;
+
+// The longest message a completion carries, and the longest text it echoes
+// from a submission (a CacheDest's error_message).
+inline constexpr size_t kMaxCompletionMessageBytes = 1024;
+inline constexpr size_t kMaxEchoedTextBytes = 512;
+
+// What the coordinator knows of a peer instance named by a CacheDest (ipc).
+struct PeerInfo {
+  uint32_t num_blocks = 0;
+  uint32_t tp_size = 0;
+  Role role = Role::kMixed;
+};
 
 // What the table asks the world to do.
 class Sink {
@@ -62,12 +83,16 @@ class Sink {
   virtual void to_worker(uint32_t rank, capnp::MessageBuilder& task) = 0;
   // Deliver a completion to the engine.
   virtual void complete(capnp::MessageBuilder& completion) = 0;
-  // A rank did not confirm a withdrawal in time; it should be stopped.
-  virtual void rank_unresponsive(uint32_t /*rank*/, const std::string& /*why*/) {}
+  // A rank did not confirm a withdrawal in time and should be stopped.
+  // Returns true when it will be (its death is then reported through
+  // on_rank_lost), false when it cannot be (an external worker).
+  virtual bool rank_unresponsive(uint32_t /*rank*/, const std::string& /*why*/) { return false; }
   // A swap load is about to be dispatched: take a per-layer progress slot
-  // (kNoProgressSlot when there is none); given back with end_load_progress.
+  // (kNoProgressSlot when there is none) and its generation; given back with
+  // end_load_progress.
   virtual uint32_t begin_load_progress(uint64_t /*handle*/, const std::string& /*id*/,
-                                       uint32_t /*first_layer*/, uint32_t /*layer_count*/) {
+                                       uint32_t /*first_layer*/, uint32_t /*layer_count*/,
+                                       uint32_t& /*generation*/) {
     return kNoProgressSlot;
   }
   virtual void end_load_progress(uint32_t /*slot*/, bool /*finished*/) {}
@@ -76,14 +101,20 @@ class Sink {
 
 struct TableOptions {
   uint64_t default_deadline_ns = 60'000'000'000ULL;
-  // How long a completed id is remembered (partner halves absorbed).
-  uint64_t tombstone_ns = 120'000'000'000ULL;
-  size_t max_tombstones = 100'000;
+  // How long after a request ends its id is remembered, beyond the longest
+  // deadline its partner half could still come within.
+  uint64_t tombstone_margin_ns = 30'000'000'000ULL;
+  // Ids remembered at most (Tombstones); past it, new requests are refused.
+  size_t max_tombstones = size_t{1} << 21;
+  // Requests in flight at most; past it, new requests are refused.
+  size_t max_live_requests = size_t{1} << 16;
   // How long a rank may take to confirm that it stopped working on a request.
   uint64_t withdraw_timeout_ns = 1'000'000'000ULL;
-  // Optional: the decode pool's block count for ipc destinations, by peer
-  // instance name (looked up by the coordinator; nullopt when unknown).
-  std::function<std::optional<uint32_t>(const std::string& peer_instance)> peer_blocks;
+  // This instance's name: never a valid transfer destination.
+  std::string own_instance;
+  // Optional: what is known of a peer (decode) instance for ipc
+  // destinations, by name (looked up by the coordinator; nullopt: unknown).
+  std::function<std::optional<PeerInfo>(const std::string& peer_instance)> peer_info;
 };
 
 struct TableCounters {
@@ -93,8 +124,9 @@ struct TableCounters {
   uint64_t cancelled = 0;
   uint64_t timeouts = 0;
   uint64_t rejected = 0;
-  uint64_t absorbed = 0;       // partner halves of already-ended requests
-  uint64_t stray_reports = 0;  // reports for handles no longer live
+  uint64_t absorbed = 0;             // partner halves of already-ended requests
+  uint64_t stray_reports = 0;        // reports for handles no longer live
+  uint64_t session_withdrawals = 0;  // requests withdrawn because their session died
 };
 
 class TaskTable {
@@ -105,25 +137,35 @@ class TaskTable {
   TaskTable& operator=(const TaskTable&) = delete;
 
   // ---- submissions (decoded in place from the submit ring; the table copies
-  // what it keeps and validates the copy, never the shared bytes) ----
-  void on_cache_task(schema::CacheTask::Reader task, uint64_t now_ns);
-  void on_cache_dest(schema::CacheDest::Reader dest, uint64_t now_ns);
-  void on_swap(schema::SwapTask::Reader swap, uint64_t now_ns);
-  void on_connect(schema::ConnectTask::Reader connect, uint64_t now_ns);
-  void on_cancel(schema::Cancel::Reader cancel, uint64_t now_ns);
-  void on_register_pool(schema::RegisterPool::Reader reg, uint64_t now_ns);
+  // what it keeps and validates the copy, never the shared bytes). `session`
+  // is the submitting engine session (records::session_id), 0 if unknown ----
+  void on_cache_task(schema::CacheTask::Reader task, uint64_t now_ns, uint32_t session = 0);
+  void on_cache_dest(schema::CacheDest::Reader dest, uint64_t now_ns, uint32_t session = 0);
+  void on_swap(schema::SwapTask::Reader swap, uint64_t now_ns, uint32_t session = 0);
+  void on_connect(schema::ConnectTask::Reader connect, uint64_t now_ns, uint32_t session = 0);
+  void on_cancel(schema::Cancel::Reader cancel, uint64_t now_ns, uint32_t session = 0);
+  void on_register_pool(schema::RegisterPool::Reader reg, uint64_t now_ns, uint32_t session = 0);
   // A record that could not be decoded: it still gets one (rejected) completion.
-  void on_malformed(const std::string& what, const std::string& error, uint64_t now_ns);
+  void on_malformed(const std::string& what, const std::string& error, uint64_t now_ns,
+                    uint32_t session = 0);
 
   // ---- from the workers ----
   void on_report(const records::WorkerReport& report, uint64_t now_ns);
-  // Rank `rank` died: every live request it held fails, naming the rank.
+  // Rank `rank` died (confirmed): every live request it held fails, naming
+  // the rank; withdrawals it owed are settled.
   void on_rank_lost(uint32_t rank, const std::string& reason, uint64_t now_ns);
   // Whether new requests may be sent to `rank`. on_rank_lost() marks it down;
   // the coordinator marks it up when its replacement worker is started.
   void set_rank_up(uint32_t rank) {
     if (rank < down_.size()) down_[rank].reset();
   }
+
+  // ---- engine sessions ----
+  // `session` died: its requests are withdrawn without completions, and
+  // their ids are free at once.
+  void on_session_ended(uint32_t session, uint64_t now_ns);
+  // Whether a session has live requests (the coordinator watches those).
+  bool session_has_requests(uint32_t session) const;
 
   // Deadlines and tombstone expiry. Returns the next time tick() has work.
   uint64_t tick(uint64_t now_ns);
@@ -135,6 +177,7 @@ class TaskTable {
   void fail_all(const std::string& reason, uint64_t now_ns);
 
   size_t live() const { return by_handle_.size(); }
+  size_t remembered() const { return tombstones_.size(); }
   const TableCounters& counters() const { return counters_; }
 
  private:
@@ -143,8 +186,12 @@ class TaskTable {
 
   Request* find_live(const std::string& id);
   Request& create(const std::string& id, CompletionKind kind, uint64_t now_ns,
-                  uint32_t deadline_ms);
-  void absorb_or_reject_half(const std::string& id, Half half, const char* what, uint64_t now_ns);
+                  uint32_t deadline_ms, uint32_t session);
+  // The checks every new request passes (draining, capacity); false when it
+  // was refused (and answered).
+  bool admit(const std::string& id, CompletionKind kind, uint64_t now_ns, uint32_t session);
+  void absorb_or_reject_half(const std::string& id, Half half, Tombstones::Halves seen,
+                             const char* what, uint64_t now_ns, uint32_t session);
   void maybe_dispatch_dest(Request& r, uint64_t now_ns);
   // Sends a part of `r` to every rank. When a rank is down it sends nothing,
   // ends `r` with an error naming the rank, and returns false.
@@ -156,12 +203,16 @@ class TaskTable {
   // otherwise once every such rank has confirmed (see the top).
   void finish(Request& r, CompletionStatus status, int32_t error_rank, const std::string& message,
               uint64_t now_ns);
+  void arm_withdraw_deadline(Request& r, uint64_t at_ns);
+  // Sends r's completion (unless its session is gone) and forgets r.
   void emit(Request& r, uint64_t now_ns);
   bool writers_settled(const Request& r) const;
   void complete_unknown(const std::string& id, CompletionKind kind, CompletionStatus status,
-                        const std::string& message, uint64_t now_ns);
-  void remember(const std::string& id, bool task_seen, bool dest_seen, uint64_t now_ns);
-  bool refuse_if_draining(const std::string& id, CompletionKind kind, uint64_t now_ns);
+                        const std::string& message, uint64_t now_ns, uint32_t session);
+  void remember(const std::string& id, Tombstones::Halves halves, uint64_t deadline_ns,
+                uint64_t now_ns);
+  std::optional<std::string> check_peer(schema::CacheDest::Reader dest,
+                                        std::optional<uint32_t>& peer_blocks);
 
   messages::Limits limits_;
   TableOptions options_;
@@ -170,15 +221,9 @@ class TaskTable {
   bool draining_ = false;
   std::vector<std::optional<std::string>> down_;  // per rank: why it is down
   std::unordered_map<uint64_t, std::unique_ptr<Request>> by_handle_;
-  std::unordered_map<std::string, Request*> by_id_;
-  std::multimap<uint64_t, uint64_t> deadlines_;  // (deadline, handle) of live requests
-  struct Tombstone {
-    uint64_t expires_ns;
-    bool task_seen;
-    bool dest_seen;
-  };
-  std::unordered_map<std::string, Tombstone> tombstones_;
-  std::deque<std::pair<uint64_t, std::string>> tombstone_order_;  // (expiry, id)
+  std::unordered_map<std::string, Request*> by_id_;  // live requests that own their id
+  std::multimap<uint64_t, uint64_t> deadlines_;      // (deadline, handle) of live requests
+  Tombstones tombstones_;
   TableCounters counters_;
 };
 

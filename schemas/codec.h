@@ -60,8 +60,8 @@ void encode_into(capnp::MessageBuilder& message, std::span<std::byte> out);
 // Serializes `message` as one ring record of type `type`. kFull/kTimeout when
 // the ring has no room (nothing written), kTooLarge when the message exceeds
 // the ring's record limit (the error names both sizes).
-Status write_message(MpscRing& ring, schema::MessageType type, capnp::MessageBuilder& message,
-                     Deadline deadline);
+Status write_message(MpscProducer& producer, schema::MessageType type,
+                     capnp::MessageBuilder& message, Deadline deadline);
 
 // Decodes `payload` in place as a T and hands its reader to `fn`, which
 // returns a Status (or Result). Any capnp error - a bad segment table, a

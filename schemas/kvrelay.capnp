@@ -2,8 +2,9 @@
 # host boundary (DESIGN.md section 4).
 #
 # Where they travel:
-#   engine (client library)  -> submit ring       -> coordinator : CacheTask, CacheDest, SwapTask,
-#                                                                  ConnectTask, Cancel, RegisterPool
+#   engine (client library)  -> submit ring       -> coordinator : SessionHello, CacheTask, CacheDest,
+#                                                                  SwapTask, ConnectTask, Cancel,
+#                                                                  RegisterPool
 #   coordinator              -> task ring (rank r) -> worker r   : WorkerTask
 #   coordinator              -> completion ring    -> engine     : Completion
 #   worker <-> peer worker over TCP/RDMA (network transports)    : TransportHello, TransportHelloAck,
@@ -37,6 +38,7 @@ enum MessageType {
   rdmaQpInfo @11;
   rdmaMemoryRegions @12;
   tcpFrameHeader @13;
+  sessionHello @14;
 }
 
 enum TransferProtocol {
@@ -88,6 +90,21 @@ struct CacheTask {
   deadlineMs @5 :UInt32;
   # Per-request deadline, in milliseconds after submission; 0 takes the
   # instance's default. When it passes, the request completes with `timeout`.
+
+  signalWatermarks @6 :List(UInt64);
+  # Written by the client library: per rank, how many layer signals had been
+  # pushed to that rank when this task was submitted (its signal ring's write
+  # position). Untagged signals from before it belong to earlier requests and
+  # are never attributed to this one. Empty: unknown (everything is eligible).
+}
+
+struct SessionHello {
+  # The first record of every engine attachment (a Client), written by the
+  # client library. The record's producer slot and generation (in the ring
+  # record header) identify the session; the coordinator answers in that
+  # producer slot once the requests of dead sessions are withdrawn.
+  pid @0 :UInt32;
+  # The attaching process, for logs.
 }
 
 struct CacheDest {
@@ -121,8 +138,9 @@ struct CacheDest {
   # tcp: one port per TP rank for the decode rank's frame receiver.
 
   deviceIds @7 :List(UInt32);
-  # ipc: one GPU device id per TP rank of the decode instance (the original's
-  # device_ids); for host-memory pools, the decode rank itself.
+  # ipc: one entry per TP rank of this (prefill) instance: where that rank's
+  # blocks go (the original's device_ids). For host-memory pools, the decode
+  # rank that receives them: below the decode instance's tp_size, no rank twice.
 
   errorMessage @8 :Text;
   # Set (non-empty) instead of destBlockIds when the decode side could not
@@ -252,6 +270,10 @@ struct WorkerTask {
   # swap load: the SwapProgressTable slot where this rank publishes how many
   # layers it has loaded; 0xffffffff when there is none.
 
+  progressGeneration @11 :UInt32;
+  # swap load: the generation the progress slot was assigned with; the
+  # worker's counts count only while the slot still holds it.
+
   union {
     bind @2 :CacheTask;
     # The prefill half, validated: follow its slot's (or legacy step's)
@@ -268,6 +290,9 @@ struct WorkerTask {
     registerPool @7 :PoolDescriptor;
     shutdown @8 :Void;
     # The instance is shutting down: exit cleanly.
+    sessionEnded @10 :UInt32;
+    # An engine session (its id: producer slot << 16 | generation & 0xffff)
+    # died: forget the signals it pushed that no request has claimed yet.
   }
 }
 
@@ -293,6 +318,7 @@ struct Completion {
     connect @2;
     registerPool @3;
     other @4;  # a record that could not be decoded far enough to know
+    cancel @5;  # the answer to a Cancel that was refused (rejected)
   }
 
   status @2 :Status;
@@ -325,6 +351,18 @@ struct Completion {
   # CLOCK_MONOTONIC (ns) at which the first rank began copying for the
   # request; 0 when nothing was copied. Minus the engine's own submit time it
   # is the dispatch latency (plus any wait for layer signals).
+
+  session @9 :UInt32;
+  # The engine session that submitted the request (producer slot << 16 |
+  # generation & 0xffff); 0 when unknown. The client library drops
+  # completions of sessions that died: they are nobody's to read.
+
+  blocksReusable @10 :Bool;
+  # True when no rank can still write into the request's destination blocks
+  # (every rank finished, confirmed it stopped, or was confirmed dead), so
+  # the engine may give them to another request at once. False only when a
+  # rank could not be confirmed stopped (an external worker that did not
+  # answer): then the message says which, and the blocks must wait.
 }
 
 # ---------------------------------------------------------------------------

@@ -54,12 +54,24 @@ constexpr uint32_t request_tag(std::string_view request_id) {
   return h == 0 ? 1 : h;
 }
 
+// An engine session's id: its submit-ring producer slot and the low bits of
+// that slot's lease generation. 0: none.
+constexpr uint32_t session_id(uint32_t slot, uint32_t generation) {
+  return (slot << 16) | (generation & 0xFFFF);
+}
+constexpr uint32_t session_slot(uint32_t session) {
+  return session >> 16;
+}
+constexpr uint16_t session_generation(uint32_t session) {
+  return static_cast<uint16_t>(session);
+}
+
 struct LayerSignal {
   uint32_t kind;   // SignalKind
   uint32_t count;  // kBatch: entries used in this record
   uint64_t step;   // the engine's step; u64, never wraps
   uint32_t layer;  // kLayerDone / kLegacyLayerDone
-  uint32_t reserved;
+  uint32_t session;  // session_id() of the pushing client (stamped by the client library)
   BatchEntry entries[kBatchEntriesPerSignal];
 };
 static_assert(std::is_trivially_copyable_v<LayerSignal>);
@@ -76,7 +88,6 @@ enum class ReportKind : uint32_t {
   kConnectFailed = 5,
   kPoolRegistered = 6,
   kPoolRejected = 7,
-  kSwapLayerDone = 8,  // (issue 6) load progress; `layer` is the layer just loaded
 };
 
 inline constexpr size_t kReportMessageBytes = 144;

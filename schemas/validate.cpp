@@ -161,6 +161,13 @@ Status validate(schema::CacheTask::Reader task, const Limits& limits) {
   if (task.isEngineSlot() && task.getEngineSlot() >= kMaxEngineSlots)
     return invalid(fmt::format("{}: engine_slot {} is out of range: slots are 0..{}", w,
                                task.getEngineSlot(), kMaxEngineSlots - 1));
+  if (task.getDeadlineMs() > kMaxDeadlineMs)
+    return invalid(fmt::format("{}: deadline_ms {} exceeds the limit of {} (one hour)", w,
+                               task.getDeadlineMs(), kMaxDeadlineMs));
+  if (task.hasSignalWatermarks() && task.getSignalWatermarks().size() != 0 &&
+      task.getSignalWatermarks().size() != limits.tp_size)
+    return invalid(fmt::format("{}: signal_watermarks has {} but the instance has {} ranks", w,
+                               entries(task.getSignalWatermarks().size()), limits.tp_size));
   return {};
 }
 
@@ -235,6 +242,9 @@ Status validate(schema::SwapTask::Reader swap, const Limits& limits) {
   if (first >= limits.total_layers() || first + count > limits.total_layers())
     return invalid(fmt::format("{}: layers [{}, {}) exceed the pool's {} layers", w, first,
                                first + count, limits.total_layers()));
+  if (swap.getDeadlineMs() > kMaxDeadlineMs)
+    return invalid(fmt::format("{}: deadline_ms {} exceeds the limit of {} (one hour)", w,
+                               swap.getDeadlineMs(), kMaxDeadlineMs));
   return {};
 }
 

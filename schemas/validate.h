@@ -24,6 +24,9 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 inline constexpr uint32_t kMaxEngineSlots = 512;  // the engine's batch slots (the original's 512)
 inline constexpr size_t kMaxAddressBytes = 255;
 inline constexpr size_t kCudaIpcHandleBytes = 64;
+// Per-request deadlines (deadline_ms) longer than an hour are refused: the
+// coordinator remembers ended ids for as long as their partner may still come.
+inline constexpr uint32_t kMaxDeadlineMs = 3'600'000;
 
 // The parts of an instance's configuration that bound its messages.
 struct Limits {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "shm/chaos.h"
+#include "shm/fault_point.h"
 #include "shm/futex.h"
 #include "shm/wait_event.h"
 
@@ -10,17 +11,23 @@ namespace kvrelay {
 
 namespace {
 
+constexpr uint64_t kPoisonedBit = uint64_t{1} << 31;
+
 constexpr uint32_t generation_of(uint64_t w) {
   return static_cast<uint32_t>(w >> 32);
 }
+constexpr bool entered_by_poison(uint64_t w) {
+  return (w & kPoisonedBit) != 0;
+}
 constexpr uint16_t parties_of(uint64_t w) {
-  return static_cast<uint16_t>(w >> 16);
+  return static_cast<uint16_t>((w >> 16) & 0x7FFF);
 }
 constexpr uint16_t arrived_of(uint64_t w) {
   return static_cast<uint16_t>(w);
 }
-constexpr uint64_t pack(uint32_t gen, uint16_t parties, uint16_t arrived) {
-  return (uint64_t{gen} << 32) | (uint64_t{parties} << 16) | arrived;
+constexpr uint64_t pack(uint32_t gen, bool poisoned, uint16_t parties, uint16_t arrived) {
+  return (uint64_t{gen} << 32) | (poisoned ? kPoisonedBit : 0) |
+         (uint64_t{static_cast<uint16_t>(parties & 0x7FFF)} << 16) | arrived;
 }
 
 // The futex word: the generation, i.e. the upper 32 bits of the state word.
@@ -28,9 +35,22 @@ const void* generation_word(const std::atomic<uint64_t>& w) {
   return reinterpret_cast<const char*>(&w) + 4;
 }
 
-BarrierResult outcome(uint32_t my_generation, uint32_t now_generation) {
-  return ((now_generation - my_generation) & 1U) != 0 ? BarrierResult::kOk
-                                                      : BarrierResult::kAborted;
+// Records how the transition into the generation of `w` happened (it is
+// decided: `w` is the current word), before the caller replaces `w`.
+void record_entry(BarrierState& s, uint64_t w) {
+  const uint32_t previous = generation_of(w) - 1;
+  s.history[previous % kBarrierHistory].store(
+      (uint64_t{previous} << 1) | (entered_by_poison(w) ? 1 : 0), std::memory_order_release);
+}
+
+// How the round of generation `mine` ended, seen from word `now` (whose
+// generation differs).
+BarrierResult outcome(const BarrierState& s, uint32_t mine, uint64_t now) {
+  if (generation_of(now) == mine + 1)
+    return entered_by_poison(now) ? BarrierResult::kAborted : BarrierResult::kOk;
+  const uint64_t h = s.history[mine % kBarrierHistory].load(std::memory_order_acquire);
+  if (static_cast<uint32_t>(h >> 1) != mine) return BarrierResult::kAborted;  // too far behind
+  return (h & 1) != 0 ? BarrierResult::kAborted : BarrierResult::kOk;
 }
 
 }  // namespace
@@ -46,7 +66,8 @@ const char* barrier_result_name(BarrierResult r) {
 
 void Barrier::arm(uint16_t parties) {
   const uint64_t w = s_->word.load(std::memory_order_acquire);
-  s_->word.store(pack(generation_of(w), parties, 0), std::memory_order_release);
+  s_->word.store(pack(generation_of(w), entered_by_poison(w), parties, 0),
+                 std::memory_order_release);
 }
 
 BarrierResult Barrier::wait(Deadline deadline) {
@@ -61,25 +82,28 @@ BarrierResult Barrier::wait(Deadline deadline) {
     if (parties == 0) return BarrierResult::kAborted;  // not armed: nothing to wait for
     if (arrived + 1 >= parties) {
       // Last to arrive: complete the round and wake everybody.
-      if (s_->word.compare_exchange_weak(w, pack(gen + 1, parties, 0), std::memory_order_acq_rel,
-                                         std::memory_order_acquire)) {
+      record_entry(*s_, w);
+      if (s_->word.compare_exchange_weak(w, pack(gen + 1, false, parties, 0),
+                                         std::memory_order_acq_rel, std::memory_order_acquire)) {
         s_->rounds_completed.fetch_add(1, std::memory_order_relaxed);
         futex_wake_word(generation_word(s_->word), INT32_MAX);
         return BarrierResult::kOk;
       }
-    } else if (s_->word.compare_exchange_weak(w, pack(gen, parties, arrived + 1),
+    } else if (s_->word.compare_exchange_weak(w, pack(gen, entered_by_poison(w), parties,
+                                                      arrived + 1),
                                               std::memory_order_acq_rel,
                                               std::memory_order_acquire)) {
       break;
     }
   }
+  KVRELAY_FAULT_POINT("barrier.arrived");
 
   static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   if (parties <= cpus) {
     const uint64_t spin_until = mono_now_ns() + default_spin_ns();
     for (uint32_t i = 1;; ++i) {
-      const uint32_t now = generation_of(s_->word.load(std::memory_order_acquire));
-      if (now != gen) return outcome(gen, now);
+      const uint64_t now = s_->word.load(std::memory_order_acquire);
+      if (generation_of(now) != gen) return outcome(*s_, gen, now);
       cpu_relax();
       if ((i & 63) == 0 && mono_now_ns() >= spin_until) break;
     }
@@ -87,11 +111,11 @@ BarrierResult Barrier::wait(Deadline deadline) {
   for (;;) {
     const FutexWait r = futex_wait_word(generation_word(s_->word), gen, deadline);
     w = s_->word.load(std::memory_order_acquire);
-    if (generation_of(w) != gen) return outcome(gen, generation_of(w));
+    if (generation_of(w) != gen) return outcome(*s_, gen, w);
     if (r != FutexWait::kTimedOut && !deadline.passed()) continue;
     // Timed out: withdraw our arrival unless the round moved on meanwhile.
     for (;;) {
-      if (generation_of(w) != gen) return outcome(gen, generation_of(w));
+      if (generation_of(w) != gen) return outcome(*s_, gen, w);
       if (s_->word.compare_exchange_weak(w, w - 1, std::memory_order_acq_rel,
                                          std::memory_order_acquire)) {
         s_->timeouts.fetch_add(1, std::memory_order_relaxed);
@@ -103,8 +127,11 @@ BarrierResult Barrier::wait(Deadline deadline) {
 
 uint32_t Barrier::poison(uint16_t survivors) {
   uint64_t w = s_->word.load(std::memory_order_acquire);
-  while (!s_->word.compare_exchange_weak(w, pack(generation_of(w) + 2, survivors, 0),
-                                         std::memory_order_acq_rel, std::memory_order_acquire)) {
+  for (;;) {
+    record_entry(*s_, w);
+    if (s_->word.compare_exchange_weak(w, pack(generation_of(w) + 1, true, survivors, 0),
+                                       std::memory_order_acq_rel, std::memory_order_acquire))
+      break;
   }
   s_->rounds_poisoned.fetch_add(1, std::memory_order_relaxed);
   futex_wake_word(generation_word(s_->word), INT32_MAX);

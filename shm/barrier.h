@@ -6,14 +6,19 @@
 // timeout and poisoning are each a single CAS and can never interleave:
 //
 //   bits 63..32  generation: the futex word (the upper half, little-endian)
-//   bits 31..16  parties:    how many must arrive for a round to complete
+//   bit  31      how the barrier entered this generation: 0 completed, 1 poisoned
+//   bits 30..16  parties:    how many must arrive for a round to complete
 //   bits 15..0   arrived:    how many have arrived in this generation
 //
-// A completed round advances the generation by 1, a poisoned one by 2. A
-// waiter of generation g that finds the generation moved on looks at the
-// distance: the first transition out of g decides its round, and any later
-// transition it did not take part in can only be a poison (+2), so an odd
-// distance means "completed" and an even one "aborted".
+// Every transition (a round completed, or poisoned) advances the generation
+// by one and says in the word which kind it was. A waiter of generation g
+// that finds g + 1 reads its outcome from that bit. A waiter that slept
+// through more than one transition (it was paused across a poison and the
+// re-armed round completed without it, say) finds its outcome in `history`:
+// whoever makes the transition out of g + 1 first records there how g ended,
+// which it knows from the word it replaces. A waiter so far behind that the
+// history no longer holds its generation returns kAborted: it never mistakes
+// an aborted round for a completed one.
 //
 // Poisoning re-arms the barrier at once with the survivors' count.
 // Pthread and Boost.Interprocess barriers can do neither of these.
@@ -32,14 +37,18 @@ namespace kvrelay {
 
 static_assert(std::endian::native == std::endian::little, "the futex word is the upper half");
 
+inline constexpr uint32_t kBarrierHistory = 16;
+
 struct alignas(64) BarrierState {
   std::atomic<uint64_t> word{0};
   std::atomic<uint64_t> rounds_completed{0};
   std::atomic<uint64_t> rounds_poisoned{0};
   std::atomic<uint64_t> timeouts{0};
   uint8_t reserved[32];
+  // (generation << 1 | poisoned) of past transitions, by generation % 16.
+  std::atomic<uint64_t> history[kBarrierHistory];
 };
-static_assert(sizeof(BarrierState) == 64);
+static_assert(sizeof(BarrierState) == 64 + 8 * kBarrierHistory);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 enum class BarrierResult { kOk, kTimeout, kAborted };
@@ -56,7 +65,7 @@ struct BarrierSnapshot {
 
 class Barrier {
  public:
-  static constexpr uint32_t kMaxParties = 0xFFFF;
+  static constexpr uint32_t kMaxParties = 0x7FFF;
 
   explicit Barrier(BarrierState& state) : s_(&state) {}
 

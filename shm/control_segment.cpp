@@ -36,22 +36,30 @@ constexpr double kUnclaimedGraceSeconds = 2.0;
 }  // namespace
 
 std::string CreatorStatus::describe() const {
+  if (alive()) return fmt::format("coordinator pid {} is alive", pid);
   switch (liveness) {
-    case Liveness::kAlive: return fmt::format("coordinator pid {} is alive", pid);
+    case Liveness::kAlive:
+      return fmt::format("coordinator pid {} no longer holds the instance (the pid runs, but "
+                         "not as its coordinator)",
+                         pid);
     case Liveness::kGone: return fmt::format("coordinator pid {} is gone", pid);
     case Liveness::kPidReused:
       return fmt::format("coordinator pid {} is gone (the pid now belongs to another process)",
                          pid);
     case Liveness::kOtherBoot: return fmt::format("coordinator pid {} ran in a previous boot", pid);
+    case Liveness::kUnverifiable:
+      return fmt::format("coordinator pid {} (in another pid namespace) is gone", pid);
   }
   return "unknown";
 }
 
-CreatorStatus creator_status(const SegmentPreamble& p) {
+CreatorStatus creator_status(const SegmentPreamble& p, LockSpace owner_lock) {
   CreatorStatus s;
   s.pid = p.creator_pid;
-  s.liveness =
-      check_liveness(ProcessIdentity{p.creator_pid, p.creator_start_time}, recorded_boot_id(p));
+  s.lock = owner_lock.probe(0);
+  ProcessIdentity recorded{p.creator_pid, p.creator_start_time, 0};
+  std::memcpy(&recorded.pid_ns, p.reserved, sizeof(recorded.pid_ns));
+  s.liveness = check_liveness(recorded, recorded_boot_id(p));
   return s;
 }
 
@@ -103,10 +111,13 @@ Result<ControlSegment> ControlSegment::create(const InstanceConfig& config,
 
   std::optional<StaleReplacement> replaced;
   for (int attempt = 0; attempt < 4; ++attempt) {
-    Result<SharedSegment> created = SharedSegment::create(name, layout.total_bytes, options);
+    SegmentOptions owned = options;
+    owned.owner_lock = true;
+    Result<SharedSegment> created = SharedSegment::create(name, layout.total_bytes, owned);
     if (created.ok()) {
       ControlSegment seg(std::move(created).value());
       seg.replaced_ = replaced;
+      seg.adopt(config);
       const uint64_t epoch = replaced ? replaced->old_epoch + 1 : 1;
       if (Status s = seg.initialize(config, layout, epoch); !s) {
         (void)SharedSegment::unlink(name);
@@ -127,6 +138,15 @@ Result<ControlSegment> ControlSegment::create(const InstanceConfig& config,
     StaleReplacement stale;
     if (existing->size() >= sizeof(SegmentPreamble)) {
       const auto& p = *reinterpret_cast<const SegmentPreamble*>(existing->data());
+      // The owner lock decides; the recorded pid is only for the message.
+      const CreatorStatus creator = creator_status(p, LockSpace{existing->fd(), 0});
+      if (creator.lock == LockState::kHeld) {
+        return make_error(Errc::kAlreadyExists,
+                          fmt::format("instance '{}' is already served by a live coordinator "
+                                      "(pid {} recorded); stop it first or choose another "
+                                      "instance name",
+                                      instance, p.creator_pid));
+      }
       const bool unclaimed = p.creator_pid == 0;
       if (unclaimed && age_seconds(*existing) < kUnclaimedGraceSeconds) {
         return make_error(Errc::kAlreadyExists,
@@ -134,8 +154,7 @@ Result<ControlSegment> ControlSegment::create(const InstanceConfig& config,
                                       "now",
                                       instance));
       }
-      const CreatorStatus creator = creator_status(p);
-      if (!unclaimed && creator.liveness == Liveness::kAlive) {
+      if (!unclaimed && creator.alive()) {
         return make_error(Errc::kAlreadyExists,
                           fmt::format("instance '{}' is already served by coordinator pid {}; "
                                       "stop it first or choose another instance name",
@@ -242,9 +261,20 @@ Result<ControlSegment> ControlSegment::attach(std::string_view instance,
     return s.error();
   }
   const auto& p = *reinterpret_cast<const SegmentPreamble*>(seg.segment_.data());
+  if (p.magic.load(std::memory_order_acquire) != 0) {
+    // Copy, then validate the copy: the shared header may change under us.
+    InstanceConfig copy{};
+    std::memcpy(&copy, &seg.header().config, sizeof(copy));
+    if (Status s = validate_config(copy); !s)
+      return make_error(Errc::kCorrupt, fmt::format("segment /{}: {}", name, s.error().message));
+    if (plan_control_layout(copy).total_bytes != seg.segment_.size())
+      return make_error(Errc::kSizeMismatch,
+                        fmt::format("segment /{} changed size while being attached", name));
+    seg.adopt(copy);
+  }
   if (!options.allow_stale) {
-    const CreatorStatus creator = creator_status(p);
-    if (creator.liveness != Liveness::kAlive)
+    const CreatorStatus creator = creator_status(p, seg.locks());
+    if (!creator.alive())
       return make_error(Errc::kStale,
                         fmt::format("instance '{}' is stale: {}; start a coordinator to replace "
                                     "it",
@@ -264,19 +294,34 @@ void ControlSegment::set_state(InstanceState s) const {
   notify_waiters(status().state_changed);
 }
 
+void ControlSegment::adopt(const InstanceConfig& config) {
+  config_ = config;
+  regions_ = plan_control_layout(config).regions;
+}
+
 std::span<std::byte> ControlSegment::region(RegionKind kind, uint32_t index) const {
-  const SegmentHeader& h = header();
-  const uint32_t count = std::min(h.region_count, kMaxRegions);
-  for (uint32_t i = 0; i < count; ++i) {
-    const RegionEntry& r = h.regions[i];
+  for (const RegionEntry& r : regions_) {
     if (r.kind == static_cast<uint32_t>(kind) && r.index == index) {
-      // Validated at attach; re-check so a scribbled directory cannot send
-      // us outside the mapping.
       if (r.offset > segment_.size() || r.bytes > segment_.size() - r.offset) return {};
       return {segment_.data() + r.offset, r.bytes};
     }
   }
   return {};
+}
+
+LockSpace ControlSegment::lock_of(const void* in_segment) const {
+  const auto offset = static_cast<uint64_t>(static_cast<const std::byte*>(in_segment) -
+                                            segment_.data());
+  return LockSpace{segment_.fd(), offset};
+}
+
+bool ControlSegment::lock_rank(uint32_t rank) const {
+  return rank < config_.tp_size && lock_of(&worker_slot(rank)).try_lock();
+}
+
+LockState ControlSegment::rank_liveness(uint32_t rank) const {
+  if (rank >= config_.tp_size) return LockState::kUnknown;
+  return lock_of(&worker_slot(rank)).probe();
 }
 
 LivenessSlot* ControlSegment::liveness() const {
@@ -309,7 +354,7 @@ Result<MpscRing> ControlSegment::mpsc(RegionKind kind, uint32_t index) const {
     return make_error(Errc::kNotFound,
                       fmt::format("no {}[{}] in this segment",
                                   region_kind_name(static_cast<uint32_t>(kind)), index));
-  return MpscRing::attach(r.data(), r.size());
+  return MpscRing::attach(r.data(), r.size(), lock_of(r.data()));
 }
 
 Status ControlSegment::unlink() const {

@@ -111,6 +111,7 @@ Status validate_config(const InstanceConfig& c) {
                         "must be a non-empty set of ipc (1), tcp (2), rdma (4)");
   if (c.host_blocks > (1U << 24))
     return out_of_range("host_blocks", c.host_blocks, "must be in [0, 16777216]");
+  if (c.group_access > 1) return out_of_range("group_access", c.group_access, "must be 0 or 1");
 
   const struct {
     const char* name;
@@ -124,6 +125,10 @@ Status validate_config(const InstanceConfig& c) {
           r.name, r.value,
           fmt::format("must be a power of two in [4096, {}]", MpscRing::kMaxCapacity));
   }
+  // Every completion must fit one record (its texts are capped to fit).
+  if (c.completion_ring_bytes < kMinCompletionRingBytes)
+    return out_of_range("completion_ring_bytes", c.completion_ring_bytes,
+                        fmt::format("must be at least {}", kMinCompletionRingBytes));
   const struct {
     const char* name;
     uint32_t records;

@@ -18,6 +18,9 @@ inline constexpr uint32_t kSignalRecordBytes = 120;
 inline constexpr uint32_t kReportRecordBytes = 184;
 
 inline constexpr uint32_t kMaxTpSize = 16;
+// The smallest completion ring: its records (an eighth of it) hold any
+// completion, whose texts are capped.
+inline constexpr uint32_t kMinCompletionRingBytes = 16384;
 
 enum class Role : uint32_t { kMixed = 0, kPrefill = 1, kDecode = 2 };
 enum class CacheDtype : uint32_t { kBf16 = 0, kFp16 = 1, kUint8 = 2, kFp8 = 3 };
@@ -46,7 +49,8 @@ struct InstanceConfig {
   uint32_t has_scales;   // 1: fp8 block-wise scales travel with K/V
   uint32_t host_blocks;  // blocks in the host (offload) tier of swap tasks; 0: none
   uint32_t protocols;    // transfer protocols this instance accepts: bit 0 ipc, 1 tcp, 2 rdma
-  uint32_t reserved_geometry[5];
+  uint32_t group_access;  // 1: every segment of the instance (pools too) is 0660, else 0600
+  uint32_t reserved_geometry[4];
 
   // Rings. Byte rings are sized in bytes, fixed-record rings in records.
   uint32_t submit_ring_bytes;      // clients -> coordinator (multi-producer)

@@ -17,12 +17,17 @@
 
 namespace kvrelay {
 
+inline constexpr size_t kExitReasonBytes = 192;
+
 struct alignas(64) InstanceStatus {
-  WaitEvent state_changed;         // header state or a ready flag changed
+  WaitEvent state_changed;         // header state or a ready flag changed; sessions acknowledged
   WaitEvent coordinator_doorbell;  // something for the coordinator to read
   WaitEvent worker_doorbell[kMaxTpSize];
   // 1 when rank r is lined up and serving: the original's cache_ready_signal.
   std::atomic<int32_t> ready_flags[kMaxTpSize];
+  // Why rank r's worker last gave up, written by that worker just before it
+  // exits with an error (NUL-terminated; the coordinator logs it with the exit).
+  char exit_reason[kMaxTpSize][kExitReasonBytes];
 };
 
 // Where a rank's KV pool lives, published by whoever created it (the worker
@@ -46,32 +51,6 @@ struct alignas(64) PoolSlot {
 
 struct PoolDirectory {
   PoolSlot slots[kMaxTpSize][kPoolTiers];
-};
-
-// Per-layer progress of swap loads, so that an engine can start layer i's
-// compute as soon as layer i is back on the device. The coordinator takes a
-// slot when it dispatches a load (tag = the request's tag, never 0) and gives
-// it back after the completion; each rank's worker raises its layers_done
-// after every layer and wakes `changed`. Readers (Client::wait_layer) find
-// the slot by tag.
-inline constexpr uint32_t kSwapProgressSlots = 1024;
-
-enum class SwapProgressState : uint32_t { kFree = 0, kLoading = 1, kDone = 2, kFailed = 3 };
-
-struct alignas(64) SwapProgressSlot {
-  std::atomic<uint32_t> tag;    // records::request_tag of the request id; 0 when free
-  std::atomic<uint32_t> state;  // SwapProgressState
-  uint32_t first_layer;
-  uint32_t layer_count;
-  uint64_t handle;  // the coordinator's request handle (tells reuses of one tag apart)
-  uint8_t reserved[40];
-  std::atomic<uint32_t> layers_done[kMaxTpSize];  // per rank: layers loaded so far
-  WaitEvent changed;
-};
-
-struct SwapProgressTable {
-  WaitEvent slot_taken;  // a slot was taken (a reader waiting for its load to appear)
-  SwapProgressSlot slots[kSwapProgressSlots];
 };
 
 }  // namespace kvrelay

@@ -30,6 +30,7 @@ void register_self(LivenessSlot& slot, SlotState state) {
   std::atomic_thread_fence(std::memory_order_release);
   slot.pid.store(me.pid, std::memory_order_relaxed);
   slot.start_time.store(me.start_time, std::memory_order_relaxed);
+  slot.pid_ns.store(me.pid_ns, std::memory_order_relaxed);
   const uint64_t now = mono_now_ns();
   slot.registered_ns.store(now, std::memory_order_relaxed);
   slot.heartbeat_ns.store(now, std::memory_order_relaxed);
@@ -49,6 +50,7 @@ SlotSnapshot read_slot(const LivenessSlot& slot) {
     if ((before & 1U) != 0) continue;
     s.owner.pid = slot.pid.load(std::memory_order_relaxed);
     s.owner.start_time = slot.start_time.load(std::memory_order_relaxed);
+    s.owner.pid_ns = slot.pid_ns.load(std::memory_order_relaxed);
     s.registrations = slot.registrations.load(std::memory_order_relaxed);
     s.registered_ns = slot.registered_ns.load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
@@ -71,33 +73,42 @@ const char* peer_health_name(PeerHealth h) {
   return "unknown";
 }
 
-PeerHealth judge_peer(const SlotSnapshot& slot, Nanos max_heartbeat_age) {
-  if (slot.state == SlotState::kEmpty || slot.owner.pid == 0) return PeerHealth::kAbsent;
-  if (check_liveness(slot.owner, {}) != Liveness::kAlive) return PeerHealth::kDead;
+namespace {
+
+PeerHealth by_heartbeat(const SlotSnapshot& slot, Nanos max_heartbeat_age) {
   const uint64_t now = mono_now_ns();
   const uint64_t age = now > slot.heartbeat_ns ? now - slot.heartbeat_ns : 0;
   return age > static_cast<uint64_t>(max_heartbeat_age.count()) ? PeerHealth::kSilent
                                                                 : PeerHealth::kHealthy;
 }
 
+}  // namespace
+
+PeerHealth judge_peer(const SlotSnapshot& slot, Nanos max_heartbeat_age, LockState lock) {
+  if (slot.state == SlotState::kEmpty || slot.owner.pid == 0) return PeerHealth::kAbsent;
+  if (lock == LockState::kFree) return PeerHealth::kDead;
+  if (lock == LockState::kUnknown) {
+    const Liveness l = check_liveness(slot.owner, {});
+    if (l != Liveness::kAlive && l != Liveness::kUnverifiable) return PeerHealth::kDead;
+  }
+  return by_heartbeat(slot, max_heartbeat_age);
+}
+
+LockState CachedPeerJudge::lock_state() {
+  const uint64_t now = mono_now_ns();
+  const auto last = static_cast<LockState>(last_.load(std::memory_order_acquire));
+  if (last == LockState::kHeld &&
+      now - checked_ns_.load(std::memory_order_relaxed) < static_cast<uint64_t>(recheck_.count()))
+    return last;
+  const LockState fresh = lock_.probe();
+  checked_ns_.store(now, std::memory_order_relaxed);
+  last_.store(static_cast<int>(fresh), std::memory_order_release);
+  return fresh;
+}
+
 PeerHealth CachedPeerJudge::judge(const SlotSnapshot& slot, Nanos max_heartbeat_age) {
   if (slot.state == SlotState::kEmpty || slot.owner.pid == 0) return PeerHealth::kAbsent;
-  const uint64_t now = mono_now_ns();
-  bool known_alive = false;
-  {
-    std::lock_guard lock(mu_);
-    known_alive = alive_.pid == slot.owner.pid && alive_.start_time == slot.owner.start_time &&
-                  now - checked_ns_ < static_cast<uint64_t>(recheck_.count());
-  }
-  if (!known_alive) {
-    if (check_liveness(slot.owner, {}) != Liveness::kAlive) return PeerHealth::kDead;
-    std::lock_guard lock(mu_);
-    alive_ = slot.owner;
-    checked_ns_ = now;
-  }
-  const uint64_t age = now > slot.heartbeat_ns ? now - slot.heartbeat_ns : 0;
-  return age > static_cast<uint64_t>(max_heartbeat_age.count()) ? PeerHealth::kSilent
-                                                                : PeerHealth::kHealthy;
+  return judge_peer(slot, max_heartbeat_age, lock_state());
 }
 
 std::string PidfdWatcher::Exit::describe() const {

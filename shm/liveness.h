@@ -2,20 +2,25 @@
 // peer died, within a second and without hanging.
 //
 // Every process owns a slot in the control segment holding its identity
-// (pid, start time) and a heartbeat. Peers judge each other by heartbeat age
-// and, when that is suspicious, by checking the recorded identity against
-// /proc. A supervisor that started a process watches it with a pidfd, which
-// becomes readable the moment the child exits.
+// (pid, start time, pid namespace) and a heartbeat, and holds the owner lock
+// on the slot's first byte (owner_lock.h) for as long as it lives. Peers
+// judge each other by that lock: free means dead, proven, whatever was written
+// into the slot and whichever pid namespace the owner runs in; held means
+// alive, and then the heartbeat's age tells a serving peer from a stopped or
+// stuck one. Where no lock can be probed (memory that is not a file, in
+// tests) the identity is checked against /proc instead. A supervisor that
+// started a process also watches it with a pidfd, which becomes readable the
+// moment the child exits.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "shm/clock.h"
+#include "shm/owner_lock.h"
 #include "shm/process_identity.h"
 #include "shm/result.h"
 
@@ -41,7 +46,8 @@ struct alignas(64) LivenessSlot {
   std::atomic<uint64_t> start_time;     // clock ticks after boot
   std::atomic<uint64_t> heartbeat_ns;   // CLOCK_MONOTONIC of the last heartbeat
   std::atomic<uint64_t> registered_ns;
-  uint8_t reserved[24];
+  std::atomic<uint64_t> pid_ns;  // the owner's pid namespace (inode)
+  uint8_t reserved[16];
 };
 static_assert(sizeof(LivenessSlot) == 64);
 
@@ -75,25 +81,31 @@ enum class PeerHealth {
 };
 const char* peer_health_name(PeerHealth h);
 
-// Judges a peer: process gone beats everything; then heartbeat age.
-PeerHealth judge_peer(const SlotSnapshot& slot, Nanos max_heartbeat_age);
+// Judges a peer from its slot and its owner lock: a free lock beats
+// everything (dead); then the heartbeat's age. `lock` kUnknown falls back to
+// checking the recorded identity against /proc.
+PeerHealth judge_peer(const SlotSnapshot& slot, Nanos max_heartbeat_age,
+                      LockState lock = LockState::kUnknown);
 
-// judge_peer() for hot paths (a check per submit, per request): the /proc
-// check of the peer's identity (an open, a read and a close: ~10 us on these
-// machines) is repeated at most every `recheck`; in between, a peer found
-// alive with the same identity is taken to be alive still. The heartbeat and
-// the slot's state are read on every call. A peer that died is therefore
-// noticed within `recheck` plus the usual limits. Thread-safe.
+// judge_peer() for hot paths (a check per submit, per signal push): the
+// owner-lock probe (a system call, ~0.5 us, but ~10 us on some VMs) is
+// repeated at most every `recheck`; in between, a peer found alive is taken
+// to be alive still. The heartbeat and the slot's state are read on every
+// call. A peer that died is therefore noticed within `recheck`. Lock-free and
+// allocation-free, so a CUDA host callback may call it; thread-safe.
 class CachedPeerJudge {
  public:
-  explicit CachedPeerJudge(Nanos recheck = std::chrono::milliseconds(10)) : recheck_(recheck) {}
+  CachedPeerJudge(LockSpace owner_lock, Nanos recheck = std::chrono::milliseconds(10))
+      : lock_(owner_lock), recheck_(recheck) {}
   PeerHealth judge(const SlotSnapshot& slot, Nanos max_heartbeat_age);
+  // The lock alone (for peers whose slot may not be registered yet).
+  LockState lock_state();
 
  private:
+  LockSpace lock_;
   Nanos recheck_;
-  std::mutex mu_;
-  ProcessIdentity alive_{};  // the identity last found alive
-  uint64_t checked_ns_ = 0;  // when
+  std::atomic<uint64_t> checked_ns_{0};
+  std::atomic<int> last_{static_cast<int>(LockState::kUnknown)};
 };
 
 // Watches child processes through pidfds. Not thread-safe; one owner.

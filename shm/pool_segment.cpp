@@ -1,11 +1,13 @@
 #include "shm/pool_segment.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <new>
 
 #include "shm/bits.h"
+#include "shm/owner_lock.h"
 #include "shm/process_identity.h"
 
 namespace kvrelay {
@@ -43,8 +45,8 @@ uint64_t HostPool::segment_bytes(const PoolGeometry& g) {
   return total;
 }
 
-HostPool::HostPool(SharedSegment seg) : segment_(std::move(seg)) {
-  geometry_ = header().geometry;
+HostPool::HostPool(SharedSegment seg, const PoolGeometry& geometry, uint32_t rank)
+    : segment_(std::move(seg)), geometry_(geometry), rank_(rank) {
   uint64_t total = 0;
   tensor_offsets_ = plan_tensors(geometry_, &total);
 }
@@ -54,20 +56,33 @@ Result<HostPool> HostPool::create(const std::string& segment_name, uint32_t rank
   if (Status s = validate_geometry(geometry, segment_name); !s)
     return make_error(Errc::kInvalidArgument, s.error().message);
   const uint64_t bytes = segment_bytes(geometry);
-  Result<SharedSegment> seg = SharedSegment::create(segment_name, bytes, options);
+  SegmentOptions owned = options;
+  owned.owner_lock = true;
+  Result<SharedSegment> seg = SharedSegment::create(segment_name, bytes, owned);
   if (!seg && seg.code() == Errc::kAlreadyExists) {
-    // Left behind by a dead creator? Then it is ours to replace.
+    // Left behind by a dead creator? Then it is ours to replace, if it is ours.
     Result<SharedSegment> old = SharedSegment::open(segment_name, SegmentAccess::kReadOnly);
-    if (old && old->size() >= sizeof(SegmentPreamble)) {
-      const auto& p = *reinterpret_cast<const SegmentPreamble*>(old->data());
-      const Liveness l = check_liveness(ProcessIdentity{p.creator_pid, p.creator_start_time}, {});
-      if (l == Liveness::kAlive)
-        return make_error(Errc::kAlreadyExists,
-                          fmt::format("pool /{} exists and its creator pid {} is alive",
-                                      segment_name, p.creator_pid));
+    if (!old) {
+      if (old.code() == Errc::kPermissionDenied)
+        return make_error(Errc::kPermissionDenied,
+                          fmt::format("pool /{} already exists and belongs to another user; "
+                                      "kvrelay never removes another user's segment: remove it "
+                                      "as that user, or choose another instance name",
+                                      segment_name));
+      if (old.code() != Errc::kNotFound) return old.error();
+    } else {
+      if (old->owner_uid() != geteuid())
+        return make_error(Errc::kPermissionDenied,
+                          fmt::format("pool /{} already exists and belongs to uid {}; kvrelay "
+                                      "never removes another user's segment: remove it as that "
+                                      "user, or choose another instance name",
+                                      segment_name, old->owner_uid()));
+      if (LockSpace{old->fd(), 0}.probe(0) == LockState::kHeld)
+        return make_error(Errc::kBusy,
+                          fmt::format("pool /{} exists and a live process holds it", segment_name));
+      (void)SharedSegment::unlink(segment_name);
     }
-    (void)SharedSegment::unlink(segment_name);
-    seg = SharedSegment::create(segment_name, bytes, options);
+    seg = SharedSegment::create(segment_name, bytes, owned);
   }
   if (!seg) return seg.error();
   auto* h = new (seg->data()) PoolHeader{};
@@ -77,20 +92,26 @@ Result<HostPool> HostPool::create(const std::string& segment_name, uint32_t rank
   h->geometry = geometry;
   h->data_offset = align_up(sizeof(PoolHeader), kTensorAlignment);
   h->preamble.magic.store(kSegmentMagic, std::memory_order_release);
-  return HostPool(std::move(seg).value());
+  return HostPool(std::move(seg).value(), geometry, rank);
 }
 
 Result<HostPool> HostPool::open(const std::string& segment_name, const PoolGeometry* expected,
-                                SegmentAccess access) {
+                                SegmentAccess access, bool own) {
   Result<SharedSegment> seg = SharedSegment::open(segment_name, access);
   if (!seg) return seg.error();
+  if (own && !LockSpace{seg->fd(), 0}.try_lock(0))
+    return make_error(Errc::kBusy, fmt::format("pool /{} is held by another live process (another "
+                                               "worker of the same rank?)",
+                                               segment_name));
   if (Status s =
           validate_preamble(seg->data(), seg->size(), segment_name, SegmentKind::kPool, false);
       !s)
     return s.error();
   if (seg->size() < sizeof(PoolHeader))
     return make_error(Errc::kSizeMismatch, fmt::format("pool /{} is too small", segment_name));
-  const auto& h = *reinterpret_cast<const PoolHeader*>(seg->data());
+  // Copy, then validate the copy: the header may change under us.
+  PoolHeader h{};
+  std::memcpy(static_cast<void*>(&h), seg->data(), sizeof(h));
   if (Status s = validate_geometry(h.geometry, segment_name); !s) return s.error();
   if (segment_bytes(h.geometry) != seg->size())
     return make_error(Errc::kSizeMismatch,
@@ -108,7 +129,7 @@ Result<HostPool> HostPool::open(const std::string& segment_name, const PoolGeome
             h.geometry.has_scales, expected->num_layers, expected->extra_layers,
             expected->num_blocks, expected->kv_heads, expected->block_size, expected->head_dim,
             expected->dtype, expected->has_scales));
-  return HostPool(std::move(seg).value());
+  return HostPool(std::move(seg).value(), h.geometry, h.rank);
 }
 
 std::byte* HostPool::tensor(uint32_t layer, PoolTensor t) const {

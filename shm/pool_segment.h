@@ -35,17 +35,22 @@ class HostPool {
   static constexpr uint64_t kTensorAlignment = 4096;
 
   // Creates and publishes nothing: the caller publishes with publish_pool().
-  // A stale segment of the same name (its creator is dead) is replaced.
+  // The creator holds the pool's owner lock (owner_lock.h) while it lives. A
+  // segment of the same name whose owner lock is free is replaced, but only
+  // if it belongs to this user: another user's segment is never removed.
   static Result<HostPool> create(const std::string& segment_name, uint32_t rank, PoolTier tier,
                                  const PoolGeometry& geometry, const SegmentOptions& options = {});
   // Opens and validates; when `expected` is given, its geometry must match.
+  // With `own`, takes the pool's owner lock too (a worker reopening its own
+  // rank's pool): kBusy when a live process holds it.
   static Result<HostPool> open(const std::string& segment_name, const PoolGeometry* expected,
-                               SegmentAccess access = SegmentAccess::kReadWrite);
+                               SegmentAccess access = SegmentAccess::kReadWrite, bool own = false);
 
   const PoolGeometry& geometry() const { return geometry_; }
   const std::string& name() const { return segment_.name(); }
   uint64_t bytes() const { return segment_.size(); }
-  uint32_t rank() const { return header().rank; }
+  uint32_t rank() const { return rank_; }
+  uid_t owner_uid() const { return segment_.owner_uid(); }
 
   // Base of a tensor; nullptr for a tensor the pool does not have.
   std::byte* tensor(uint32_t layer, PoolTensor t) const;
@@ -57,11 +62,13 @@ class HostPool {
   static uint64_t segment_bytes(const PoolGeometry& g);
 
  private:
-  explicit HostPool(SharedSegment seg);
-  const PoolHeader& header() const { return *reinterpret_cast<const PoolHeader*>(segment_.data()); }
+  // `geometry` and `rank`: copies already validated; the shared header is
+  // never read again.
+  HostPool(SharedSegment seg, const PoolGeometry& geometry, uint32_t rank);
 
   SharedSegment segment_;
   PoolGeometry geometry_;
+  uint32_t rank_ = 0;
   std::vector<uint64_t> tensor_offsets_;  // [layer * 4 + tensor]
 };
 

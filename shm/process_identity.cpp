@@ -1,6 +1,7 @@
 #include "shm/process_identity.h"
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -60,6 +61,14 @@ uint32_t self_pid() {
   return pid;
 }
 
+uint64_t self_pid_ns() {
+  static const uint64_t ns = [] {
+    struct stat st {};
+    return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : uint64_t{0};
+  }();
+  return ns;
+}
+
 ProcessIdentity self_identity() {
   static const ProcessIdentity cached = identity_of(self_pid());
   // fork() children share the static; recompute when the pid changed.
@@ -68,7 +77,7 @@ ProcessIdentity self_identity() {
 }
 
 ProcessIdentity identity_of(uint32_t pid) {
-  return ProcessIdentity{pid, read_start_time(pid)};
+  return ProcessIdentity{pid, read_start_time(pid), self_pid_ns()};
 }
 
 bool pid_exists(uint32_t pid) {
@@ -79,6 +88,8 @@ bool pid_exists(uint32_t pid) {
 
 Liveness check_liveness(const ProcessIdentity& recorded, const std::string& boot) {
   if (!boot.empty() && boot != boot_id()) return Liveness::kOtherBoot;
+  if (recorded.pid_ns != 0 && self_pid_ns() != 0 && recorded.pid_ns != self_pid_ns())
+    return Liveness::kUnverifiable;
   const uint64_t now_start = recorded.pid == 0 ? 0 : read_start_time(recorded.pid);
   if (now_start == 0) return Liveness::kGone;
   if (recorded.start_time != 0 && now_start != recorded.start_time) return Liveness::kPidReused;
@@ -91,6 +102,7 @@ const char* liveness_name(Liveness l) {
     case Liveness::kGone: return "gone";
     case Liveness::kPidReused: return "pid reused by another process";
     case Liveness::kOtherBoot: return "from a previous boot";
+    case Liveness::kUnverifiable: return "in another pid namespace";
   }
   return "unknown";
 }

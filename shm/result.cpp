@@ -26,6 +26,7 @@ std::string_view errc_name(Errc code) {
     case Errc::kTooLarge: return "too_large";
     case Errc::kSystem: return "system";
     case Errc::kCoordinatorGone: return "coordinator_gone";
+    case Errc::kBusy: return "busy";
   }
   return "unknown";
 }

@@ -29,6 +29,7 @@ enum class Errc : uint16_t {
   kTooLarge,          // a record exceeds the ring's record limit
   kSystem,            // an OS call failed; the message names it and errno
   kCoordinatorGone,   // the instance's coordinator died (or the instance shut down)
+  kBusy,              // a live process holds what we asked for (a producer slot, a rank)
 };
 
 std::string_view errc_name(Errc code);

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <vector>
 
+#include "shm/owner_lock.h"
+
 namespace kvrelay {
 
 namespace bip = boost::interprocess;
@@ -58,6 +60,10 @@ Result<SharedSegment> SharedSegment::create(const std::string& name, size_t byte
   try {
     bip::permissions perm(static_cast<int>(mode));
     seg.shm_ = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write, perm);
+    if (options.owner_lock && !LockSpace{seg.fd(), 0}.try_lock(0)) {
+      bip::shared_memory_object::remove(name.c_str());
+      return make_error(Errc::kSystem, fmt::format("create /{}: cannot take its owner lock", name));
+    }
     seg.shm_.truncate(static_cast<bip::offset_t>(bytes));  // tmpfs zero-fills
   } catch (const bip::interprocess_exception& e) {
     if (e.get_error_code() != bip::already_exists_error)

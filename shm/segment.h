@@ -20,6 +20,9 @@ namespace kvrelay {
 
 struct SegmentOptions {
   bool group_access = false;  // 0660 instead of 0600
+  // Take the owner lock on byte 0 (owner_lock.h) the moment the file exists,
+  // before it has a size: from then on nobody can judge its creator dead.
+  bool owner_lock = false;
 };
 
 enum class SegmentAccess { kReadWrite, kReadOnly };

@@ -85,6 +85,7 @@ void write_preamble(SegmentPreamble& p, SegmentKind kind, uint64_t segment_bytes
   const ProcessIdentity me = self_identity();
   p.creator_pid = me.pid;
   p.creator_start_time = me.start_time;
+  std::memcpy(p.reserved, &me.pid_ns, sizeof(me.pid_ns));  // creator_pid_ns
   p.creator_uid = static_cast<uint32_t>(geteuid());
   std::memcpy(p.boot_id, boot_id().data(), std::min(boot_id().size(), sizeof(p.boot_id) - 1));
   p.layout_version = kLayoutVersion;

@@ -29,13 +29,14 @@
 #include "shm/mpsc_ring.h"
 #include "shm/result.h"
 #include "shm/spsc_ring.h"
+#include "shm/swap_progress.h"
 #include "shm/wait_event.h"
 
 namespace kvrelay {
 
 // "KVRELAY" + format generation byte.
 inline constexpr uint64_t kSegmentMagic = 0x01'59'41'4C'45'52'56'4BULL;
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr uint32_t kMaxRegions = 96;
 inline constexpr size_t kRegionAlignment = 256;
 
@@ -59,7 +60,7 @@ struct SegmentPreamble {
   uint32_t creator_uid;
   uint64_t creator_start_time;  // clock ticks after boot
   char boot_id[40];             // NUL-terminated
-  uint8_t reserved[8];
+  uint8_t reserved[8];          // the creator's pid namespace (inode, u64), for messages
 };
 static_assert(std::is_standard_layout_v<SegmentPreamble>);
 static_assert(sizeof(SegmentPreamble) == 96);
@@ -140,9 +141,17 @@ consteval uint64_t compute_layout_hash() {
       offsetof(MpscRingHeader, head),
       offsetof(MpscRingHeader, full_events),
       offsetof(MpscRingHeader, not_empty),
-      sizeof(MpscRecordHeader),
+      MpscRing::kRecordHeaderBytes,
       sizeof(WaitEvent),
       sizeof(BarrierState),
+      kBarrierHistory,
+      sizeof(MpscProducerSlot),
+      kMpscProducerSlots,
+      offsetof(MpscRingHeader, producers),
+      offsetof(SpscRingHeader, producer_lock),
+      sizeof(InstanceStatus),
+      sizeof(SwapProgressSlot),
+      sizeof(PoolSlot),
       sizeof(LivenessSlot),
       offsetof(LivenessSlot, heartbeat_ns),
       sizeof(CountersBlock),

@@ -52,44 +52,46 @@ Status check_compatible(const PoolGeometry& local, const PoolGeometry& peer) {
 }
 
 Result<std::shared_ptr<const HostPool>> HostDestinationResolver::peer_pool(
-    const std::string& peer_instance) {
-  auto it = peers_.find(peer_instance);
-  if (it != peers_.end()) {
-    // Keep the mapping while its coordinator lives (re-mapping a pool costs
-    // a populate of every page); a peer that restarted has a new segment,
-    // which we attach afresh.
-    const ControlSegment& c = *it->second.control;
-    const SlotSnapshot s = read_slot(c.coordinator_slot());
-    const Nanos timeout = std::chrono::milliseconds(c.config().peer_timeout_ms);
-    if (c.state() != InstanceState::kDead &&
-        it->second.judge->judge(s, timeout) != PeerHealth::kDead)
-      return it->second.pool;
-    peers_.erase(it);
-  }
-  Result<ControlSegment> control = ControlSegment::attach(peer_instance);
-  if (!control)
-    return make_error(control.code(), fmt::format("peer instance: {}", control.error().message));
-  Result<std::string> name = find_pool(*control, rank_, PoolTier::kDevice);
+    const std::string& peer_instance, uint32_t peer_rank) {
+  Result<const ControlSegment*> control = peers_.get(peer_instance);
+  if (!control) return control.error();
+  const std::string key = fmt::format("{}/{}", peer_instance, peer_rank);
+  auto it = pools_.find(key);
+  // Keep the mapping while the peer's segment is the same (re-mapping a pool
+  // costs a populate of every page); a restarted peer has a new one.
+  if (it != pools_.end() && it->second.control == *control) return it->second.pool;
+  const InstanceConfig& peer = (*control)->config();
+  if (peer.role != static_cast<uint32_t>(Role::kDecode))
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("peer instance '{}' has role {}; only a decode instance accepts "
+                                  "transfers",
+                                  peer_instance, role_name(static_cast<Role>(peer.role))));
+  if (peer_rank >= peer.tp_size)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("decode rank {} does not exist: peer instance '{}' has {} ranks",
+                                  peer_rank, peer_instance, peer.tp_size));
+  Result<std::string> name = find_pool(**control, peer_rank, PoolTier::kDevice);
   if (!name) return name.error();
   Result<HostPool> pool = HostPool::open(*name, nullptr);
   if (!pool) return pool.error();
   if (Status s = check_compatible(local_.geometry(), pool->geometry()); !s)
     return make_error(s.code(),
                       fmt::format("peer instance '{}': {}", peer_instance, s.error().message));
-  Peer peer;
-  peer.control = std::make_unique<ControlSegment>(std::move(control).value());
-  peer.pool = std::make_shared<const HostPool>(std::move(pool).value());
-  peer.judge = std::make_unique<CachedPeerJudge>();
-  auto result = peer.pool;
-  peers_[peer_instance] = std::move(peer);
-  return result;
+  auto shared = std::make_shared<const HostPool>(std::move(pool).value());
+  pools_[key] = Mapped{*control, shared};
+  return shared;
 }
 
 Result<std::shared_ptr<Destination>> HostDestinationResolver::resolve(
     schema::CacheDest::Reader dest) {
   switch (dest.getProtocol()) {
     case schema::TransferProtocol::IPC: {
-      Result<std::shared_ptr<const HostPool>> pool = peer_pool(dest.getPeerInstance().cStr());
+      const auto devices = dest.getDeviceIds();
+      if (rank_ >= devices.size())
+        return make_error(Errc::kInvalidArgument,
+                          fmt::format("device_ids has no entry for rank {}", rank_));
+      Result<std::shared_ptr<const HostPool>> pool =
+          peer_pool(dest.getPeerInstance().cStr(), devices[rank_]);
       if (!pool) return pool.error();
       return std::shared_ptr<Destination>(std::make_shared<HostIpcDestination>(local_, *pool));
     }
@@ -106,7 +108,7 @@ Result<std::shared_ptr<Destination>> HostDestinationResolver::resolve(
 
 Status HostDestinationResolver::check_connect(schema::ConnectTask::Reader connect) {
   if (connect.getProtocol() == schema::TransferProtocol::IPC) {
-    Result<std::shared_ptr<const HostPool>> pool = peer_pool(connect.getPeerInstance().cStr());
+    Result<std::shared_ptr<const HostPool>> pool = peer_pool(connect.getPeerInstance().cStr(), rank_);
     return pool ? Status{} : Status(pool.error());
   }
   const auto ports = connect.getPorts();

@@ -1,5 +1,6 @@
 // The `ipc` transport for host-memory pools: the decode instance runs on the
-// same host, so its rank-r pool is mapped into this worker (found through the
+// same host, so the pool of the decode rank this rank sends to (the
+// CacheDest's device_ids[rank]) is mapped into this worker (found through the
 // decode instance's control segment and pool directory) and every layer's
 // runs are plain memcpys from the local pool into it.
 #pragma once
@@ -10,6 +11,7 @@
 
 #include "shm/control_segment.h"
 #include "shm/liveness.h"
+#include "shm/peer_instances.h"
 #include "shm/pool_segment.h"
 #include "worker/destination.h"
 
@@ -39,18 +41,20 @@ class HostDestinationResolver : public DestinationResolver {
   Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) override;
   Status check_connect(schema::ConnectTask::Reader connect) override;
 
-  // The peer's rank pool, mapped (cached while the peer's coordinator lives).
-  Result<std::shared_ptr<const HostPool>> peer_pool(const std::string& peer_instance);
+  // Decode rank `peer_rank`'s pool of `peer_instance`, mapped (cached while
+  // the peer's coordinator lives).
+  Result<std::shared_ptr<const HostPool>> peer_pool(const std::string& peer_instance,
+                                                    uint32_t peer_rank);
 
  private:
-  struct Peer {
-    std::unique_ptr<ControlSegment> control;
+  struct Mapped {
+    const ControlSegment* control;  // the peer segment it was found through
     std::shared_ptr<const HostPool> pool;
-    std::unique_ptr<CachedPeerJudge> judge;  // checked per request: /proc at most every 10 ms
   };
   uint32_t rank_;
   const HostPool& local_;
-  std::unordered_map<std::string, Peer> peers_;
+  PeerInstances peers_;
+  std::unordered_map<std::string, Mapped> pools_;  // by "<instance>/<rank>"
 };
 
 // Why two pools cannot exchange blocks (different block shapes), or ok.

@@ -44,7 +44,8 @@ SendScheduler::SendScheduler(uint32_t rank, const PoolGeometry& local,
 
 SendScheduler::~SendScheduler() = default;
 
-void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task) {
+void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task,
+                            std::optional<uint64_t> watermark) {
   if (requests_.count(handle) != 0) return;  // already bound (a repeated dispatch)
   auto r = std::make_unique<Request>();
   r->handle = handle;
@@ -73,18 +74,7 @@ void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task) {
     return;
   }
   Slot& slot = slots_[req.slot];
-  // Adopt the signals that came before the task: the session with this
-  // request's tag, or, from an engine that sends no tags, the oldest untagged one.
-  auto it = std::find_if(slot.pending.begin(), slot.pending.end(),
-                         [&](const Session& s) { return s.tag == req.tag; });
-  if (it == slot.pending.end())
-    it = std::find_if(slot.pending.begin(), slot.pending.end(),
-                      [](const Session& s) { return s.tag == 0; });
-  if (it != slot.pending.end()) {
-    req.progress = std::move(it->progress);
-    slot.pending.erase(it);
-    --pending_sessions_;
-  }
+  adopt_pending(req, slot, watermark);
   // An untagged engine gives no other way to see that the slot moved on.
   for (uint64_t h : std::vector<uint64_t>(slot.bound)) {
     auto prev = requests_.find(h);
@@ -101,6 +91,43 @@ void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task) {
   slot.bound.push_back(handle);
   req.owns_slot = true;
   release_slot_if_done(req);
+}
+
+// Adopts the signals that came before the task: the pending session with
+// this request's tag, else an untagged one pushed after the task was
+// submitted (never one from before: that belongs to an earlier request).
+// Untagged sessions older than the watermark can belong to no request bound
+// from now on, and are dropped.
+void SendScheduler::adopt_pending(Request& req, Slot& slot, std::optional<uint64_t> watermark) {
+  auto it = std::find_if(slot.pending.begin(), slot.pending.end(),
+                         [&](const Session& s) { return s.tag == req.tag; });
+  if (it == slot.pending.end())
+    it = std::find_if(slot.pending.begin(), slot.pending.end(), [&](const Session& s) {
+      return s.tag == 0 && (!watermark || s.first_index >= *watermark);
+    });
+  if (it != slot.pending.end()) {
+    req.progress = std::move(it->progress);
+    slot.pending.erase(it);
+    --pending_sessions_;
+  }
+  if (!watermark) return;
+  const size_t before = slot.pending.size();
+  std::erase_if(slot.pending,
+                [&](const Session& s) { return s.tag == 0 && s.last_index < *watermark; });
+  const size_t stale = before - slot.pending.size();
+  pending_sessions_ -= stale;
+  counters_.stale_sessions += stale;
+}
+
+void SendScheduler::on_session_ended(uint32_t session) {
+  if (session == 0) return;
+  for (Slot& slot : slots_) {
+    const size_t before = slot.pending.size();
+    std::erase_if(slot.pending, [&](const Session& s) { return s.pusher == session; });
+    const size_t gone = before - slot.pending.size();
+    pending_sessions_ -= gone;
+    counters_.stale_sessions += gone;
+  }
 }
 
 void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest) {
@@ -144,44 +171,50 @@ void SendScheduler::on_cancel(uint64_t handle) {
   end(*it->second, ReportKind::kCancelled, "");
 }
 
-void SendScheduler::on_signal(const records::LayerSignal& signal) {
+void SendScheduler::on_signal(const records::LayerSignal& signal, uint64_t index) {
   ++counters_.signals;
   const uint64_t now = mono_now_ns();
   switch (static_cast<SignalKind>(signal.kind)) {
     case SignalKind::kBatch: {
-      if (signal.step != batch_step_) {
+      // A batch record after layer records starts a new batch, even with a
+      // step number seen before; consecutive batch records of one step are
+      // one large batch.
+      if (signal.step != batch_step_ || !batch_open_) {
         batch_step_ = signal.step;
         batch_.clear();
       }
+      batch_open_ = true;
       const uint32_t n = std::min(signal.count, records::kBatchEntriesPerSignal);
       for (uint32_t i = 0; i < n; ++i)
-        on_batch_entry(signal.entries[i]);
+        on_batch_entry(signal.entries[i], signal.session, index);
       return;
     }
     case SignalKind::kLayerDone: {
+      batch_open_ = false;
       if (signal.step != batch_step_ || signal.layer >= layers_) {
         ++counters_.bad_signals;
         return;
       }
-      std::vector<uint64_t> touched;
+      touched_.clear();
       for (const BatchItem& item : batch_) {
         Request* owner = nullptr;
         Progress* p = progress_for(item.slot, item.tag, &owner);
         if (p == nullptr) continue;
         uint64_t& t = p->tokens[signal.layer];
         t = std::max(t, item.tokens_after);
-        if (owner != nullptr) touched.push_back(owner->handle);
+        if (owner != nullptr) touched_.push_back(owner->handle);
       }
-      for (uint64_t handle : touched) {
-        auto it = requests_.find(handle);  // an earlier advance may have ended it
+      for (size_t i = 0; i < touched_.size(); ++i) {
+        auto it = requests_.find(touched_[i]);  // an earlier advance may have ended it
         if (it == requests_.end()) continue;
         advance(*it->second, now);
-        it = requests_.find(handle);
+        it = requests_.find(touched_[i]);
         if (it != requests_.end()) release_slot_if_done(*it->second);
       }
       return;
     }
     case SignalKind::kLegacyLayerDone: {
+      batch_open_ = false;
       if (signal.layer >= layers_) {
         ++counters_.bad_signals;
         return;
@@ -205,20 +238,26 @@ void SendScheduler::on_signal(const records::LayerSignal& signal) {
 
 // A batch entry: remember it for the step's layer records, and notice a slot
 // that moved on to another request.
-void SendScheduler::on_batch_entry(const records::BatchEntry& e) {
+void SendScheduler::on_batch_entry(const records::BatchEntry& e, uint32_t pusher, uint64_t index) {
   if (e.slot >= kMaxSlots) {
     ++counters_.bad_signals;
     return;
   }
   const uint64_t tokens_after = uint64_t{e.chunk_token_offset} + e.chunk_len;
   Slot& slot = slots_[e.slot];
-  for (uint64_t h : std::vector<uint64_t>(slot.bound)) {
+  for (uint64_t h : slot.bound) {
     auto it = requests_.find(h);
     if (it == requests_.end()) continue;
     Request& r = *it->second;
     const bool same = e.request_tag != 0 ? r.tag == e.request_tag
                                          : !(e.chunk_token_offset == 0 && r.progress.tokens[0] > 0);
     if (same) continue;
+    moved_on_.push_back(h);
+  }
+  for (uint64_t h : moved_on_) {
+    auto it = requests_.find(h);
+    if (it == requests_.end()) continue;
+    Request& r = *it->second;
     if (prefill_complete(r)) {
       unbind(r);
     } else {
@@ -228,14 +267,19 @@ void SendScheduler::on_batch_entry(const records::BatchEntry& e) {
                       e.slot));
     }
   }
+  moved_on_.clear();
   Request* owner = nullptr;
   if (progress_for(e.slot, e.request_tag, &owner) == nullptr ||
-      (owner == nullptr && e.request_tag == 0))
-    pending_session(slot, e.request_tag, e.chunk_token_offset);
+      (owner == nullptr && e.request_tag == 0)) {
+    Session& s = pending_session(slot, e.request_tag, e.chunk_token_offset, index);
+    s.last_index = index;
+    s.pusher = pusher;
+  }
   batch_.push_back(BatchItem{e.slot, e.request_tag, tokens_after});
-  spdlog::trace("slot {} tag {:08x} tokens [{}, {}) -> {}", e.slot, e.request_tag,
-                e.chunk_token_offset, tokens_after,
-                owner != nullptr ? owner->id : std::string("pending"));
+  if (spdlog::should_log(spdlog::level::trace))
+    spdlog::trace("slot {} tag {:08x} tokens [{}, {}) -> {}", e.slot, e.request_tag,
+                  e.chunk_token_offset, tokens_after,
+                  owner != nullptr ? owner->id : std::string("pending"));
 }
 
 // The progress that signals for (slot, tag) update: the bound request's, or
@@ -257,7 +301,8 @@ SendScheduler::Progress* SendScheduler::progress_for(uint32_t slot_id, uint32_t 
   return nullptr;
 }
 
-SendScheduler::Session& SendScheduler::pending_session(Slot& slot, uint32_t tag, uint32_t offset) {
+SendScheduler::Session& SendScheduler::pending_session(Slot& slot, uint32_t tag, uint32_t offset,
+                                                      uint64_t index) {
   if (tag != 0) {
     for (Session& s : slot.pending)
       if (s.tag == tag) return s;
@@ -278,6 +323,8 @@ SendScheduler::Session& SendScheduler::pending_session(Slot& slot, uint32_t tag,
   Session s;
   s.tag = tag;
   s.seq = ++session_seq_;
+  s.first_index = index;
+  s.last_index = index;
   s.progress.tokens.assign(layers_, 0);
   slot.pending.push_back(std::move(s));
   return slot.pending.back();

@@ -17,13 +17,23 @@
 // the request id). Signals for a (slot, tag) that no bound request claims yet
 // are kept as a pending session and adopted when that request is bound, so
 // signals may arrive before the CacheTask even if the slot is reused in the
-// meantime. When a batch entry shows a slot serving another request while a
-// request bound to it has not finished its prefill, that request fails (the
-// engine moved on; it would never finish). Without tags (tag 0) a chunk at
-// offset 0 is taken to start a new request. Legacy per-query requests follow
-// the (step, layer) signal instead of a slot: layers of steps before the
-// current one are complete, layers up to the signalled layer of the current
-// step are complete.
+// meantime. Without tags (tag 0, the original's protocol) a chunk at offset 0
+// is taken to start a new request, and a request adopts only untagged
+// signals pushed after its CacheTask was submitted (the task carries each
+// rank's signal-ring position at submission, its watermark): the signals of
+// a request that ended before the engine learned it did are never taken for
+// the next request on that slot. When a batch entry shows a slot serving
+// another request while a request bound to it has not finished its prefill,
+// that request fails (the engine moved on; it would never finish).
+//
+// Each batch record that follows layer records starts a new batch, whatever
+// its step number: a step number used again cannot merge two batches.
+//
+// When an engine session dies, the pending sessions its signals created are
+// dropped (on_session_ended): a restarted engine that reuses request ids
+// never inherits them. Legacy per-query requests follow the (step, layer)
+// signal instead of a slot: layers of steps before the current one are
+// complete, layers up to the signalled layer of the current step are complete.
 //
 // Single-threaded: the worker's loop owns it.
 #pragma once
@@ -32,6 +42,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -49,6 +60,7 @@ struct SchedulerCounters {
   uint64_t signals = 0;
   uint64_t bad_signals = 0;       // out-of-range slot, layer for an unknown step, ...
   uint64_t dropped_sessions = 0;  // pending sessions dropped at the kMaxPendingSessions bound
+  uint64_t stale_sessions = 0;    // pending sessions dropped as stale (watermark, dead engine)
   uint64_t layer_copies = 0;      // (request, layer) copies done
   uint64_t bytes = 0;
   uint64_t finished = 0;
@@ -73,10 +85,16 @@ class SendScheduler {
   SendScheduler(const SendScheduler&) = delete;
   SendScheduler& operator=(const SendScheduler&) = delete;
 
-  void on_bind(uint64_t handle, schema::CacheTask::Reader task);
+  // `watermark`: this rank's signal-ring position when the task was
+  // submitted (nullopt: unknown; any untagged signal may then be adopted).
+  void on_bind(uint64_t handle, schema::CacheTask::Reader task,
+               std::optional<uint64_t> watermark = std::nullopt);
   void on_dest(uint64_t handle, schema::CacheDest::Reader dest);
   void on_cancel(uint64_t handle);
-  void on_signal(const records::LayerSignal& signal);
+  // `index`: the signal's position in this rank's signal ring.
+  void on_signal(const records::LayerSignal& signal, uint64_t index = 0);
+  // Engine session `session` died: forget the pending signals it pushed.
+  void on_session_ended(uint32_t session);
   void set_latency_observer(LatencyObserver o) { latency_ = std::move(o); }
 
   size_t live_requests() const { return requests_.size(); }
@@ -90,7 +108,10 @@ class SendScheduler {
   // Signals for a request that is not bound yet.
   struct Session {
     uint32_t tag = 0;
-    uint64_t seq = 0;  // creation order, to find the oldest
+    uint32_t pusher = 0;       // the engine session that pushed its signals
+    uint64_t seq = 0;          // creation order, to find the oldest
+    uint64_t first_index = 0;  // signal-ring position of its first and last signals
+    uint64_t last_index = 0;
     Progress progress;
   };
   struct Slot {
@@ -103,9 +124,10 @@ class SendScheduler {
   // out): the memory bound for an engine that signals requests it never submits.
   static constexpr size_t kMaxPendingSessions = 8192;
 
-  void on_batch_entry(const records::BatchEntry& e);
+  void on_batch_entry(const records::BatchEntry& e, uint32_t pusher, uint64_t index);
   Progress* progress_for(uint32_t slot, uint32_t tag, Request** owner);
-  Session& pending_session(Slot& slot, uint32_t tag, uint32_t offset);
+  Session& pending_session(Slot& slot, uint32_t tag, uint32_t offset, uint64_t index);
+  void adopt_pending(Request& req, Slot& slot, std::optional<uint64_t> watermark);
   void advance(Request& r, uint64_t signal_ns);
   bool prefill_complete(const Request& r) const;
   uint32_t computed_blocks(const Request& r, uint32_t layer) const;
@@ -131,7 +153,10 @@ class SendScheduler {
     uint64_t tokens_after;
   };
   uint64_t batch_step_ = UINT64_MAX;
+  bool batch_open_ = false;  // the last record was a batch record (the next one may continue it)
   std::vector<BatchItem> batch_;
+  std::vector<uint64_t> touched_;   // reused per layer record: no allocation on the hot path
+  std::vector<uint64_t> moved_on_;  // reused per batch entry
   // Legacy mode: newest (step, layer) signalled; valid once legacy_seen_.
   bool legacy_seen_ = false;
   uint64_t legacy_step_ = 0;

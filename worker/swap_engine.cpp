@@ -24,7 +24,8 @@ SwapEngine::~SwapEngine() {
   thread_.join();
 }
 
-void SwapEngine::submit(uint64_t handle, schema::SwapTask::Reader task, uint32_t progress_slot) {
+void SwapEngine::submit(uint64_t handle, schema::SwapTask::Reader task, uint32_t progress_slot,
+                        uint32_t progress_generation) {
   Op op;
   op.handle = handle;
   op.id = task.getRequestId().cStr();
@@ -37,6 +38,7 @@ void SwapEngine::submit(uint64_t handle, schema::SwapTask::Reader task, uint32_t
                        ? task.getLayerCount()
                        : (op.first_layer < total ? total - op.first_layer : 0);
   op.progress_slot = progress_slot;
+  op.progress_generation = progress_generation;
   {
     std::lock_guard<std::mutex> lock(mu_);
     (op.load ? loads_ : evictions_).push_back(std::move(op));
@@ -127,12 +129,10 @@ std::string SwapEngine::copy_layer(Op& op) {
 }
 
 void SwapEngine::publish_progress(const Op& op) {
-  if (progress_ == nullptr || op.progress_slot >= kSwapProgressSlots) return;
-  SwapProgressSlot& slot = progress_->slots[op.progress_slot];
-  if (slot.handle != op.handle) return;  // not ours any more
-  // Copies before the count: a reader that sees layer i done sees its bytes.
-  slot.layers_done[rank_].store(op.next_layer, std::memory_order_release);
-  notify_waiters(slot.changed);
+  // After the copies (release): a reader that sees layer i done sees its bytes.
+  if (progress_ != nullptr)
+    swap_progress::publish(*progress_, op.progress_slot, op.progress_generation, rank_,
+                           op.next_layer);
 }
 
 void SwapEngine::report(const Op& op, records::ReportKind kind, const std::string& message) {

@@ -28,6 +28,7 @@
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "shm/instance_status.h"
+#include "shm/swap_progress.h"
 #include "shm/pool_segment.h"
 #include "shm/wait_event.h"
 
@@ -50,7 +51,8 @@ class SwapEngine {
   SwapEngine(const SwapEngine&) = delete;
   SwapEngine& operator=(const SwapEngine&) = delete;
 
-  void submit(uint64_t handle, schema::SwapTask::Reader task, uint32_t progress_slot);
+  void submit(uint64_t handle, schema::SwapTask::Reader task, uint32_t progress_slot,
+              uint32_t progress_generation);
   // True if the handle was a swap of this engine (it will report kCancelled).
   bool cancel(uint64_t handle);
   std::vector<SwapReport> take_reports();
@@ -68,6 +70,7 @@ class SwapEngine {
     uint32_t layer_count;
     uint32_t next_layer = 0;  // layers done so far, from first_layer
     uint32_t progress_slot;
+    uint32_t progress_generation;
     uint64_t bytes = 0;
     uint64_t first_copy_ns = 0;
     bool cancelled = false;

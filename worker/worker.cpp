@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <thread>
@@ -14,10 +15,10 @@
 #include "shm/control_segment.h"
 #include "shm/counters.h"
 #include "shm/liveness.h"
-#include "shm/names.h"
 #include "shm/pool_segment.h"
 #include "shm/process_logging.h"
 #include "worker/host_destination.h"
+#include "worker/pools.h"
 #include "worker/send_scheduler.h"
 #include "worker/swap_engine.h"
 #include "worker/worker_counters.h"
@@ -31,39 +32,28 @@ using records::LayerSignal;
 using records::ReportKind;
 using records::WorkerReport;
 
+// Exit codes (the coordinator's supervisor reads them: coordinator/supervisor.h).
+constexpr int kExitError = 1;
+constexpr int kExitRefused = 3;   // cannot start here; restarting will not help
+constexpr int kExitUnusable = 4;  // our rings are unusable; the coordinator resets them
+
 volatile sig_atomic_t g_stop = 0;
 void on_stop_signal(int) {
   g_stop = 1;
 }
 
-// Opens this rank's pool of `tier` if a compatible one exists (a restarted
-// worker keeps the engine's KV data), else creates it; then publishes it.
-Result<std::unique_ptr<HostPool>> open_or_create_pool(const ControlSegment& control, uint32_t rank,
-                                                      PoolTier tier) {
-  const PoolGeometry geometry = PoolGeometry::from(control.config(), tier);
-  const std::string name =
-      pool_segment_name(control.instance(), tier == PoolTier::kHost ? "host" : "pool", rank);
-  Result<HostPool> pool = HostPool::open(name, &geometry);
-  if (pool) {
-    spdlog::info("rank {}: reusing {} pool /{} ({} MiB)", rank,
-                 tier == PoolTier::kHost ? "host" : "device", name, pool->bytes() >> 20);
-  } else {
-    if (pool.code() != Errc::kNotFound) {
-      spdlog::warn("rank {}: replacing pool /{}: {}", rank, name, pool.error().message);
-      (void)SharedSegment::unlink(name);
-    }
-    pool = HostPool::create(name, rank, tier, geometry);
-    if (!pool) return pool.error();
-    spdlog::info("rank {}: created {} pool /{} ({} MiB)", rank,
-                 tier == PoolTier::kHost ? "host" : "device", name, pool->bytes() >> 20);
-  }
-  publish_pool(control, rank, tier, name, pool->bytes(), true);
-  return std::make_unique<HostPool>(std::move(pool).value());
+// Leaves why we give up where the coordinator reads it, then returns `code`.
+int give_up(const ControlSegment& control, uint32_t rank, int code, const std::string& why) {
+  spdlog::error("rank {}: {}", rank, why);
+  char* slot = control.status().exit_reason[rank];
+  std::memset(slot, 0, kExitReasonBytes);
+  std::memcpy(slot, why.data(), std::min(why.size(), kExitReasonBytes - 1));
+  return code;
 }
 
 class Worker {
  public:
-  Worker(ControlSegment control, uint32_t rank)
+  Worker(ControlSegment control, uint32_t rank, SpscProducer<WorkerReport> reports)
       : control_(std::move(control)),
         rank_(rank),
         config_(control_.config()),
@@ -71,9 +61,10 @@ class Worker {
         counters_(control_.counters(worker_counters_index(rank))),
         task_ring_(control_.task_ring(rank).value()),
         signal_ring_(control_.signal_ring<LayerSignal>(rank).value()),
-        report_ring_(control_.report_ring<WorkerReport>(rank).value()),
+        report_ring_(std::move(reports)),
         doorbell_(control_.status().worker_doorbell[rank]),
-        coordinator_doorbell_(control_.status().coordinator_doorbell) {
+        coordinator_doorbell_(control_.status().coordinator_doorbell),
+        coordinator_(control_.locks()) {
     task_ring_.set_stall_timeout(std::chrono::milliseconds(config_.stall_timeout_ms));
   }
 
@@ -96,13 +87,8 @@ class Worker {
       if (!host) return host.error();
       host_pool_ = std::move(host).value();
     }
-    resolver_ = std::make_unique<HostDestinationResolver>(rank_, *device_pool_);
+    use_device_pool();
     start_swap_engine();
-    scheduler_ = std::make_unique<SendScheduler>(
-        rank_, device_pool_->geometry(), *resolver_,
-        [this](uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
-               uint64_t first_copy_ns) { report(handle, kind, bytes, message, first_copy_ns); });
-    install_latency_observer();
     return {};
   }
 
@@ -124,24 +110,30 @@ class Worker {
     return {};
   }
 
+  const ControlSegment& control() const { return control_; }
+
   int serve() {
     uint64_t next_check = 0;
     while (g_stop == 0 && !shutdown_) {
       heartbeat(slot_);
-      bool busy = drain_signals();
+      bool busy = drain_signals(true);
       busy = drain_tasks() || busy;
       drain_swap_reports();
       flush_reports();
       mirror_counters();
+      if (task_ring_.corrupt()) {
+        return give_up(control_, rank_, kExitUnusable,
+                       fmt::format("its task ring is unusable ({}); exiting so that the "
+                                   "coordinator resets it",
+                                   task_ring_.take_corruption().value_or("corrupt records")));
+      }
       const uint64_t now = mono_now_ns();
       if (now >= next_check) {
         next_check = now + 100'000'000ULL;
+        if (auto what = task_ring_.take_corruption())
+          spdlog::error("rank {}: task ring: {}", rank_, *what);
         if (Status s = coordinator_alive(); !s) {
-          if (control_.state() == InstanceState::kDead) {
-            spdlog::info("rank {}: {}; exiting", rank_, s.error().message);
-          } else {
-            spdlog::warn("rank {}: {}; exiting", rank_, s.error().message);
-          }
+          spdlog::warn("rank {}: {}; exiting", rank_, s.error().message);
           set_state(slot_, SlotState::kExiting);
           return 0;
         }
@@ -150,7 +142,7 @@ class Worker {
         wait_until(
             doorbell_,
             [&] {
-              return task_ring_.readable() || signal_ring_.size() != 0 ||
+              return task_ring_.readable() || signal_ring_.readable() ||
                      (swap_ && swap_->has_reports()) || g_stop != 0;
             },
             Deadline::after(50ms));
@@ -165,26 +157,28 @@ class Worker {
   }
 
  private:
+  // Alive while it holds its owner lock: the shared state word and the pid
+  // written in its slot are only input, and can be scribbled on.
   Status coordinator_alive() {
-    if (control_.state() == InstanceState::kDead)
-      return make_error(Errc::kAborted, "the instance was shut down");
-    const SlotSnapshot c = read_slot(control_.coordinator_slot());
-    if (c.state != SlotState::kEmpty &&
-        judge_peer(c, std::chrono::milliseconds(config_.peer_timeout_ms)) == PeerHealth::kDead)
-      return make_error(Errc::kAborted, fmt::format("coordinator pid {} is gone", c.owner.pid));
+    if (coordinator_.lock_state() == LockState::kFree)
+      return make_error(Errc::kAborted,
+                        fmt::format("the coordinator (pid {}) is gone",
+                                    read_slot(control_.coordinator_slot()).owner.pid));
     return {};
   }
 
   bool drain_tasks() {
     const size_t n = task_ring_.read(
-        [&](int32_t type, std::span<const std::byte> payload) {
+        [&](const MpscRecord& rec) {
           CounterWriter(counters_).add(kTasks);
-          if (type != static_cast<int32_t>(schema::MessageType::WORKER_TASK)) {
-            spdlog::error("rank {}: unexpected record type {} on the task ring", rank_, type);
+          if (rec.defect != nullptr ||
+              rec.type != static_cast<int32_t>(schema::MessageType::WORKER_TASK)) {
+            spdlog::error("rank {}: unexpected record (type {}{}) on the task ring", rank_,
+                          rec.type, rec.defect != nullptr ? fmt::format(", {}", rec.defect) : "");
             return;
           }
           Status s = messages::with_message<schema::WorkerTask>(
-              payload, [&](schema::WorkerTask::Reader t) -> Status { return handle(t); });
+              rec.payload, [&](schema::WorkerTask::Reader t) -> Status { return handle(t); });
           if (!s) spdlog::error("rank {}: task refused: {}", rank_, s.error().message);
         },
         64);
@@ -194,16 +188,21 @@ class Worker {
   Status handle(schema::WorkerTask::Reader t) {
     const uint64_t h = t.getHandle();
     switch (t.which()) {
-      case schema::WorkerTask::BIND:
+      case schema::WorkerTask::BIND: {
         // Every signal the engine pushed before it submitted this task is in
         // the signal ring by now (the task reached us through the engine's
         // submit, the coordinator and our task ring, each a release/acquire
         // handoff). Apply them first, so that the slot's previous request
         // sees the end of its prefill before the slot changes hands.
-        while (drain_signals()) {
+        while (drain_signals(false)) {
         }
-        scheduler_->on_bind(h, t.getBind());
+        const auto task = t.getBind();
+        std::optional<uint64_t> watermark;
+        if (task.hasSignalWatermarks() && rank_ < task.getSignalWatermarks().size())
+          watermark = task.getSignalWatermarks()[rank_];
+        scheduler_->on_bind(h, task, watermark);
         break;
+      }
       case schema::WorkerTask::DEST: scheduler_->on_dest(h, t.getDest()); break;
       case schema::WorkerTask::CANCEL:
         if (!(swap_ && swap_->cancel(h))) scheduler_->on_cancel(h);
@@ -216,7 +215,7 @@ class Worker {
       }
       case schema::WorkerTask::SWAP:
         if (swap_) {
-          swap_->submit(h, t.getSwap(), t.getProgressSlot());
+          swap_->submit(h, t.getSwap(), t.getProgressSlot(), t.getProgressGeneration());
         } else {
           report(h, ReportKind::kFailed, 0,
                  "this instance has no host tier (--num-host-blocks is 0)");
@@ -224,8 +223,25 @@ class Worker {
         break;
       case schema::WorkerTask::REGISTER_POOL: register_pool(h, t.getRegisterPool()); break;
       case schema::WorkerTask::SHUTDOWN: shutdown_ = true; break;
+      case schema::WorkerTask::SESSION_ENDED: scheduler_->on_session_ended(t.getSessionEnded()); break;
     }
     return {};
+  }
+
+  void use_device_pool() {
+    resolver_ = std::make_unique<HostDestinationResolver>(rank_, *device_pool_);
+    scheduler_ = std::make_unique<SendScheduler>(
+        rank_, device_pool_->geometry(), *resolver_,
+        [this](uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
+               uint64_t first_copy_ns) { report(handle, kind, bytes, message, first_copy_ns); });
+    scheduler_->set_latency_observer(
+        [this](uint32_t, uint64_t to_done, uint64_t copy, uint64_t bytes) {
+          CounterWriter w(counters_);
+          w.record(kSignalToCopyDoneNs, to_done);
+          w.record(kLayerCopyNs, copy);
+          w.record(kLayerCopyBytes, bytes);
+          if (copy > 0) w.record(kLayerCopyMBps, bytes * 1000 / copy);
+        });
   }
 
   void start_swap_engine() {
@@ -239,17 +255,6 @@ class Worker {
     if (!swap_ || !swap_->has_reports()) return;
     for (const SwapReport& r : swap_->take_reports())
       report(r.handle, r.kind, r.bytes, r.message, r.first_copy_ns);
-  }
-
-  void install_latency_observer() {
-    scheduler_->set_latency_observer(
-        [this](uint32_t, uint64_t to_done, uint64_t copy, uint64_t bytes) {
-          CounterWriter w(counters_);
-          w.record(kSignalToCopyDoneNs, to_done);
-          w.record(kLayerCopyNs, copy);
-          w.record(kLayerCopyBytes, bytes);
-          if (copy > 0) w.record(kLayerCopyMBps, bytes * 1000 / copy);
-        });
   }
 
   void register_pool(uint64_t handle, schema::PoolDescriptor::Reader d) {
@@ -273,31 +278,32 @@ class Worker {
     }
     publish_pool(control_, rank_, tier, pool->name(), pool->bytes(), false);
     auto owned = std::make_unique<HostPool>(std::move(pool).value());
+    swap_.reset();  // it holds the old pools
     if (tier == PoolTier::kDevice) {
-      resolver_ = std::make_unique<HostDestinationResolver>(rank_, *owned);
-      scheduler_ = std::make_unique<SendScheduler>(
-          rank_, owned->geometry(), *resolver_,
-          [this](uint64_t h, ReportKind kind, uint64_t bytes, const std::string& message,
-                 uint64_t first_copy_ns) { report(h, kind, bytes, message, first_copy_ns); });
-      swap_.reset();  // it holds the old pools
       device_pool_ = std::move(owned);
-      install_latency_observer();
+      use_device_pool();
     } else {
-      swap_.reset();
       host_pool_ = std::move(owned);
     }
     start_swap_engine();
     report(handle, ReportKind::kPoolRegistered, 0, "");
   }
 
-  bool drain_signals() {
-    LayerSignal s{};
+  // Pops a batch of signals. With `tasks_first`, any task already waiting in
+  // the task ring is handled before them: a signal is never applied before a
+  // task that was written before it was pushed (a withdrawn request's cancel
+  // comes before a restarted engine's first signals; see engine sessions).
+  bool drain_signals(bool tasks_first) {
     size_t n = 0;
-    while (n < 256 && signal_ring_.try_pop(s)) {
-      scheduler_->on_signal(s);
+    while (n < kSignalBatch && signal_ring_.try_pop(signals_[n])) {
+      signal_index_[n] = signal_ring_.consumer_position() - 1;
       ++n;
     }
-    return n > 0;
+    if (n == 0) return false;
+    if (tasks_first && task_ring_.readable()) drain_tasks();
+    for (size_t i = 0; i < n; ++i)
+      scheduler_->on_signal(signals_[i], signal_index_[i]);
+    return true;
   }
 
   void report(uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
@@ -335,7 +341,12 @@ class Worker {
     set(kRequestsFinished, c.finished);
     set(kRequestsFailed, c.failed);
     set(kRequestsCancelled, c.cancelled);
+    set(kStaleSessions, c.stale_sessions + c.dropped_sessions);
+    set(kSignalRepairs, signal_ring_.header().corrupt_events.load(std::memory_order_relaxed) +
+                            signal_ring_.header().skipped_records.load(std::memory_order_relaxed));
   }
+
+  static constexpr size_t kSignalBatch = 64;
 
   ControlSegment control_;
   uint32_t rank_;
@@ -344,15 +355,18 @@ class Worker {
   CountersBlock& counters_;
   MpscRing task_ring_;
   SpscRing<LayerSignal> signal_ring_;
-  SpscRing<WorkerReport> report_ring_;
+  SpscProducer<WorkerReport> report_ring_;
   WaitEvent& doorbell_;
   WaitEvent& coordinator_doorbell_;
+  CachedPeerJudge coordinator_;
   std::unique_ptr<HostPool> device_pool_;
   std::unique_ptr<HostPool> host_pool_;
   std::unique_ptr<HostDestinationResolver> resolver_;
   std::unique_ptr<SendScheduler> scheduler_;
   std::unique_ptr<SwapEngine> swap_;  // after the pools: it refers to them
   std::deque<WorkerReport> pending_reports_;
+  LayerSignal signals_[kSignalBatch] = {};
+  uint64_t signal_index_[kSignalBatch] = {};
   bool shutdown_ = false;
 };
 
@@ -371,7 +385,9 @@ Result<ControlSegment> attach_with_retry(const WorkerOptions& o) {
 }  // namespace
 
 int run_worker(const WorkerOptions& o) {
-  if (Status s = setup_logging(fmt::format("worker-rank{}", o.rank), o.log_dir, o.log_level); !s) {
+  if (Status s = setup_logging(fmt::format("worker-rank{}", o.rank), o.log_dir, o.log_level,
+                               o.instance);
+      !s) {
     fmt::print(stderr, "kvrelay-worker: {}\n", s.error().message);
     return 2;
   }
@@ -383,26 +399,30 @@ int run_worker(const WorkerOptions& o) {
   Result<ControlSegment> control = attach_with_retry(o);
   if (!control) {
     spdlog::error("cannot attach to instance '{}': {}", o.instance, control.error().message);
-    return 1;
+    return kExitError;
   }
   if (o.rank >= control->config().tp_size) {
     spdlog::error("rank {} does not exist: instance '{}' has {} ranks", o.rank, o.instance,
                   control->config().tp_size);
     return 2;
   }
-  const SlotSnapshot previous = read_slot(control->worker_slot(o.rank));
-  if (previous.owner.pid != self_pid() &&
-      judge_peer(previous, std::chrono::milliseconds(control->config().peer_timeout_ms)) ==
-          PeerHealth::kHealthy &&
-      previous.state != SlotState::kExiting) {
-    spdlog::error("rank {} of instance '{}' is already served by pid {}", o.rank, o.instance,
-                  previous.owner.pid);
-    return 1;
-  }
-  Worker worker(std::move(control).value(), o.rank);
+  // The rank's owner lock: one worker per rank, proven by the kernel.
+  if (!control->lock_rank(o.rank))
+    return give_up(*control, o.rank, kExitRefused,
+                   fmt::format("rank {} of instance '{}' is already served by a live worker (pid "
+                               "{})",
+                               o.rank, o.instance,
+                               read_slot(control->worker_slot(o.rank)).owner.pid));
+  Result<SpscProducer<WorkerReport>> reports =
+      control->report_ring<WorkerReport>(o.rank)->lease_producer();
+  if (!reports)
+    return give_up(*control, o.rank, kExitRefused,
+                   fmt::format("its report ring: {}", reports.error().message));
+  Worker worker(std::move(control).value(), o.rank, std::move(reports).value());
   if (Status s = worker.set_up(); !s) {
-    spdlog::error("rank {}: set-up failed: {}", o.rank, s.error().message);
-    return 1;
+    const bool permanent = s.code() == Errc::kPermissionDenied || s.code() == Errc::kBusy;
+    return give_up(worker.control(), o.rank, permanent ? kExitRefused : kExitError,
+                   fmt::format("set-up failed: {}", s.error().message));
   }
   if (Status s = worker.line_up(); !s) {
     spdlog::warn("rank {}: {}", o.rank, s.error().message);

@@ -16,6 +16,8 @@ enum WorkerCounter : uint32_t {
   kRequestsFailed,
   kRequestsCancelled,
   kReportsDelayed,  // reports that waited because the report ring was full
+  kStaleSessions,   // pending signals dropped as stale (before a task's watermark, dead engine)
+  kSignalRepairs,   // signal-ring state another process overwrote, or a dead producer's claims
   kWorkerCounterCount,
 };
 
@@ -29,7 +31,8 @@ enum WorkerHistogram : uint32_t {
 inline constexpr const char* kWorkerCounterLabels[] = {
     "tasks",           "signals",           "bad_signals",     "layer_copies",
     "bytes_copied",    "requests_finished", "requests_failed", "requests_cancelled",
-    "reports_delayed",
+    "reports_delayed", "stale_signal_sessions", "signal_ring_repairs",
 };
+static_assert(sizeof(kWorkerCounterLabels) / sizeof(kWorkerCounterLabels[0]) == kWorkerCounterCount);
 
 }  // namespace kvrelay::worker

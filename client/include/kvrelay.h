@@ -42,7 +42,8 @@ typedef enum kvrelay_status {
   KVRELAY_NOT_FOUND = 5,        /* no such instance */
   KVRELAY_ABORTED = 6,          /* the load being waited on failed or was cancelled */
   KVRELAY_PERMISSION_DENIED = 7,
-  KVRELAY_ERROR = 8 /* anything else; see kvrelay_last_error() */
+  KVRELAY_ERROR = 8, /* anything else; see kvrelay_last_error() */
+  KVRELAY_BUSY = 9   /* another live process holds it (e.g. rank r's signal ring) */
 } kvrelay_status;
 
 typedef enum kvrelay_protocol {
@@ -64,7 +65,8 @@ typedef enum kvrelay_completion_kind {
   KVRELAY_KIND_SWAP = 1,
   KVRELAY_KIND_CONNECT = 2,
   KVRELAY_KIND_REGISTER_POOL = 3,
-  KVRELAY_KIND_OTHER = 4
+  KVRELAY_KIND_OTHER = 4,
+  KVRELAY_KIND_CANCEL = 5 /* the answer to a refused cancel (rejected) */
 } kvrelay_completion_kind;
 
 typedef struct kvrelay_completion {
@@ -77,6 +79,7 @@ typedef struct kvrelay_completion {
   uint64_t submitted_ns; /* CLOCK_MONOTONIC */
   uint64_t completed_ns;
   uint64_t first_copy_ns; /* when the first rank began copying; 0: nothing copied */
+  int32_t blocks_reusable; /* 1: no rank can still write into the destination blocks; 0: wait */
 } kvrelay_completion;
 
 typedef struct kvrelay_batch_slot {

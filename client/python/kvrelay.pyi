@@ -63,7 +63,7 @@ class Completion:
     def request_id(self) -> str: ...
     @property
     def kind(self) -> str:
-        """'cache', 'swap', 'connect', 'register_pool' or 'other'."""
+        """'cache', 'swap', 'connect', 'register_pool', 'cancel' or 'other'."""
     @property
     def status(self) -> str:
         """'finished', 'error', 'cancelled', 'timeout' or 'rejected'."""
@@ -86,6 +86,11 @@ class Completion:
     def first_copy_ns(self) -> int:
         """When the first rank began copying for the request (0: nothing
         copied); minus the engine's submit time, the dispatch latency."""
+    @property
+    def blocks_reusable(self) -> bool:
+        """True when no rank can still write into the request's destination
+        blocks, so they may be reused at once; False only when a rank could
+        not be confirmed stopped (the message says which)."""
     @property
     def latency_s(self) -> float: ...
 

@@ -22,6 +22,7 @@ const char* kind_name(CompletionKind k) {
     case CompletionKind::kConnect: return "connect";
     case CompletionKind::kRegisterPool: return "register_pool";
     case CompletionKind::kOther: return "other";
+    case CompletionKind::kCancel: return "cancel";
   }
   return "other";
 }
@@ -32,7 +33,7 @@ void define_completion(py::module_& m) {
       .def_readonly("request_id", &Completion::request_id)
       .def_property_readonly(
           "kind", [](const Completion& c) { return kind_name(c.kind); },
-          "'cache', 'swap', 'connect', 'register_pool' or 'other'")
+          "'cache', 'swap', 'connect', 'register_pool', 'cancel' or 'other'")
       .def_property_readonly(
           "status", [](const Completion& c) { return completion_status_name(c.status); },
           "'finished', 'error', 'cancelled', 'timeout' or 'rejected'")
@@ -51,6 +52,8 @@ void define_completion(py::module_& m) {
       .def_readonly("completed_ns", &Completion::completed_ns, "CLOCK_MONOTONIC")
       .def_readonly("first_copy_ns", &Completion::first_copy_ns,
                     "CLOCK_MONOTONIC when the first rank began copying; 0: nothing copied")
+      .def_readonly("blocks_reusable", &Completion::blocks_reusable,
+                    "True when no rank can still write into the destination blocks")
       .def_property_readonly("latency_s",
                              [](const Completion& c) {
                                return c.completed_ns >= c.submitted_ns

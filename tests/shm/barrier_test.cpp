@@ -9,6 +9,9 @@
 
 #include <vector>
 
+#include <sys/wait.h>
+
+#include "shm/fault_point.h"
 #include "shm/liveness.h"
 #include "support/processes.h"
 
@@ -145,6 +148,59 @@ TEST(BarrierProcesses, KilledParticipantAbortsTheOthersAndTheRearmedBarrierServe
   EXPECT_EQ(s.rounds_poisoned, 1u);
   EXPECT_EQ(s.rounds_completed, 100u + 1000u);
   EXPECT_EQ(s.parties, kProcs - 1);
+}
+
+// A waiter paused right after arriving (stopped at the fault point) sleeps
+// through a poison of its round and a re-armed round that completes without
+// it. It must learn that its own round was aborted: the old barrier inferred
+// "ok" from the parity of the generation's distance.
+TEST(BarrierProcesses, AWaiterPausedAcrossAPoisonAndACompletedRoundSeesItsRoundAborted) {
+  SharedRegion mem(sizeof(BarrierState));
+  auto* state = new (mem.data()) BarrierState{};
+  Barrier b(*state);
+  b.arm(2);
+  const pid_t paused = testing::fork_child([&] {
+    fault::arm("barrier.arrived", fault::Action::kStop);
+    return static_cast<int>(Barrier(*state).wait(Deadline::after(60s)));
+  });
+  int status = 0;
+  ASSERT_EQ(waitpid(paused, &status, WUNTRACED), paused);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  b.poison(2);
+  std::vector<pid_t> pair;
+  for (int i = 0; i < 2; ++i)
+    pair.push_back(testing::fork_child(
+        [&] { return Barrier(*state).wait(Deadline::after(30s)) == BarrierResult::kOk ? 0 : 1; }));
+  for (pid_t p : pair) {
+    auto exit = testing::wait_child(p, 30s);
+    ASSERT_TRUE(exit && exit->exited);
+    EXPECT_EQ(exit->code, 0);
+  }
+  kill(paused, SIGCONT);
+  auto exit = testing::wait_child(paused, 30s);
+  ASSERT_TRUE(exit && exit->exited);
+  EXPECT_EQ(exit->code, static_cast<int>(BarrierResult::kAborted));
+}
+
+// The reverse: its round completed, and a poison followed while it slept.
+TEST(BarrierProcesses, AWaiterPausedAcrossItsCompletedRoundAndAPoisonSeesItsRoundOk) {
+  SharedRegion mem(sizeof(BarrierState));
+  auto* state = new (mem.data()) BarrierState{};
+  Barrier b(*state);
+  b.arm(2);
+  const pid_t paused = testing::fork_child([&] {
+    fault::arm("barrier.arrived", fault::Action::kStop);
+    return static_cast<int>(Barrier(*state).wait(Deadline::after(60s)));
+  });
+  int status = 0;
+  ASSERT_EQ(waitpid(paused, &status, WUNTRACED), paused);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  EXPECT_EQ(b.wait(Deadline::after(10s)), BarrierResult::kOk);  // completes its round
+  b.poison(2);
+  kill(paused, SIGCONT);
+  auto exit = testing::wait_child(paused, 30s);
+  ASSERT_TRUE(exit && exit->exited);
+  EXPECT_EQ(exit->code, static_cast<int>(BarrierResult::kOk));
 }
 
 }  // namespace

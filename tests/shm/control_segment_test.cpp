@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "shm/names.h"
 #include "support/processes.h"
 
@@ -165,15 +167,44 @@ TEST_F(ControlSegmentTest, SecondCreatorIsRefusedWhileTheFirstIsAlive) {
   ControlSegment first = create();
   auto second = ControlSegment::create(config_);
   ASSERT_EQ(second.code(), Errc::kAlreadyExists);
-  EXPECT_NE(second.error().message.find("coordinator pid " + std::to_string(getpid())),
-            std::string::npos);
+  EXPECT_NE(second.error().message.find("live coordinator (pid " + std::to_string(getpid())),
+            std::string::npos)
+      << second.error().message;
 }
 
-TEST_F(ControlSegmentTest, PidReusedByAnotherProcessMakesTheSegmentStale) {
+// Liveness is the owner lock the coordinator holds, not what the segment
+// says: a same-uid process that zeroes the recorded pid (or changes its
+// start time) cannot make a live instance look stale, so no second
+// coordinator can take it over (split brain).
+TEST_F(ControlSegmentTest, AScribbledCreatorIdentityDoesNotMakeALiveSegmentStale) {
   ControlSegment seg = create();
-  seg.header().preamble.creator_start_time += 1;  // same pid, different process
-  EXPECT_EQ(attach_code(), Errc::kStale);
-  EXPECT_NE(attach_message().find("pid now belongs to another process"), std::string::npos);
+  seg.header().preamble.creator_pid = 0;
+  seg.header().preamble.creator_start_time += 1;
+  EXPECT_TRUE(ControlSegment::attach(instance_).ok()) << attach_message();
+  auto second = ControlSegment::create(config_);
+  ASSERT_EQ(second.code(), Errc::kAlreadyExists) << "a second coordinator must be refused";
+  EXPECT_EQ(seg.coordinator_liveness(), LockState::kFree)
+      << "our own description holds the lock: a probe through it sees no conflict";
+  auto other = ControlSegment::attach(instance_);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->coordinator_liveness(), LockState::kHeld);
+}
+
+// Only the validated copy of the configuration and the directory is used
+// after attach: scribbling on the header afterwards sends nobody elsewhere.
+TEST_F(ControlSegmentTest, HeaderScribbledAfterAttachIsNotReadAgain) {
+  ControlSegment seg = create();
+  auto attached = ControlSegment::attach(instance_);
+  ASSERT_TRUE(attached.ok());
+  const auto before = attached->region(RegionKind::kSubmitRing);
+  seg.header().config.tp_size = 9999;
+  seg.header().region_count = 0;
+  std::memset(seg.header().regions, 0xff, sizeof(seg.header().regions));
+  EXPECT_EQ(attached->config().tp_size, 2u);
+  const auto after = attached->region(RegionKind::kSubmitRing);
+  EXPECT_EQ(after.data(), before.data());
+  EXPECT_EQ(after.size(), before.size());
+  EXPECT_TRUE(attached->task_ring(1).ok());
 }
 
 // The creator is SIGKILLed: attach reports the segment stale, naming the dead

@@ -1,17 +1,22 @@
-// SpscRing: functional behaviour in one process, then a producer and a
-// consumer in two processes exchanging a long numbered stream.
+// SpscRing: functional behaviour in one process, a producer and a consumer in
+// two processes exchanging a long numbered stream, threads of one process
+// pushing at once, and either side killed between its two stores (by fault
+// points) and taken over by a new process.
 #include "shm/spsc_ring.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cstring>
+#include <thread>
 
+#include "shm/fault_point.h"
 #include "support/processes.h"
 
 namespace kvrelay {
 namespace {
 
-using testing::SharedRegion;
+using testing::SharedFileRegion;
 using namespace std::chrono_literals;
 
 // An odd-sized record (24 bytes, not a power of two) with a checksum, so that
@@ -28,23 +33,33 @@ bool intact(const Record& r) {
   return r.payload == r.seq * 0x9E3779B97F4A7C15ULL && r.check == ~r.seq;
 }
 
-SpscRing<Record> make_ring(SharedRegion& mem, uint32_t capacity) {
-  EXPECT_TRUE(SpscRing<Record>::initialize(mem.data(), mem.size(), capacity).ok());
-  auto r = SpscRing<Record>::attach(mem.data(), mem.size());
-  EXPECT_TRUE(r.ok());
-  return r.value();
-}
+struct TestRing {
+  explicit TestRing(uint32_t capacity) : mem(SpscRing<Record>::bytes_for(capacity)) {
+    EXPECT_TRUE(SpscRing<Record>::initialize(mem.data(), mem.size(), capacity).ok());
+  }
+  SpscRing<Record> attach() {
+    return SpscRing<Record>::attach(mem.data(), mem.size(), mem.locks()).value();
+  }
+  SpscProducer<Record> producer() {
+    auto p = attach().lease_producer();
+    EXPECT_TRUE(p.ok()) << p.error().message;
+    return std::move(p).value();
+  }
+  SpscRingHeader& header() { return *mem.as<SpscRingHeader>(); }
+  SharedFileRegion mem;
+};
 
 TEST(SpscRing, PopsWhatWasPushedInOrderAcrossManyWrapArounds) {
-  SharedRegion mem(SpscRing<Record>::bytes_for(8));
-  auto ring = make_ring(mem, 8);
+  TestRing t(8);
+  auto ring = t.attach();
+  auto producer = t.producer();
   uint64_t next_push = 0;
   uint64_t next_pop = 0;
   // Push in bursts of 1..8 and drain partially, so head and tail wrap at
   // every offset of the 8-slot ring.
   for (int round = 0; round < 1000; ++round) {
     const int burst = 1 + round % 8;
-    for (int i = 0; i < burst && ring.try_push(make_record(next_push)); ++i)
+    for (int i = 0; i < burst && producer.try_push(make_record(next_push)); ++i)
       ++next_push;
     Record r{};
     for (int i = 0; i < (round % 3 == 0 ? 8 : 3) && ring.try_pop(r); ++i) {
@@ -62,12 +77,13 @@ TEST(SpscRing, PopsWhatWasPushedInOrderAcrossManyWrapArounds) {
 }
 
 TEST(SpscRing, TryPushFailsWhenFullAndCountsTheEvent) {
-  SharedRegion mem(SpscRing<Record>::bytes_for(4));
-  auto ring = make_ring(mem, 4);
+  TestRing t(4);
+  auto ring = t.attach();
+  auto producer = t.producer();
   for (uint64_t i = 0; i < 4; ++i)
-    ASSERT_TRUE(ring.try_push(make_record(i)));
-  EXPECT_FALSE(ring.try_push(make_record(4)));
-  EXPECT_EQ(ring.header().full_events.load(), 1u);
+    ASSERT_TRUE(producer.try_push(make_record(i)));
+  EXPECT_FALSE(producer.try_push(make_record(4)));
+  EXPECT_EQ(t.header().full_events.load(), 1u);
   // Nothing was overwritten: the four originals come out intact.
   Record r{};
   for (uint64_t i = 0; i < 4; ++i) {
@@ -78,66 +94,138 @@ TEST(SpscRing, TryPushFailsWhenFullAndCountsTheEvent) {
 }
 
 TEST(SpscRing, BlockingPushOnAFullRingTimesOut) {
-  SharedRegion mem(SpscRing<Record>::bytes_for(2));
-  auto ring = make_ring(mem, 2);
-  ASSERT_TRUE(ring.try_push(make_record(0)));
-  ASSERT_TRUE(ring.try_push(make_record(1)));
-  Status s = ring.push(make_record(2), Deadline::after(20ms));
+  TestRing t(2);
+  auto ring = t.attach();
+  auto producer = t.producer();
+  ASSERT_TRUE(producer.try_push(make_record(0)));
+  ASSERT_TRUE(producer.try_push(make_record(1)));
+  Status s = producer.push(make_record(2), Deadline::after(20ms));
   EXPECT_EQ(s.code(), Errc::kTimeout);
   EXPECT_EQ(ring.size(), 2u);
 }
 
 TEST(SpscRing, BlockingPopOnAnEmptyRingTimesOut) {
-  SharedRegion mem(SpscRing<Record>::bytes_for(2));
-  auto ring = make_ring(mem, 2);
+  TestRing t(2);
+  auto ring = t.attach();
   Record r{};
   EXPECT_EQ(ring.pop(r, Deadline::after(20ms)).code(), Errc::kTimeout);
 }
 
 TEST(SpscRing, NoWakeSyscallWhenNobodyIsParked) {
-  SharedRegion mem(SpscRing<Record>::bytes_for(16));
-  auto ring = make_ring(mem, 16);
+  TestRing t(16);
+  auto ring = t.attach();
+  auto producer = t.producer();
   Record r{};
   for (uint64_t i = 0; i < 1000; ++i) {
-    ASSERT_TRUE(ring.try_push(make_record(i)));
+    ASSERT_TRUE(producer.try_push(make_record(i)));
     ASSERT_TRUE(ring.try_pop(r));
   }
-  EXPECT_EQ(ring.header().not_empty.wake_calls.load(), 0u);
-  EXPECT_EQ(ring.header().not_full.wake_calls.load(), 0u);
+  EXPECT_EQ(t.header().not_empty.wake_calls.load(), 0u);
+  EXPECT_EQ(t.header().not_full.wake_calls.load(), 0u);
 }
 
 TEST(SpscRing, AttachRefusesAWrongRecordSizeAndABadCapacity) {
-  SharedRegion mem(SpscRing<Record>::bytes_for(8));
-  ASSERT_TRUE(SpscRing<Record>::initialize(mem.data(), mem.size(), 8).ok());
-  auto wrong = SpscRing<uint64_t>::attach(mem.data(), mem.size());
+  TestRing t(8);
+  auto wrong = SpscRing<uint64_t>::attach(t.mem.data(), t.mem.size());
   ASSERT_FALSE(wrong.ok());
   EXPECT_EQ(wrong.code(), Errc::kLayoutMismatch);
   EXPECT_NE(wrong.error().message.find("24-byte records"), std::string::npos);
 
-  mem.as<SpscRingHeader>()->capacity = 6;
-  auto bad = SpscRing<Record>::attach(mem.data(), mem.size());
+  t.header().capacity = 6;
+  auto bad = SpscRing<Record>::attach(t.mem.data(), t.mem.size());
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.code(), Errc::kCorrupt);
 
-  mem.as<SpscRingHeader>()->capacity = 1U << 20;  // would run past the region
-  EXPECT_EQ(SpscRing<Record>::attach(mem.data(), mem.size()).code(), Errc::kCorrupt);
+  t.header().capacity = 1U << 20;  // would run past the region
+  EXPECT_EQ(SpscRing<Record>::attach(t.mem.data(), t.mem.size()).code(), Errc::kCorrupt);
 }
 
 TEST(SpscRing, InitializeRefusesACapacityThatIsNotAPowerOfTwo) {
-  SharedRegion mem(SpscRing<Record>::bytes_for(8));
-  EXPECT_EQ(SpscRing<Record>::initialize(mem.data(), mem.size(), 6).code(), Errc::kInvalidArgument);
+  TestRing t(8);
+  EXPECT_EQ(SpscRing<Record>::initialize(t.mem.data(), t.mem.size(), 6).code(),
+            Errc::kInvalidArgument);
+}
+
+TEST(SpscRing, OverwrittenMirrorsChangeNothingAndAreRestored) {
+  TestRing t(8);
+  auto ring = t.attach();
+  auto producer = t.producer();
+  Record r{};
+  ASSERT_TRUE(producer.try_push(make_record(0)));
+  ASSERT_TRUE(ring.try_pop(r));
+  ASSERT_TRUE(producer.try_push(make_record(1)));
+  t.header().read_index.store(12345);
+  t.header().write_index.store(3);
+  ASSERT_TRUE(ring.try_pop(r));
+  EXPECT_EQ(r.seq, 1u);
+  EXPECT_EQ(t.header().read_index.load(), 2u) << "restored";
+  EXPECT_GE(t.header().corrupt_events.load(), 1u);
+  ASSERT_TRUE(producer.try_push(make_record(2)));
+  ASSERT_TRUE(ring.try_pop(r));
+  EXPECT_EQ(r.seq, 2u);
+}
+
+TEST(SpscRingProcesses, ASecondProducerProcessIsRefused) {
+  TestRing t(8);
+  auto mine = t.producer();
+  const pid_t other = testing::fork_child([&] {
+    auto p = t.attach().lease_producer();
+    return !p && p.code() == Errc::kBusy ? 0 : 1;
+  });
+  auto exit = testing::wait_child(other, 10s);
+  ASSERT_TRUE(exit && exit->exited);
+  EXPECT_EQ(exit->code, 0);
+}
+
+// Threads of one process push at once (a scheduler thread and a CUDA host
+// callback thread, say): every record arrives exactly once, each thread's
+// in its order, intact.
+TEST(SpscRing, ThreadsOfOneProcessPushConcurrentlyWithoutLosingOrTearingRecords) {
+  constexpr uint64_t kPerThread = 200'000;
+  constexpr int kThreads = 3;
+  TestRing t(64);
+  auto ring = t.attach();
+  auto producer = t.producer();
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      for (uint64_t i = 0; i < kPerThread; ++i) {
+        const uint64_t seq = (uint64_t(th) << 32) | i;
+        while (!producer.push(make_record(seq), Deadline::after(30s)).ok()) {
+        }
+      }
+    });
+  }
+  std::vector<uint64_t> next(kThreads, 0);
+  uint64_t bad = 0, got = 0;
+  Record r{};
+  while (got < kPerThread * kThreads) {
+    if (!ring.pop(r, Deadline::after(30s)).ok()) break;
+    ++got;
+    const auto th = static_cast<size_t>(r.seq >> 32);
+    if (!intact(r) || th >= kThreads || (r.seq & 0xffffffff) != next[th]) {
+      ++bad;
+      continue;
+    }
+    ++next[th];
+  }
+  for (auto& th : threads)
+    th.join();
+  EXPECT_EQ(got, kPerThread * kThreads);
+  EXPECT_EQ(bad, 0u);
+  EXPECT_FALSE(ring.try_pop(r));
 }
 
 // Two processes, a small ring (so both sides park and wake often), blocking
 // calls on both sides: every record arrives exactly once, in order, intact.
 TEST(SpscRingProcesses, ProducerAndConsumerProcessesExchangeAMillionRecordsExactlyOnceInOrder) {
   constexpr uint64_t kCount = 1'000'000;
-  SharedRegion mem(SpscRing<Record>::bytes_for(64));
-  auto ring = make_ring(mem, 64);
-
+  TestRing t(64);
+  auto ring = t.attach();
   const pid_t producer = testing::fork_child([&] {
+    auto p = t.producer();
     for (uint64_t i = 0; i < kCount; ++i) {
-      if (!ring.push(make_record(i), Deadline::after(30s)).ok()) return 2;
+      if (!p.push(make_record(i), Deadline::after(30s)).ok()) return 2;
     }
     return 0;
   });
@@ -157,6 +245,78 @@ TEST(SpscRingProcesses, ProducerAndConsumerProcessesExchangeAMillionRecordsExact
   EXPECT_EQ(expected, kCount);
   EXPECT_EQ(bad, 0u);
   EXPECT_FALSE(ring.try_pop(r)) << "nothing beyond the last record";
+}
+
+// The producer dies between claiming a slot and publishing it (the old ring
+// wedged forever here: its successor's index never matched a sequence
+// again). A new producer process takes over: every record published before
+// arrives once, in order, and the new producer's records follow.
+TEST(SpscRingProcesses, ProducerKilledMidPushDoesNotWedgeTheRing) {
+  TestRing t(8);
+  auto ring = t.attach();
+  const pid_t dying = testing::fork_child([&] {
+    auto p = t.producer();
+    for (uint64_t i = 0; i < 3; ++i)
+      if (!p.try_push(make_record(i))) return 2;
+    fault::arm("spsc.written", fault::Action::kKill);
+    (void)p.try_push(make_record(3));
+    return 3;
+  });
+  auto exit = testing::wait_child(dying, 10s);
+  ASSERT_TRUE(exit.has_value());
+  ASSERT_EQ(exit->signal, SIGKILL);
+  const pid_t successor = testing::fork_child([&] {
+    auto p = t.producer();
+    for (uint64_t i = 10; i < 30; ++i)  // more than a lap: the ring must keep turning
+      if (!p.push(make_record(i), Deadline::after(10s)).ok()) return 2;
+    return 0;
+  });
+  std::vector<uint64_t> got;
+  Record r{};
+  while (got.size() < 23) {
+    if (!ring.pop(r, Deadline::after(10s)).ok()) break;
+    ASSERT_TRUE(intact(r));
+    got.push_back(r.seq);
+  }
+  exit = testing::wait_child(successor, 10s);
+  ASSERT_TRUE(exit && exit->exited);
+  EXPECT_EQ(exit->code, 0);
+  std::vector<uint64_t> want = {0, 1, 2};
+  for (uint64_t i = 10; i < 30; ++i)
+    want.push_back(i);
+  EXPECT_EQ(got, want) << "the dead producer's unpublished record is skipped, nothing else";
+}
+
+// The consumer dies between freeing a slot and moving its index (the old
+// ring then saw "empty" forever while a waiter saw "not empty" and spun).
+TEST(SpscRingProcesses, ConsumerKilledMidPopDoesNotWedgeTheRing) {
+  TestRing t(8);
+  auto producer = t.producer();
+  for (uint64_t i = 0; i < 5; ++i)
+    ASSERT_TRUE(producer.try_push(make_record(i)));
+  const pid_t dying = testing::fork_child([&] {
+    auto ring = t.attach();
+    Record r{};
+    if (!ring.try_pop(r) || r.seq != 0) return 2;
+    fault::arm("spsc.popped", fault::Action::kKill);
+    (void)ring.try_pop(r);  // takes record 1, dies before moving on
+    return 3;
+  });
+  auto exit = testing::wait_child(dying, 10s);
+  ASSERT_TRUE(exit.has_value());
+  ASSERT_EQ(exit->signal, SIGKILL);
+  auto ring = t.attach();  // the successor
+  EXPECT_TRUE(ring.readable());
+  std::vector<uint64_t> got;
+  Record r{};
+  while (ring.try_pop(r))
+    got.push_back(r.seq);
+  EXPECT_EQ(got, (std::vector<uint64_t>{2, 3, 4}));
+  for (uint64_t i = 5; i < 20; ++i) {
+    ASSERT_TRUE(producer.try_push(make_record(i)));
+    ASSERT_TRUE(ring.try_pop(r));
+    EXPECT_EQ(r.seq, i);
+  }
 }
 
 }  // namespace

@@ -108,3 +108,31 @@ SharedRegion::~SharedRegion() {
 }
 
 }  // namespace kvrelay::testing
+
+namespace kvrelay::testing {
+
+SharedFileRegion::SharedFileRegion(size_t bytes) : bytes_(bytes) {
+  fd_ = memfd_create("kvrelay-test-region", MFD_CLOEXEC);
+  if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(bytes)) != 0)
+    throw std::runtime_error("memfd failed");
+  data_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (data_ == MAP_FAILED) throw std::runtime_error("mmap failed");
+}
+
+SharedFileRegion::~SharedFileRegion() {
+  munmap(data_, bytes_);
+  if (own_fd_ >= 0 && owner_pid_ == getpid()) close(own_fd_);
+  close(fd_);
+}
+
+LockSpace SharedFileRegion::locks() {
+  if (owner_pid_ != getpid()) {
+    // A forked child shares its parent's descriptions: open one of its own.
+    own_fd_ = open(("/proc/self/fd/" + std::to_string(fd_)).c_str(), O_RDWR | O_CLOEXEC);
+    owner_pid_ = getpid();
+  }
+  return LockSpace{own_fd_, 0};
+}
+
+}  // namespace kvrelay::testing
+

@@ -72,3 +72,37 @@ class SharedRegion {
 };
 
 }  // namespace kvrelay::testing
+
+#include "shm/owner_lock.h"
+
+namespace kvrelay::testing {
+
+// Shared memory backed by a file (a memfd), so that owner locks work on it:
+// every process (forked children included) takes its locks through its own
+// open file description of the file, as processes attaching a segment do.
+class SharedFileRegion {
+ public:
+  explicit SharedFileRegion(size_t bytes);
+  ~SharedFileRegion();
+  SharedFileRegion(const SharedFileRegion&) = delete;
+  SharedFileRegion& operator=(const SharedFileRegion&) = delete;
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  // The lock space of the calling process (a description of its own,
+  // opened on first use in each process).
+  LockSpace locks();
+
+ private:
+  int fd_;
+  void* data_;
+  size_t bytes_;
+  pid_t owner_pid_ = 0;
+  int own_fd_ = -1;
+};
+
+}  // namespace kvrelay::testing
+

@@ -113,8 +113,9 @@ Row bench_spsc(uint64_t count, int trials) {
       BenchSegment seg(SpscRing<R>::bytes_for(kSpscCapacity));
       (void)SpscRing<R>::initialize(seg.queue_memory(), seg.queue_bytes(), kSpscCapacity);
       auto ring = SpscRing<R>::attach(seg.queue_memory(), seg.queue_bytes()).value();
+      auto producer = ring.lease_producer().value();
       ours.push_back(run_spsc<R>(
-          seg, count, [&](const R& r) { return ring.try_push(r); },
+          seg, count, [&](const R& r) { return producer.try_push(r); },
           [&](R& r) { return ring.try_pop(r); }));
     }
     {
@@ -144,11 +145,14 @@ double run_mpsc_ours(uint64_t per_producer, int producers) {
   for (int p = 0; p < producers; ++p) {
     kids.push_back(fork_worker([&, p] {
       std::byte payload[kMpscPayload] = {};
+      auto producer = ring.lease_producer();
+      if (!producer) return 1;
       while (t.go.load() == 0) {
       }
       for (uint64_t i = 0; i < per_producer; ++i) {
         std::memcpy(payload, &i, 8);
-        if (!ring.write(p + 1, payload, Deadline::after(std::chrono::seconds(30))).ok()) return 1;
+        if (!producer->write(p + 1, payload, Deadline::after(std::chrono::seconds(30))).ok())
+          return 1;
       }
       return 0;
     }));
@@ -161,10 +165,10 @@ double run_mpsc_ours(uint64_t per_producer, int producers) {
   t.go.store(1);
   while (got < total) {
     got += ring.read_wait(
-        [&](int32_t type, std::span<const std::byte> p) {
+        [&](const MpscRecord& r) {
           uint64_t seq = 0;
-          std::memcpy(&seq, p.data(), 8);
-          auto& n = next[static_cast<size_t>(type - 1)];
+          std::memcpy(&seq, r.payload.data(), 8);
+          auto& n = next[static_cast<size_t>(r.type - 1)];
           if (seq != n) ++errors;
           n = seq + 1;
         },

@@ -1,5 +1,7 @@
 #include "instance_view.h"
 
+#include <fmt/format.h>
+
 #include "schemas/records.h"
 #include "shm/barrier.h"
 #include "shm/control_layout.h"
@@ -9,12 +11,12 @@ namespace kvrelay::dump {
 
 namespace {
 
-ProcessView view_process(const LivenessSlot& slot, const InstanceConfig& c) {
+ProcessView view_process(const LivenessSlot& slot, const InstanceConfig& c, LockState lock) {
   const SlotSnapshot s = read_slot(slot);
   ProcessView v;
   v.pid = s.owner.pid;
   v.state = slot_state_name(static_cast<uint32_t>(s.state));
-  v.health = peer_health_name(judge_peer(s, std::chrono::milliseconds(c.peer_timeout_ms)));
+  v.health = peer_health_name(judge_peer(s, std::chrono::milliseconds(c.peer_timeout_ms), lock));
   const uint64_t now = mono_now_ns();
   v.heartbeat_age_ms =
       s.heartbeat_ns != 0 && now > s.heartbeat_ns ? (now - s.heartbeat_ns) / 1e6 : 0;
@@ -34,8 +36,19 @@ RingView view_mpsc(const std::string& name, const MpscRing& ring) {
   v.full_events = h.full_events.load(std::memory_order_relaxed);
   v.skipped_records = h.skipped_records.load(std::memory_order_relaxed);
   v.corrupt_records = h.corrupt_records.load(std::memory_order_relaxed);
+  v.corrupt_events = h.corrupt_events.load(std::memory_order_relaxed);
   v.parked_waiters = h.not_empty.waiters.load(std::memory_order_relaxed) +
                      h.not_full.waiters.load(std::memory_order_relaxed);
+  if (ring.corrupt()) {
+    v.state = "corrupt";
+  } else if (!ring.indices_sane()) {
+    v.state = "impossible indices";
+  }
+  const uint64_t since = h.stalled_since_ns.load(std::memory_order_relaxed);
+  const uint64_t now = mono_now_ns();
+  if (since != 0 && now > since) v.stalled_ms = (now - since) / 1e6;
+  const uint32_t slot = h.stalled_slot.load(std::memory_order_relaxed);
+  if (slot != 0) v.stalled_by = slot - 1;
   return v;
 }
 
@@ -50,9 +63,36 @@ RingView view_spsc(const std::string& name, const SpscRing<T>& ring) {
   v.tail = h.write_index.load(std::memory_order_acquire);
   v.used = ring.size();
   v.full_events = h.full_events.load(std::memory_order_relaxed);
+  v.skipped_records = h.skipped_records.load(std::memory_order_relaxed);
+  v.corrupt_events = h.corrupt_events.load(std::memory_order_relaxed);
   v.parked_waiters = h.not_empty.waiters.load(std::memory_order_relaxed) +
                      h.not_full.waiters.load(std::memory_order_relaxed);
   return v;
+}
+
+// What stops requests from flowing, as an operator would want it said.
+void judge_health(InstanceView& v) {
+  if (v.stale) v.problems.push_back(fmt::format("stale: {}", v.stale_reason));
+  if (!v.stale && v.coordinator.health != "healthy")
+    v.problems.push_back(fmt::format("coordinator is {}", v.coordinator.health));
+  if (v.state != "ready") v.problems.push_back(fmt::format("instance is {}", v.state));
+  for (const WorkerView& w : v.workers) {
+    if (!w.ready || w.process.health != "healthy")
+      v.problems.push_back(fmt::format("rank {} is {}{}", w.rank,
+                                       w.ready ? "ready but " : "not ready, ", w.process.health));
+  }
+  const double stall_limit = v.config.stall_timeout_ms;
+  for (const RingView& r : v.rings) {
+    if (r.state != "ok") v.problems.push_back(fmt::format("ring {}: {}", r.name, r.state));
+    if (r.stalled_ms > stall_limit)
+      v.problems.push_back(fmt::format("ring {}: blocked for {:.0f} ms by an uncommitted record{}",
+                                       r.name, r.stalled_ms,
+                                       r.stalled_by >= 0
+                                           ? fmt::format(" of live producer slot {} (stopped?)",
+                                                         r.stalled_by)
+                                           : ""));
+  }
+  v.health = v.problems.empty() ? "healthy" : "unhealthy";
 }
 
 }  // namespace
@@ -89,16 +129,16 @@ InstanceView snapshot(const ControlSegment& control) {
   v.epoch = control.epoch();
   v.state = instance_state_name(static_cast<uint32_t>(control.state()));
   v.segment_bytes = control.segment().size();
-  const CreatorStatus creator = creator_status(h.preamble);
-  v.stale = creator.liveness != Liveness::kAlive;
+  const CreatorStatus creator = creator_status(h.preamble, control.locks());
+  v.stale = !creator.alive();
   v.stale_reason = v.stale ? creator.describe() : "";
-  v.coordinator = view_process(control.coordinator_slot(), c);
+  v.coordinator = view_process(control.coordinator_slot(), c, control.coordinator_liveness());
   v.config = c;
   v.coordinator_counters = view_counters(control.counters(kCoordinatorCounters));
   for (uint32_t r = 0; r < c.tp_size; ++r) {
     WorkerView w;
     w.rank = r;
-    w.process = view_process(control.worker_slot(r), c);
+    w.process = view_process(control.worker_slot(r), c, control.rank_liveness(r));
     w.ready = control.status().ready_flags[r].load(std::memory_order_acquire) == 1;
     w.counters = view_counters(control.counters(worker_counters_index(r)));
     v.workers.push_back(std::move(w));
@@ -116,6 +156,7 @@ InstanceView snapshot(const ControlSegment& control) {
   const BarrierSnapshot b = Barrier(control.barrier()).snapshot();
   v.barrier = BarrierView{b.generation,       b.parties,         b.arrived,
                           b.rounds_completed, b.rounds_poisoned, b.timeouts};
+  judge_health(v);
   return v;
 }
 

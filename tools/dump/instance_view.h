@@ -47,9 +47,14 @@ struct RingView {
   uint64_t head = 0;  // consumer position (bytes or records)
   uint64_t tail = 0;  // producer position
   uint64_t full_events = 0;
-  uint64_t skipped_records = 0;  // mpsc: half-written records of dead producers skipped
-  uint64_t corrupt_records = 0;  // mpsc
+  uint64_t skipped_records = 0;  // half-written records of dead producers given up
+  uint64_t corrupt_records = 0;  // mpsc: defective records passed on or dropped
+  uint64_t corrupt_events = 0;   // shared state found overwritten (and repaired where possible)
   uint64_t parked_waiters = 0;   // processes parked on the ring (consumer or producers)
+  // ok; corrupt (records that cannot be delimited); impossible indices
+  std::string state = "ok";
+  double stalled_ms = 0;  // mpsc: how long a claim has blocked the consumer (0: not)
+  int64_t stalled_by = -1;  // mpsc: the producer slot holding that claim, if alive
 };
 
 struct BarrierView {
@@ -62,6 +67,9 @@ struct BarrierView {
 };
 
 struct InstanceView {
+  // healthy, or unhealthy with `problems`: what stops requests from flowing.
+  std::string health;
+  std::vector<std::string> problems;
   std::string name;
   uint32_t layout_version = 0;
   uint64_t epoch = 0;

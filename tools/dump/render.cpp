@@ -8,6 +8,9 @@ const char* const kColumnHelp = R"(Columns:
   instance      name, layout version, epoch (grows by one at every coordinator start) and state
                 (initialising, ready, draining, dead); "STALE" when the coordinator that created the
                 segment is gone (then nothing is serving it)
+  health        healthy, or unhealthy followed by every problem that stops requests from flowing:
+                a stale or silent coordinator, a rank not ready, a ring whose shared state is
+                corrupt, a ring blocked by a producer that stopped mid-record
   coordinator   pid, slot state, health (healthy: heartbeat fresh; silent: heartbeat older than
                 peer_timeout_ms but the process exists; dead: the process is gone) and heartbeat age
   config        TP size, role, pool geometry (layers + extra layers, blocks, tokens per block, KV heads,
@@ -19,8 +22,10 @@ const char* const kColumnHelp = R"(Columns:
   rings         name, kind (mpsc: variable records, sizes in bytes; spsc: fixed records, sizes in
                 records), capacity, used, head (consumer position), tail (producer position), full
                 events (writes refused or delayed because the ring was full), skipped (half-written
-                records of dead producers that were skipped), parked (processes sleeping on the ring)
-  barrier       generation (advances by 1 per completed round, by 2 per poisoned round), parties,
+                records of dead producers that were given up), corrupt (records found defective plus
+                times its shared state was found overwritten by another process; the state column
+                says whether it is still unusable), parked (processes sleeping on the ring)
+  barrier       generation (advances by 1 per round, completed or poisoned), parties,
                 arrived in the current round, rounds completed, rounds poisoned, waits that timed out
   latency       histograms as p50 / p90 / p99 / max with their unit; log2 buckets, so a quantile is
                 an upper bound within a factor of two
@@ -62,6 +67,9 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
   const InstanceConfig& c = v.config;
   out += fmt::format("instance {}  (layout v{}, epoch {}, {}{})\n", v.name, v.layout_version,
                      v.epoch, v.state, v.stale ? fmt::format(", STALE: {}", v.stale_reason) : "");
+  out += fmt::format("health {}\n", v.health);
+  for (const std::string& p : v.problems)
+    out += fmt::format("  - {}\n", p);
   out += fmt::format("coordinator pid {}  {}  {}  heartbeat {:.0f} ms ago\n", v.coordinator.pid,
                      v.coordinator.state, v.coordinator.health, v.coordinator.heartbeat_age_ms);
   out += fmt::format(
@@ -98,14 +106,17 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
   for (const auto& [label, value] : v.coordinator_counters.counters)
     out += fmt::format("{} {}  ", label, value);
   out += "\n\nrings\n";
-  out += fmt::format("  {:<12} {:<5} {:>12} {:>12} {:>14} {:>14} {:>11} {:>8} {:>7}\n", "name",
-                     "kind", "capacity", "used", "head", "tail", "full", "skipped", "parked");
+  out += fmt::format("  {:<12} {:<5} {:>12} {:>12} {:>14} {:>14} {:>11} {:>8} {:>8} {:>7}  {}\n",
+                     "name", "kind", "capacity", "used", "head", "tail", "full", "skipped",
+                     "corrupt", "parked", "state");
   for (const RingView& r : v.rings) {
     const bool b = r.kind == "mpsc";
-    out += fmt::format("  {:<12} {:<5} {:>12} {:>12} {:>14} {:>14} {:>11} {:>8} {:>7}\n", r.name,
-                       r.kind, b ? bytes(r.capacity) : std::to_string(r.capacity),
+    out += fmt::format("  {:<12} {:<5} {:>12} {:>12} {:>14} {:>14} {:>11} {:>8} {:>8} {:>7}  {}\n",
+                       r.name, r.kind, b ? bytes(r.capacity) : std::to_string(r.capacity),
                        b ? bytes(r.used) : std::to_string(r.used), r.head, r.tail, r.full_events,
-                       r.skipped_records, r.parked_waiters);
+                       r.skipped_records, r.corrupt_records + r.corrupt_events, r.parked_waiters,
+                       r.stalled_ms > 0 ? fmt::format("{} (blocked {:.0f} ms)", r.state, r.stalled_ms)
+                                        : r.state);
   }
   out += fmt::format(
       "\nbarrier  generation {}  parties {}  arrived {}  completed {}  poisoned {}  timeouts {}\n",
@@ -145,6 +156,8 @@ nlohmann::json render_json(const InstanceView& v) {
   const InstanceConfig& c = v.config;
   nlohmann::json j;
   j["schema"] = "kvrelay-dump/1";
+  j["health"] = v.health;
+  j["problems"] = v.problems;
   j["instance"] = {{"name", v.name},
                    {"layout_version", v.layout_version},
                    {"epoch", v.epoch},
@@ -167,7 +180,8 @@ nlohmann::json render_json(const InstanceView& v) {
                  {"has_scales", c.has_scales != 0},
                  {"host_blocks", c.host_blocks},
                  {"request_deadline_ms", c.request_deadline_ms},
-                 {"peer_timeout_ms", c.peer_timeout_ms}};
+                 {"peer_timeout_ms", c.peer_timeout_ms},
+                 {"stall_timeout_ms", c.stall_timeout_ms}};
   j["workers"] = nlohmann::json::array();
   for (const WorkerView& w : v.workers) {
     nlohmann::json wj = process_json(w.process);
@@ -188,6 +202,9 @@ nlohmann::json render_json(const InstanceView& v) {
                           {"full_events", r.full_events},
                           {"skipped_records", r.skipped_records},
                           {"corrupt_records", r.corrupt_records},
+                          {"corrupt_events", r.corrupt_events},
+                          {"state", r.state},
+                          {"stalled_ms", r.stalled_ms},
                           {"parked_waiters", r.parked_waiters}});
   j["barrier"] = {{"generation", v.barrier.generation},
                   {"parties", v.barrier.parties},

@@ -59,8 +59,8 @@ std::vector<SegmentEntry> list_segments() {
       out.push_back(s);
       continue;
     }
-    const CreatorStatus creator = creator_status(p);
-    s.status = creator.liveness == Liveness::kAlive ? "live" : "stale";
+    const CreatorStatus creator = creator_status(p, LockSpace{seg->fd(), 0});
+    s.status = creator.alive() ? "live" : "stale";
     s.detail = s.kind == "control" ? creator.describe()
                                    : fmt::format("created by pid {} ({})", p.creator_pid,
                                                  liveness_name(creator.liveness));

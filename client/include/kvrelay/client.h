@@ -8,21 +8,41 @@
 //    duplicate half, a cancel for an id that is not live, an undecodable
 //    record) gets a `rejected` completion, which does not end the request of
 //    that id.
+//  - Every Client is an engine session. When the process that attached it
+//    dies, the requests it submitted are withdrawn (their blocks confirmed
+//    free) and nobody receives their completions; a Client that is destroyed
+//    (detaches cleanly) leaves its requests running, and their completions
+//    are delivered as usual. A restarted engine may reuse the request ids of
+//    its dead predecessor as soon as its attach returns.
 //  - One completion reader per instance: completions are consumed by
 //    whichever Client calls poll()/wait(); run exactly one reader (the
 //    engine's scheduler).
-//  - One signal producer per rank: the layer signals of rank r come from one
-//    process (the engine's rank-r model runner). Pushing a signal allocates
-//    nothing, takes no lock and makes no system call unless the worker is
-//    parked, so it may run inside a CUDA host callback.
+//  - One signal-producing process per rank: the layer signals of rank r
+//    come from one process (the engine's rank-r model runner); any of its
+//    threads may push, concurrently (a CUDA host callback thread and the
+//    scheduler thread, say). A second process pushing to the same rank gets
+//    kBusy. Pushing a signal allocates nothing, takes no lock and makes no
+//    system call unless the worker is parked (or the first push of the
+//    process, which takes the rank's signal ring: call own_signals() up front
+//    to do that outside a callback), so it may run inside a CUDA host callback.
+//  - Step numbers: each push_batch() starts a new batch; its layer records
+//    (push_layer_done) carry the same step. Steps should grow from batch to
+//    batch; a number used again starts a new batch all the same (it never
+//    merges with an earlier batch).
+//  - Signals carry request tags (BatchSlot::request_tag) when the engine
+//    can: then they may be pushed before or after the request's CacheTask.
+//    Untagged signals (tag 0, the original's protocol) must be pushed after
+//    the request's CacheTask was submitted: untagged signals from before it
+//    are taken to belong to earlier requests of that slot.
 //  - Any number of processes may submit requests.
 //  - No call waits forever: blocking calls take a Deadline. If the
-//    coordinator dies, calls return Errc::kCoordinatorGone instead of hanging;
-//    attach again once a new coordinator is up.
+//    coordinator dies, every call returns Errc::kCoordinatorGone within
+//    100 ms instead of hanging or pretending to succeed; attach again once a
+//    new coordinator is up.
 //
 // Errors are values (kvrelay::Result / Status) with a message to show:
 // kFull (ring full, nothing written), kCoordinatorGone, kInvalidArgument
-// (bad input; nothing was submitted), kTimeout, kTooLarge.
+// (bad input; nothing was submitted), kTimeout, kTooLarge, kBusy.
 #pragma once
 
 #include <cstdint>
@@ -93,7 +113,7 @@ struct PoolSpec {
 };
 
 enum class CompletionStatus : uint16_t { kFinished, kError, kCancelled, kTimeout, kRejected };
-enum class CompletionKind : uint16_t { kCache, kSwap, kConnect, kRegisterPool, kOther };
+enum class CompletionKind : uint16_t { kCache, kSwap, kConnect, kRegisterPool, kOther, kCancel };
 const char* completion_status_name(CompletionStatus s);
 
 struct Completion {
@@ -108,6 +128,10 @@ struct Completion {
   // When the first rank began copying for the request (0: nothing copied):
   // minus the engine's submit time, the dispatch latency.
   uint64_t first_copy_ns = 0;
+  // True when no rank can still write into the request's destination
+  // blocks: they may be reused at once. False only when a rank could not be
+  // confirmed stopped (the message says which): wait before reusing them.
+  bool blocks_reusable = true;
 };
 
 // One entry of a step's batch: slot `slot` prefilled tokens
@@ -130,7 +154,11 @@ class Client {
   static uint32_t request_tag(std::string_view request_id);
 
   // Attaches to `instance` and waits (until `ready_by`) for it to be ready;
-  // an instance whose coordinator is still starting is waited for.
+  // an instance whose coordinator is still starting is waited for. An
+  // instance whose coordinator is gone (a stale segment) is refused at once
+  // with kCoordinatorGone. Returns once the coordinator has acknowledged the
+  // session, which it does only after withdrawing the requests of engine
+  // sessions that died.
   static Result<Client> attach(std::string_view instance, Deadline ready_by);
 
   Client(Client&&) noexcept;
@@ -151,6 +179,10 @@ class Client {
   Status cancel(std::string_view request_id, Deadline deadline);
 
   // ---- layer signals (one process per rank; see the contract above) ----
+  // Takes rank `rank`'s signal ring for this process now, instead of at the
+  // first push (which may be in a CUDA callback). kBusy when another process
+  // pushes to it.
+  Status own_signals(uint32_t rank);
   // A step's batch; split over several records when large. Call before the
   // step's first layer_done.
   Status push_batch(uint32_t rank, uint64_t step, std::span<const BatchSlot> slots,
@@ -180,6 +212,11 @@ class Client {
 
   // Ok while the coordinator lives; kCoordinatorGone otherwise.
   Status coordinator_alive() const;
+  // This attachment's engine session id (what completions carry).
+  uint32_t session() const;
+  // Completions the library dropped because the session that submitted
+  // them died (they were nobody's to read).
+  uint64_t dropped_completions() const;
 
   // Maps rank `rank`'s host-memory pool (the host default's "device" memory,
   // or the host tier), e.g. to write or check KV bytes.
