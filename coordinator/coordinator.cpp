@@ -237,11 +237,13 @@ class Coordinator : public Sink, public RankHealth::Listener {
   }
 
   bool read_submissions(uint64_t now) {
+    const uint64_t hellos = submission_stats_.hellos;
     const size_t n = submit_.read(
         [&](const MpscRecord& rec) {
           dispatch_submission(rec, *table_, sessions_, submission_stats_, now);
         },
         256);
+    if (submission_stats_.hellos != hellos) ack_targets_.clear();  // wait for what follows too
     return n > 0;
   }
 
@@ -272,16 +274,23 @@ class Coordinator : public Sink, public RankHealth::Listener {
       w.setSessionEnded(e.session);
       for (RingWriter& t : tasks_)
         t.write(MessageType::WORKER_TASK, msg);
+      ack_targets_.clear();
     }
   }
 
-  // A hello is acknowledged once everything written for dead sessions has
-  // reached the task rings (see engine_sessions.h).
+  // A hello is acknowledged once everything written for dead sessions (and
+  // before) has been read by every live worker (see engine_sessions.h).
   void acknowledge_sessions() {
     if (!sessions_.hello_pending()) return;
     if (std::any_of(tasks_.begin(), tasks_.end(),
                     [](const RingWriter& w) { return w.backlog() != 0; }))
       return;
+    if (ack_targets_.empty())
+      for (const RingWriter& w : tasks_)
+        ack_targets_.push_back(w.written_up_to());
+    for (uint32_t r = 0; r < tasks_.size(); ++r)
+      if (health_.up(r) && !tasks_[r].consumed_up_to(ack_targets_[r])) return;
+    ack_targets_.clear();
     if (sessions_.acknowledge_pending()) notify_waiters(status_.state_changed);
   }
 
@@ -415,6 +424,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
   std::optional<std::string> broken_;
   uint64_t next_state_check_ns_ = 0;
   std::vector<uint64_t> last_report_repairs_;
+  std::vector<uint64_t> ack_targets_;  // per rank: what workers must have read before an ack
 };
 
 }  // namespace

@@ -12,8 +12,8 @@
 //
 // A hello is acknowledged (in the session's producer slot, which its client
 // waits on) only after the coordinator has written the withdrawals of every
-// dead session to the workers: a restarted engine's first signals then reach
-// each worker after them.
+// dead session to the workers, and every live worker has read them: a
+// restarted engine's first signals then reach each worker after them.
 //
 // Not thread-safe: the coordinator's loop owns it.
 #pragma once

@@ -52,6 +52,8 @@ class RankHealth {
   // when it cannot be (an external worker).
   bool stop_rank(uint32_t rank, const std::string& why);
   bool gave_up(uint32_t rank) const;
+  // Whether the rank's worker is up (not lost and not waiting for a restart).
+  bool up(uint32_t rank) const { return !lost_[rank]; }
   // When supervise() has something to do next (a restart).
   uint64_t next_due_ns() const;
   void stop_all(Deadline deadline);

@@ -51,6 +51,18 @@ class RingWriter {
   uint64_t delayed() const { return delayed_; }
   bool congested() const { return backlog_.size() >= kMaxBacklog; }
   uint32_t max_payload_bytes() const { return producer_.max_payload_bytes(); }
+  // Whether the reader has consumed everything written so far (the backlog
+  // aside): its head has reached our tail.
+  bool consumed_all() const {
+    const MpscRingHeader& h = producer_.ring().header();
+    return h.head.load(std::memory_order_acquire) >= h.tail.load(std::memory_order_acquire);
+  }
+  uint64_t written_up_to() const {
+    return producer_.ring().header().tail.load(std::memory_order_acquire);
+  }
+  bool consumed_up_to(uint64_t position) const {
+    return producer_.ring().header().head.load(std::memory_order_acquire) >= position;
+  }
   MpscProducer& producer() { return producer_; }
 
  private:

@@ -38,8 +38,11 @@ void dispatch_submission(const MpscRecord& rec, TaskTable& table, EngineSessions
   }
   switch (static_cast<MessageType>(rec.type)) {
     case MessageType::SESSION_HELLO:
-      ++stats.hellos;
-      if (rec.producer < kMpscProducerSlots) sessions.hello(rec.producer, rec.session);
+      // Answered by acknowledging the session, not by a completion.
+      decode<schema::SessionHello>(rec, "SessionHello", table, stats, session, now_ns, [&](auto) {
+        ++stats.hellos;
+        if (rec.producer < kMpscProducerSlots) sessions.hello(rec.producer, rec.session);
+      });
       return;
     case MessageType::CACHE_TASK:
       decode<schema::CacheTask>(rec, "CacheTask", table, stats, session, now_ns,

@@ -614,8 +614,8 @@ uint64_t TaskTable::tick(uint64_t now_ns) {
       continue;
     }
     r.end_message += fmt::format(
-        " (rank {} did not confirm it stopped writing{}: do not reuse the destination blocks "
-        "until it is known to have stopped)",
+        " (rank {} did not confirm it stopped writing in time{}: do not reuse the destination "
+        "blocks until it is known to have stopped)",
         unconfirmed, r.withdraw_round == 1 ? ", and its exit was not confirmed in time" : "");
     emit(r, now_ns);
   }

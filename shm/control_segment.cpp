@@ -142,9 +142,9 @@ Result<ControlSegment> ControlSegment::create(const InstanceConfig& config,
       const CreatorStatus creator = creator_status(p, LockSpace{existing->fd(), 0});
       if (creator.lock == LockState::kHeld) {
         return make_error(Errc::kAlreadyExists,
-                          fmt::format("instance '{}' is already served by a live coordinator "
-                                      "(pid {} recorded); stop it first or choose another "
-                                      "instance name",
+                          fmt::format("instance '{}' is already served by coordinator pid {} "
+                                      "(it holds the instance's owner lock); stop it first or "
+                                      "choose another instance name",
                                       instance, p.creator_pid));
       }
       const bool unclaimed = p.creator_pid == 0;

@@ -116,7 +116,7 @@ class Worker {
     uint64_t next_check = 0;
     while (g_stop == 0 && !shutdown_) {
       heartbeat(slot_);
-      bool busy = drain_signals(true);
+      bool busy = drain_signals();
       busy = drain_tasks() || busy;
       drain_swap_reports();
       flush_reports();
@@ -194,7 +194,7 @@ class Worker {
         // submit, the coordinator and our task ring, each a release/acquire
         // handoff). Apply them first, so that the slot's previous request
         // sees the end of its prefill before the slot changes hands.
-        while (drain_signals(false)) {
+        while (drain_signals()) {
         }
         const auto task = t.getBind();
         std::optional<uint64_t> watermark;
@@ -289,21 +289,13 @@ class Worker {
     report(handle, ReportKind::kPoolRegistered, 0, "");
   }
 
-  // Pops a batch of signals. With `tasks_first`, any task already waiting in
-  // the task ring is handled before them: a signal is never applied before a
-  // task that was written before it was pushed (a withdrawn request's cancel
-  // comes before a restarted engine's first signals; see engine sessions).
-  bool drain_signals(bool tasks_first) {
+  bool drain_signals() {
     size_t n = 0;
     while (n < kSignalBatch && signal_ring_.try_pop(signals_[n])) {
-      signal_index_[n] = signal_ring_.consumer_position() - 1;
+      scheduler_->on_signal(signals_[n], signal_ring_.consumer_position() - 1);
       ++n;
     }
-    if (n == 0) return false;
-    if (tasks_first && task_ring_.readable()) drain_tasks();
-    for (size_t i = 0; i < n; ++i)
-      scheduler_->on_signal(signals_[i], signal_index_[i]);
-    return true;
+    return n > 0;
   }
 
   void report(uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
@@ -366,7 +358,6 @@ class Worker {
   std::unique_ptr<SwapEngine> swap_;  // after the pools: it refers to them
   std::deque<WorkerReport> pending_reports_;
   LayerSignal signals_[kSignalBatch] = {};
-  uint64_t signal_index_[kSignalBatch] = {};
   bool shutdown_ = false;
 };
 

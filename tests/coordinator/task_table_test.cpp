@@ -217,7 +217,10 @@ TEST_F(TaskTableTest, RequestWithNoDecodeHalfYetEndsAtOnceBecauseNothingCanBeWri
 
 class RecordingSinkWithStuck : public RecordingSink {
  public:
-  void rank_unresponsive(uint32_t rank, const std::string&) override { stuck.push_back(rank); }
+  bool rank_unresponsive(uint32_t rank, const std::string&) override {
+    stuck.push_back(rank);
+    return false;  // an external worker: it cannot be stopped
+  }
   std::vector<uint32_t> stuck;
 };
 

@@ -188,7 +188,7 @@ TEST_F(Swap, BadTasksGetOneErrorEachAndNothingElseIsAffected) {
   {
     auto control = ControlSegment::attach(env_->prefill().name());
     ASSERT_TRUE(control.ok());
-    MpscRing ring = control->submit_ring().value();
+    MpscProducer ring = control->submit_ring()->lease_producer().value();
     capnp::MallocMessageBuilder m;
     auto t = m.initRoot<schema::SwapTask>();
     t.setRequestId("raw-bad");

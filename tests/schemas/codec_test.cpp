@@ -28,18 +28,20 @@ class RingCodec : public ::testing::Test {
                                MpscRing::default_max_payload(kCapacity));
     return MpscRing::attach(mem.data(), mem.size()).value();
   }();
+  MpscProducer producer = ring.lease_producer().value();
 
   void write(MessageType type, capnp::MessageBuilder& msg) {
-    Status s = write_message(ring, type, msg, Deadline::after(1s));
+    Status s = write_message(producer, type, msg, Deadline::after(1s));
     ASSERT_TRUE(s.ok()) << s.error().message;
   }
   // Reads exactly one record and runs `check` on it, in place.
   template <class T, class Check>
   void read_one(MessageType expect_type, Check check) {
     size_t seen = 0;
-    ring.read([&](int32_t type, std::span<const std::byte> payload) {
+    ring.read([&](const MpscRecord& rec) {
+      const std::span<const std::byte> payload = rec.payload;
       ++seen;
-      EXPECT_EQ(type, static_cast<int32_t>(expect_type));
+      EXPECT_EQ(rec.type, static_cast<int32_t>(expect_type));
       const auto* ring_bytes = static_cast<const std::byte*>(mem.data());
       EXPECT_GE(payload.data(), ring_bytes) << "decoded in place, not from a copy";
       EXPECT_LT(payload.data(), ring_bytes + mem.size());
@@ -291,7 +293,7 @@ TEST_F(RingCodec, MessageLargerThanTheRecordLimitIsRefusedAndNothingIsWritten) {
   auto t = msg.initRoot<schema::CacheTask>();
   t.setRequestId("big");
   t.initSrcBlockIds(static_cast<unsigned>(ring.max_payload_bytes() / 4 + 10));
-  Status s = write_message(ring, MessageType::CACHE_TASK, msg, Deadline::after(1s));
+  Status s = write_message(producer, MessageType::CACHE_TASK, msg, Deadline::after(1s));
   ASSERT_EQ(s.code(), Errc::kTooLarge);
   EXPECT_NE(s.error().message.find("exceeds the ring's record limit of " +
                                    std::to_string(ring.max_payload_bytes()) + " bytes"),
@@ -404,10 +406,10 @@ TEST_F(RingCodec, ReferenceCapnpDecodeToolReadsARecordWeWrote) {
   write(MessageType::CACHE_TASK, msg);
   const std::string path =
       ::testing::TempDir() + "kvrelay-record-" + std::to_string(getpid()) + ".bin";
-  ring.read([&](int32_t, std::span<const std::byte> payload) {
+  ring.read([&](const MpscRecord& rec) {
     std::ofstream(path, std::ios::binary)
-        .write(reinterpret_cast<const char*>(payload.data()),
-               static_cast<std::streamsize>(payload.size()));
+        .write(reinterpret_cast<const char*>(rec.payload.data()),
+               static_cast<std::streamsize>(rec.payload.size()));
   });
   const std::string cmd =
       std::string("capnp decode --short ") + KVRELAY_SCHEMA_FILE + " CacheTask < " + path + " 2>&1";

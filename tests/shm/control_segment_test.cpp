@@ -167,7 +167,7 @@ TEST_F(ControlSegmentTest, SecondCreatorIsRefusedWhileTheFirstIsAlive) {
   ControlSegment first = create();
   auto second = ControlSegment::create(config_);
   ASSERT_EQ(second.code(), Errc::kAlreadyExists);
-  EXPECT_NE(second.error().message.find("live coordinator (pid " + std::to_string(getpid())),
+  EXPECT_NE(second.error().message.find("served by coordinator pid " + std::to_string(getpid())),
             std::string::npos)
       << second.error().message;
 }
