@@ -106,7 +106,7 @@ TaskTable::TaskTable(const messages::Limits& limits, TableOptions options, Sink&
       options_(std::move(options)),
       sink_(sink),
       down_(limits.tp_size),
-      tombstones_(options_.max_tombstones * 4 / 3 + 1) {}
+      tombstones_(options_.max_tombstones) {}
 
 TaskTable::~TaskTable() = default;
 

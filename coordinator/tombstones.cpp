@@ -33,7 +33,8 @@ size_t round_up_pow2(size_t n) {
 
 }  // namespace
 
-Tombstones::Tombstones(size_t capacity) : mask_(round_up_pow2(capacity) - 1) {
+Tombstones::Tombstones(size_t max_entries)
+    : mask_(round_up_pow2(max_entries / 3 * 4 + 4) - 1), limit_(max_entries) {
   // calloc: large blocks come zeroed from the kernel, page by page as used.
   table_ = static_cast<Entry*>(std::calloc(mask_ + 1, sizeof(Entry)));
   if (table_ == nullptr) throw std::bad_alloc();

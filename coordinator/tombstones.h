@@ -28,8 +28,9 @@ class Tombstones {
     bool dest = false;  // the CacheDest arrived
   };
 
-  // `capacity`: slots, rounded up to a power of two; at most 3/4 are used.
-  explicit Tombstones(size_t capacity);
+  // Holds up to `max_entries` ids (in a table with room to spare: at most
+  // three quarters of its slots are ever used).
+  explicit Tombstones(size_t max_entries);
   ~Tombstones();
   Tombstones(const Tombstones&) = delete;
   Tombstones& operator=(const Tombstones&) = delete;
@@ -47,7 +48,7 @@ class Tombstones {
 
   size_t size() const { return size_; }
   size_t capacity() const { return mask_ + 1; }
-  size_t limit() const { return (mask_ + 1) / 4 * 3; }
+  size_t limit() const { return limit_; }
 
  private:
   struct Entry {
@@ -61,6 +62,7 @@ class Tombstones {
 
   Entry* table_;
   size_t mask_;
+  size_t limit_;
   size_t size_ = 0;
   size_t hand_ = 0;  // the sweep's position
 };

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <capnp/serialize.h>
+
 #include <memory>
 #include <vector>
 
@@ -29,6 +31,9 @@ struct Done {
   std::string message;
   uint64_t bytes;
   uint64_t first_copy_ns;
+  CompletionKind kind = CompletionKind::CACHE;
+  bool blocks_reusable = true;
+  uint32_t session = 0;
 };
 
 class RecordingSink : public Sink {
@@ -36,14 +41,19 @@ class RecordingSink : public Sink {
   void to_worker(uint32_t rank, capnp::MessageBuilder& msg) override {
     auto w = msg.getRoot<schema::WorkerTask>().asReader();
     tasks.push_back({rank, w.getHandle(), w.getRequestId().cStr(), w.which()});
+    if (w.isSessionEnded()) sessions_ended.push_back(w.getSessionEnded());
   }
   void complete(capnp::MessageBuilder& msg) override {
     auto c = msg.getRoot<schema::Completion>().asReader();
     done.push_back({c.getRequestId().cStr(), c.getStatus(), c.getErrorRank(), c.getMessage().cStr(),
-                    c.getBytesMoved(), c.getFirstCopyNs()});
+                    c.getBytesMoved(), c.getFirstCopyNs(), c.getKind(), c.getBlocksReusable(),
+                    c.getSession()});
+    encoded_bytes.push_back(capnp::computeSerializedSizeInWords(msg) * 8);
   }
   std::vector<SentTask> tasks;
   std::vector<Done> done;
+  std::vector<size_t> encoded_bytes;
+  std::vector<uint32_t> sessions_ended;
   size_t count(schema::WorkerTask::Which which) const {
     size_t n = 0;
     for (const auto& t : tasks)
@@ -61,17 +71,17 @@ class TaskTableTest : public ::testing::Test {
   uint64_t now = 1000 * kSecond;
 
   void task(const std::string& id, std::vector<uint32_t> src = {1, 2, 3},
-            uint32_t deadline_ms = 0) {
+            uint32_t deadline_ms = 0, uint32_t session = 0) {
     capnp::MallocMessageBuilder m;
     auto t = m.initRoot<schema::CacheTask>();
     testing::fill_cache_task(t, id, src, src.size() * 64, 0);
     t.setDeadlineMs(deadline_ms);
-    table->on_cache_task(t.asReader(), now);
+    table->on_cache_task(t.asReader(), now, session);
   }
-  void dest(const std::string& id, std::vector<uint32_t> ids = {7, 8, 9}) {
+  void dest(const std::string& id, std::vector<uint32_t> ids = {7, 8, 9}, uint32_t session = 0) {
     capnp::MallocMessageBuilder m;
     testing::fill_cache_dest_ipc(m.initRoot<schema::CacheDest>(), id, ids);
-    table->on_cache_dest(m.getRoot<schema::CacheDest>().asReader(), now);
+    table->on_cache_dest(m.getRoot<schema::CacheDest>().asReader(), now, session);
   }
   void cancel(const std::string& id) {
     capnp::MallocMessageBuilder m;
@@ -359,6 +369,247 @@ TEST_F(TaskTableTest, RequestIdThatCannotBeShownIsEscapedInItsRejection) {
   ASSERT_EQ(sink.done.size(), 1u);
   EXPECT_EQ(sink.done[0].id, "bad\\x01id");
   EXPECT_EQ(sink.done[0].status, CompletionStatus::REJECTED);
+}
+
+// ---- withdrawals: the completion says whether the blocks are free ----
+
+class KillingSink : public RecordingSink {
+ public:
+  bool rank_unresponsive(uint32_t rank, const std::string&) override {
+    killed.push_back(rank);
+    return true;  // supervised: its death will be reported
+  }
+  std::vector<uint32_t> killed;
+};
+
+TEST(TaskTableWithdraw, AKilledRanksCompletionWaitsForItsExitToBeConfirmed) {
+  KillingSink sink;
+  TaskTable table(testing::example_limits(), TableOptions{}, sink);
+  uint64_t now = 1'000'000'000'000ULL;
+  capnp::MallocMessageBuilder a, b;
+  auto t = a.initRoot<schema::CacheTask>();
+  testing::fill_cache_task(t, "r1", {1, 2}, 128, 0);
+  t.setDeadlineMs(100);
+  table.on_cache_task(t.asReader(), now);
+  testing::fill_cache_dest_ipc(b.initRoot<schema::CacheDest>(), "r1", {5, 6});
+  table.on_cache_dest(b.getRoot<schema::CacheDest>().asReader(), now);
+  records::WorkerReport confirmed{};
+  confirmed.handle = sink.tasks.front().handle;
+  confirmed.rank = 0;
+  confirmed.kind = static_cast<uint32_t>(ReportKind::kCancelled);
+  now += 101'000'000ULL;
+  table.tick(now);             // timeout: withdrawn
+  table.on_report(confirmed, now);  // rank 0 confirms; rank 1 never does
+  now += 1'001'000'000ULL;
+  table.tick(now);
+  EXPECT_EQ(sink.killed, std::vector<uint32_t>{1});
+  EXPECT_TRUE(sink.done.empty()) << "not before rank 1's exit is confirmed";
+  table.on_rank_lost(1, "killed by SIGKILL", now);
+  ASSERT_EQ(sink.done.size(), 1u);
+  EXPECT_EQ(sink.done[0].status, CompletionStatus::TIMEOUT);
+  EXPECT_TRUE(sink.done[0].blocks_reusable) << "a dead rank writes nothing more";
+}
+
+TEST(TaskTableWithdraw, ARankThatCannotBeStoppedLeavesTheBlocksNotReusable) {
+  RecordingSinkWithStuck sink;  // an external worker: cannot be killed
+  TaskTable table(testing::example_limits(), TableOptions{}, sink);
+  uint64_t now = 1'000'000'000'000ULL;
+  capnp::MallocMessageBuilder a, b;
+  auto t = a.initRoot<schema::CacheTask>();
+  testing::fill_cache_task(t, "r1", {1, 2}, 128, 0);
+  t.setDeadlineMs(100);
+  table.on_cache_task(t.asReader(), now);
+  testing::fill_cache_dest_ipc(b.initRoot<schema::CacheDest>(), "r1", {5, 6});
+  table.on_cache_dest(b.getRoot<schema::CacheDest>().asReader(), now);
+  now += 101'000'000ULL;
+  table.tick(now);
+  now += 1'001'000'000ULL;
+  table.tick(now);
+  ASSERT_EQ(sink.done.size(), 1u);
+  EXPECT_FALSE(sink.done[0].blocks_reusable);
+}
+
+TEST_F(TaskTableTest, FinishedAndNeverDispatchedRequestsLeaveTheirBlocksReusable) {
+  task("r1");
+  dest("r1");
+  report(handle_of("r1"), 0, ReportKind::kFinished);
+  report(handle_of("r1"), 1, ReportKind::kFinished);
+  task("r2");
+  cancel("r2");
+  ASSERT_EQ(sink.done.size(), 2u);
+  EXPECT_TRUE(sink.done[0].blocks_reusable);
+  EXPECT_TRUE(sink.done[1].blocks_reusable);
+}
+
+// ---- exactly one completion, always ----
+
+TEST_F(TaskTableTest, AHugeErrorMessageIsCappedAndTheCompletionStillFitsItsRing) {
+  capnp::MallocMessageBuilder m;
+  auto d = m.initRoot<schema::CacheDest>();
+  d.setRequestId("r1");
+  d.setErrorMessage(std::string(130'700, 'e'));
+  table->on_cache_dest(d.asReader(), now);
+  ASSERT_EQ(sink.done.size(), 1u);
+  EXPECT_EQ(sink.done[0].status, CompletionStatus::ERROR);
+  EXPECT_LE(sink.done[0].message.size(), kMaxCompletionMessageBytes + 64);
+  EXPECT_NE(sink.done[0].message.find("more bytes]"), std::string::npos) << "marked as cut";
+  // The smallest completion ring allowed holds it.
+  EXPECT_LE(sink.encoded_bytes[0], kMinCompletionRingBytes / 8 - 8);
+}
+
+TEST_F(TaskTableTest, NonPrintableTextFromTheEngineIsEscapedInTheCompletion) {
+  capnp::MallocMessageBuilder m;
+  auto d = m.initRoot<schema::CacheDest>();
+  d.setRequestId("r1");
+  d.setErrorMessage(std::string("no room\n\xff"));
+  table->on_cache_dest(d.asReader(), now);
+  ASSERT_EQ(sink.done.size(), 1u);
+  EXPECT_NE(sink.done[0].message.find("no room\\x0a\\xff"), std::string::npos)
+      << sink.done[0].message;
+}
+
+// Tombstones expire by time, not by count: a late partner half after more
+// than 100,000 other completions (the old count limit, about a second at the
+// target rate) is still absorbed, not started as a second request.
+TEST_F(TaskTableTest, ALatePartnerHalfIsAbsorbedEvenAfterManyOtherCompletions) {
+  task("early");
+  cancel("early");
+  ASSERT_EQ(sink.done.size(), 1u);
+  for (int i = 0; i < 120'000; ++i) {
+    capnp::MallocMessageBuilder m;
+    m.initRoot<schema::Cancel>().setRequestId("x" + std::to_string(i));
+    table->on_cancel(m.getRoot<schema::Cancel>().asReader(), now);  // rejected: unknown
+    task("t" + std::to_string(i), {1});
+    cancel("t" + std::to_string(i));
+  }
+  const size_t before = sink.done.size();
+  sink.tasks.clear();
+  dest("early");
+  EXPECT_EQ(sink.done.size(), before) << "absorbed: no second completion";
+  EXPECT_TRUE(sink.tasks.empty()) << "and nothing bound or sent for it";
+  EXPECT_EQ(table->live(), 0u);
+  // Long after every deadline and margin, the id may be used again.
+  now += 200'000'000'000ULL;
+  table->tick(now);
+  task("early");
+  EXPECT_EQ(table->live(), 1u);
+}
+
+TEST(TaskTableLimits, WhenTheRememberedIdsAreFullNewRequestsAreRefusedNotForgottenEarly) {
+  RecordingSink sink;
+  TableOptions o;
+  o.max_tombstones = 100;
+  TaskTable table(testing::example_limits(), o, sink);
+  uint64_t now = 1'000'000'000'000ULL;
+  int refused = 0;
+  for (int i = 0; i < 200; ++i) {
+    capnp::MallocMessageBuilder m;
+    auto t = m.initRoot<schema::CacheTask>();
+    testing::fill_cache_task(t, "t" + std::to_string(i), {1}, 64, 0);
+    table.on_cache_task(t.asReader(), now);
+    capnp::MallocMessageBuilder c;
+    c.initRoot<schema::Cancel>().setRequestId("t" + std::to_string(i));
+    table.on_cancel(c.getRoot<schema::Cancel>().asReader(), now);
+  }
+  for (const Done& d : sink.done)
+    if (d.message.find("remembers") != std::string::npos) ++refused;
+  EXPECT_GT(refused, 0) << "refused with a clear message";
+  EXPECT_LE(table.remembered(), 100u);
+  // Every id that was admitted is still remembered.
+  capnp::MallocMessageBuilder m;
+  testing::fill_cache_dest_ipc(m.initRoot<schema::CacheDest>(), "t0", {5});
+  const size_t before = sink.done.size();
+  table.on_cache_dest(m.getRoot<schema::CacheDest>().asReader(), now);
+  EXPECT_EQ(sink.done.size(), before) << "t0's partner is absorbed";
+}
+
+TEST(TaskTableLimits, RequestsInFlightAreBounded) {
+  RecordingSink sink;
+  TableOptions o;
+  o.max_live_requests = 10;
+  TaskTable table(testing::example_limits(), o, sink);
+  for (int i = 0; i < 12; ++i) {
+    capnp::MallocMessageBuilder m;
+    auto t = m.initRoot<schema::CacheTask>();
+    testing::fill_cache_task(t, "t" + std::to_string(i), {1}, 64, 0);
+    table.on_cache_task(t.asReader(), 1'000'000'000ULL);
+  }
+  EXPECT_EQ(table.live(), 10u);
+  ASSERT_EQ(sink.done.size(), 2u);
+  EXPECT_NE(sink.done[0].message.find("requests are in flight"), std::string::npos);
+}
+
+// ---- destinations ----
+
+class PeerTable : public ::testing::Test {
+ protected:
+  RecordingSink sink;
+  std::optional<PeerInfo> peer = PeerInfo{512, 2, Role::kDecode};
+  int next_id = 0;
+  std::unique_ptr<TaskTable> table = [this] {
+    TableOptions o;
+    o.own_instance = "prefill0";
+    o.peer_info = [this](const std::string&) { return peer; };
+    return std::make_unique<TaskTable>(testing::example_limits(), o, sink);
+  }();
+  std::string refuse(const std::string& peer_name, std::vector<uint32_t> devices) {
+    capnp::MallocMessageBuilder m;
+    auto d = m.initRoot<schema::CacheDest>();
+    testing::fill_cache_dest_ipc(d, "r-" + std::to_string(next_id++), {5, 6});
+    d.setPeerInstance(peer_name);
+    auto list = d.initDeviceIds(static_cast<unsigned>(devices.size()));
+    for (unsigned i = 0; i < devices.size(); ++i)
+      list.set(i, devices[i]);
+    const size_t before = sink.done.size();
+    table->on_cache_dest(d.asReader(), 1'000'000'000ULL);
+    return sink.done.size() > before ? sink.done.back().message : "";
+  }
+};
+
+TEST_F(PeerTable, DeviceIdsMustNameDistinctRanksOfTheDecodeInstance) {
+  EXPECT_EQ(refuse("decode0", {0, 1}), "");
+  EXPECT_EQ(refuse("decode0", {1, 0}), "") << "a permutation is fine";
+  EXPECT_NE(refuse("decode0", {0, 0}).find("names decode rank 0 twice"), std::string::npos);
+  EXPECT_NE(refuse("decode0", {0, 5}).find("device_ids[1] = 5 is out of range"), std::string::npos);
+}
+
+TEST_F(PeerTable, OnlyAnotherDecodeInstanceMayBeADestination) {
+  EXPECT_NE(refuse("prefill0", {0, 1}).find("is this instance itself"), std::string::npos);
+  peer = PeerInfo{512, 2, Role::kPrefill};
+  EXPECT_NE(refuse("prefill1", {0, 1}).find("has role prefill; only a decode instance"),
+            std::string::npos);
+}
+
+TEST_F(TaskTableTest, ARefusedCancelHasTheCancelKind) {
+  cancel("nobody");
+  ASSERT_EQ(sink.done.size(), 1u);
+  EXPECT_EQ(sink.done[0].status, CompletionStatus::REJECTED);
+  EXPECT_EQ(sink.done[0].kind, CompletionKind::CANCEL);
+}
+
+// ---- engine sessions ----
+
+TEST_F(TaskTableTest, ASessionThatDiedHasItsRequestsWithdrawnSilentlyAndItsIdsFreed) {
+  const uint32_t dead = records::session_id(2, 5);
+  const uint32_t alive = records::session_id(3, 1);
+  task("a", {1, 2, 3}, 0, dead);
+  dest("a", {7, 8, 9}, dead);
+  task("b", {4}, 0, alive);
+  dest("b", {10}, alive);
+  sink.tasks.clear();
+  table->on_session_ended(dead, now);
+  EXPECT_EQ(sink.count(schema::WorkerTask::CANCEL), 2u) << "withdrawn from both ranks";
+  EXPECT_EQ(table->counters().session_withdrawals, 1u);
+  // The next engine reuses the id at once.
+  task("a", {1, 2, 3}, 0, records::session_id(2, 6));
+  EXPECT_EQ(sink.count(schema::WorkerTask::BIND), 2u) << "a new request, not a duplicate";
+  // The old one's confirmations settle it without a completion.
+  const uint64_t old_handle = sink.tasks.front().handle;
+  report(old_handle, 0, ReportKind::kCancelled);
+  report(old_handle, 1, ReportKind::kCancelled);
+  EXPECT_TRUE(sink.done.empty()) << "nobody is left to read it";
+  EXPECT_TRUE(table->session_has_requests(alive));
+  EXPECT_EQ(table->live(), 2u) << "b and the new a";
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -72,7 +73,10 @@ class SchedulerTest : public ::testing::Test {
                     reports.push_back({h, k, m});
                   }};
 
-  void bind(uint64_t h, std::vector<uint32_t> src, uint64_t tokens, uint32_t slot) {
+  // `watermark`: the signal-ring position when the task was submitted
+  // (nullopt: a task that carries none).
+  void bind(uint64_t h, std::vector<uint32_t> src, uint64_t tokens, uint32_t slot,
+            std::optional<uint64_t> watermark = std::nullopt) {
     capnp::MallocMessageBuilder m;
     auto t = m.initRoot<schema::CacheTask>();
     t.setRequestId("r" + std::to_string(h));
@@ -81,7 +85,7 @@ class SchedulerTest : public ::testing::Test {
       l.set(i, src[i]);
     t.setNeedPrefillTokens(tokens);
     t.setEngineSlot(slot);
-    s.on_bind(h, t.asReader());
+    s.on_bind(h, t.asReader(), watermark);
   }
   void dest(uint64_t h, std::vector<uint32_t> dst) {
     capnp::MallocMessageBuilder m;
@@ -91,22 +95,24 @@ class SchedulerTest : public ::testing::Test {
       l.set(i, dst[i]);
     s.on_dest(h, d.asReader());
   }
-  void batch(uint64_t step, std::vector<records::BatchEntry> entries) {
+  void batch(uint64_t step, std::vector<records::BatchEntry> entries, uint32_t session = 0) {
     LayerSignal sig{};
     sig.kind = static_cast<uint32_t>(SignalKind::kBatch);
     sig.step = step;
+    sig.session = session;
     sig.count = static_cast<uint32_t>(entries.size());
     for (size_t i = 0; i < entries.size(); ++i)
       sig.entries[i] = entries[i];
-    s.on_signal(sig);
+    s.on_signal(sig, pushed++);
   }
   void layer(uint64_t step, uint32_t l) {
     LayerSignal sig{};
     sig.kind = static_cast<uint32_t>(SignalKind::kLayerDone);
     sig.step = step;
     sig.layer = l;
-    s.on_signal(sig);
+    s.on_signal(sig, pushed++);
   }
+  uint64_t pushed = 0;  // signals pushed so far: the ring position of the next one
   void all_layers(uint64_t step) {
     for (uint32_t l = 0; l < kLayers; ++l)
       layer(step, l);
@@ -305,6 +311,92 @@ TEST_F(SchedulerTest, CancelReportsAndForgetsTheRequest) {
   EXPECT_EQ(s.live_requests(), 0u);
   s.on_cancel(77);  // unknown: still answered, so the coordinator can settle
   EXPECT_EQ(reports.back().kind, ReportKind::kCancelled);
+}
+
+// The input of the issue that found it (block size 16 here): request A
+// (slot 5, two blocks) is withdrawn before the engine learns so, and the
+// engine pushes A's chunk, untagged, at step 7. Then B takes slot 5 and
+// prefills in two chunks at steps 8 and 9. B must adopt nothing of A's: its
+// blocks go only as B computes them, and hold B's bytes.
+class LeftoverSignals : public SchedulerTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(LeftoverSignals, AnEndedRequestsUntaggedSignalsAreNeverAdoptedByTheNextOnItsSlot) {
+  const bool b_tagged = GetParam();
+  const uint32_t b_tag = b_tagged ? records::request_tag("r2") : 0;
+  bind(1, {10, 11}, 32, 5, pushed);  // A
+  s.on_cancel(1);                    // withdrawn (refused by the decode side, say)
+  batch(7, {{5, 0, 32, 0}});         // A's chunk, the engine not knowing yet
+  all_layers(7);
+  bind(2, {12, 13, 14}, 48, 5, pushed);  // B, submitted after A's signals
+  dest(2, {22, 23, 24});
+  EXPECT_TRUE(resolver.dest->written.empty()) << "B has computed nothing yet";
+  batch(8, {{5, 0, 16, b_tag}});
+  all_layers(8);
+  EXPECT_TRUE(written(0, 22));
+  EXPECT_FALSE(written(0, 23)) << "B's second block is not computed yet";
+  batch(9, {{5, 16, 32, b_tag}});
+  all_layers(9);
+  EXPECT_TRUE(written(kLayers - 1, 23));
+  EXPECT_TRUE(written(kLayers - 1, 24));
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kCancelled);
+  EXPECT_EQ(reports[1].handle, 2u);
+  EXPECT_EQ(reports[1].kind, ReportKind::kFinished) << reports[1].message;
+  EXPECT_EQ(s.counters().stale_sessions, 1u) << "A's leftover was dropped as stale";
+}
+
+INSTANTIATE_TEST_SUITE_P(BTagged, LeftoverSignals, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Tagged" : "Untagged"; });
+
+// Untagged signals pushed after the task was submitted, but read before its
+// bind arrived (the bind travels through the coordinator), are its own.
+TEST_F(SchedulerTest, UntaggedSignalsAfterTheSubmissionButBeforeTheBindAreAdopted) {
+  const uint64_t submitted_at = pushed;
+  batch(1, {{5, 0, 32, 0}});
+  all_layers(1);
+  bind(1, {10, 11}, 32, 5, submitted_at);
+  dest(1, {20, 21});
+  EXPECT_TRUE(written(kLayers - 1, 21));
+  EXPECT_EQ(reports.at(0).kind, ReportKind::kFinished);
+}
+
+// A step number used again does not merge two batches: A finished its
+// prefill at step 7, then B on the same slot ran both chunks at step 7 too.
+TEST_F(SchedulerTest, ARepeatedStepNumberStartsANewBatch) {
+  bind(1, {10, 11}, 32, 5, pushed);  // A, untagged
+  dest(1, {20, 21});
+  batch(7, {{5, 0, 32, 0}});
+  all_layers(7);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFinished);
+  bind(2, {12, 13, 14}, 48, 5, pushed);  // B
+  dest(2, {22, 23, 24});
+  batch(7, {{5, 0, 16, 0}});
+  all_layers(7);
+  EXPECT_TRUE(written(0, 22));
+  EXPECT_FALSE(written(0, 23)) << "A's 32 tokens of step 7 must not count for B";
+  batch(7, {{5, 16, 32, 0}});
+  all_layers(7);
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[1].kind, ReportKind::kFinished) << reports[1].message;
+  EXPECT_TRUE(written(kLayers - 1, 24));
+}
+
+// A restarted engine reusing request ids (and so tags) must not inherit the
+// signals its dead predecessor pushed for requests never bound.
+TEST_F(SchedulerTest, SignalsOfAnEngineSessionThatDiedAreForgotten) {
+  const uint32_t tag = records::request_tag("r1");
+  const uint32_t dead = records::session_id(3, 7);
+  batch(1, {{0, 0, 32, tag}}, dead);
+  all_layers(1);
+  s.on_session_ended(dead);
+  EXPECT_EQ(s.counters().stale_sessions, 1u);
+  bind(1, {10, 11}, 32, 0);
+  dest(1, {20, 21});
+  EXPECT_TRUE(resolver.dest->written.empty()) << "nothing of the dead engine's signals is used";
+  batch(2, {{0, 0, 32, tag}}, records::session_id(4, 1));
+  all_layers(2);
+  EXPECT_EQ(reports.at(0).kind, ReportKind::kFinished);
 }
 
 }  // namespace
