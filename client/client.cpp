@@ -115,6 +115,11 @@ struct Client::Impl {
   // The coordinator lives while it holds its owner lock. A fresh heartbeat
   // spares the system call that checks it (see kFreshHeartbeatNs).
   Status alive() const {
+    if (control.segment().truncated())
+      return make_error(Errc::kCoordinatorGone,
+                        fmt::format("the control segment of instance '{}' was truncated by "
+                                    "another process; the instance is shutting down",
+                                    control.instance()));
     const uint64_t beat =
         control.coordinator_slot().heartbeat_ns.load(std::memory_order_acquire);
     const uint64_t now = mono_now_ns();

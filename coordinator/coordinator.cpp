@@ -308,6 +308,10 @@ class Coordinator : public Sink, public RankHealth::Listener {
   // Shared state other processes could have overwritten: put back what we
   // own, log what we found once, and decide whether the instance can go on.
   void keep_shared_state(uint64_t now) {
+    if (control_.segment().truncated()) {  // checked every turn: nothing shared can be trusted
+      broken_ = "its control segment was truncated by another process";
+      return;
+    }
     if (now < next_state_check_ns_) return;
     next_state_check_ns_ = now + 10'000'000ULL;
     CounterWriter counters(counters_);
@@ -348,7 +352,9 @@ class Coordinator : public Sink, public RankHealth::Listener {
         counters.add(kSharedStateRepairs);
       }
     }
-    if (submit_.corrupt())
+    if (control_.segment().truncated())
+      broken_ = "its control segment was truncated by another process";
+    else if (submit_.corrupt())
       broken_ = "the submit ring holds records whose boundaries cannot be trusted (written by a "
                 "process that bypassed the client library)";
     else if (completions_.producer().ring().corrupt())

@@ -24,6 +24,11 @@ Status validate_instance_name(std::string_view instance) {
                                     shown, i));
     }
   }
+  if (instance.front() == '-')
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("instance name '{}' may not start with '-' (it would read as a "
+                                  "command-line flag)",
+                                  instance));
   if (instance.find("..") != std::string_view::npos || instance == ".")
     return make_error(Errc::kInvalidArgument,
                       fmt::format("instance name '{}' may not be '.' or contain '..'", instance));

@@ -3,8 +3,9 @@
 //   control segment:  /kvrelay-<instance>
 //   host KV pools:    /kvrelay-<instance>-pool-r<rank>  (and -<tag>-r<rank>)
 //
-// Instance names are [A-Za-z0-9._-]{1,64} and may not contain "..": they end
-// up in file names under /dev/shm, so anything else is refused.
+// Instance names are [A-Za-z0-9._-]{1,64}, may not start with "-" (it would
+// read as a flag) or contain "..": they end up in file names under /dev/shm
+// and on command lines, so anything else is refused.
 #pragma once
 
 #include <string>

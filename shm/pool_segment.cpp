@@ -132,6 +132,14 @@ Result<HostPool> HostPool::open(const std::string& segment_name, const PoolGeome
   return HostPool(std::move(seg).value(), h.geometry, h.rank);
 }
 
+Status HostPool::check_intact() const {
+  if (!truncated()) return {};
+  return make_error(Errc::kCorrupt,
+                    fmt::format("pool /{} was truncated by another process (it had {} bytes); "
+                                "what was copied from or into it since is lost",
+                                name(), bytes()));
+}
+
 std::byte* HostPool::tensor(uint32_t layer, PoolTensor t) const {
   const auto ti = static_cast<uint32_t>(t);
   if (layer >= geometry_.total_layers() || ti >= geometry_.tensors_per_layer()) return nullptr;

@@ -51,6 +51,11 @@ class HostPool {
   uint64_t bytes() const { return segment_.size(); }
   uint32_t rank() const { return rank_; }
   uid_t owner_uid() const { return segment_.owner_uid(); }
+  // Whether another process truncated the pool under this mapping: every
+  // copy touching it since is garbage (see truncation_guard.h).
+  bool truncated() const { return segment_.truncated(); }
+  // kCorrupt naming the pool when it was truncated, else ok.
+  Status check_intact() const;
 
   // Base of a tensor; nullptr for a tensor the pool does not have.
   std::byte* tensor(uint32_t layer, PoolTensor t) const;

@@ -121,7 +121,11 @@ Status SharedSegment::map(SegmentAccess access) {
   } catch (const bip::interprocess_exception& e) {
     return from_boost(fmt::format("map /{}", name_), e);
   }
+  guard_.handle = TruncationGuard::watch(region_.get_address(), region_.get_size());
   populate(access);
+  if (truncated())
+    return make_error(Errc::kSizeMismatch,
+                      fmt::format("segment /{} was truncated while it was being mapped", name_));
   return {};
 }
 

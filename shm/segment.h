@@ -13,8 +13,10 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <cstddef>
 #include <string>
+#include <utility>
 
 #include "shm/result.h"
+#include "shm/truncation_guard.h"
 
 namespace kvrelay {
 
@@ -49,15 +51,35 @@ class SharedSegment {
   ino_t inode() const { return inode_; }
   uid_t owner_uid() const { return owner_uid_; }
   mode_t mode() const { return mode_; }
+  // Whether another process truncated the segment under our mapping (the
+  // mapping then reads zeros; see truncation_guard.h).
+  bool truncated() const { return TruncationGuard::truncated(guard_.handle); }
 
  private:
   SharedSegment() = default;
   Status map(SegmentAccess access);
   void populate(SegmentAccess access);
 
+  // Unregisters the mapping before it is unmapped (it is declared after
+  // region_, so it is destroyed first).
+  struct Guard {
+    int handle = -1;
+    Guard() = default;
+    Guard(Guard&& o) noexcept : handle(std::exchange(o.handle, -1)) {}
+    Guard& operator=(Guard&& o) noexcept {
+      if (this != &o) {
+        TruncationGuard::release(handle);
+        handle = std::exchange(o.handle, -1);
+      }
+      return *this;
+    }
+    ~Guard() { TruncationGuard::release(handle); }
+  };
+
   std::string name_;
   boost::interprocess::shared_memory_object shm_;
   boost::interprocess::mapped_region region_;
+  Guard guard_;
   ino_t inode_ = 0;
   uid_t owner_uid_ = 0;
   mode_t mode_ = 0;

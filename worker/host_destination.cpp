@@ -23,6 +23,9 @@ Result<uint64_t> HostIpcDestination::copy_layer(uint32_t layer, std::span<const 
     kernels::copy_runs_host(src, dst, scratch_);
     moved += kernels::run_bytes(scratch_);
   }
+  // A pool truncated under us reads and writes zeros: the copy is garbage.
+  if (Status s = local_.check_intact(); !s) return s.error();
+  if (Status s = peer_->check_intact(); !s) return s.error();
   return moved;
 }
 
@@ -59,7 +62,8 @@ Result<std::shared_ptr<const HostPool>> HostDestinationResolver::peer_pool(
   auto it = pools_.find(key);
   // Keep the mapping while the peer's segment is the same (re-mapping a pool
   // costs a populate of every page); a restarted peer has a new one.
-  if (it != pools_.end() && it->second.control == *control) return it->second.pool;
+  if (it != pools_.end() && it->second.control == *control && !it->second.pool->truncated())
+    return it->second.pool;
   const InstanceConfig& peer = (*control)->config();
   if (peer.role != static_cast<uint32_t>(Role::kDecode))
     return make_error(Errc::kInvalidArgument,

@@ -124,6 +124,8 @@ std::string SwapEngine::copy_layer(Op& op) {
     kernels::copy_runs_host(src, dst, scratch_);
     op.bytes += kernels::run_bytes(scratch_);
   }
+  for (const HostPool* pool : {&from, &to})
+    if (Status s = pool->check_intact(); !s) return s.error().message;
   ++op.next_layer;
   return {};
 }

@@ -121,6 +121,16 @@ class Worker {
       drain_swap_reports();
       flush_reports();
       mirror_counters();
+      for (const HostPool* pool : {device_pool_.get(), host_pool_.get()}) {
+        if (pool != nullptr && pool->truncated())
+          return give_up(control_, rank_, kExitUnusable,
+                         fmt::format("its pool /{} was truncated by another process; exiting so "
+                                     "that a new worker recreates it",
+                                     pool->name()));
+      }
+      if (control_.segment().truncated())
+        return give_up(control_, rank_, kExitUnusable,
+                       "the instance's control segment was truncated by another process");
       if (task_ring_.corrupt()) {
         return give_up(control_, rank_, kExitUnusable,
                        fmt::format("its task ring is unusable ({}); exiting so that the "

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,7 +9,7 @@
 #include <filesystem>
 #include <thread>
 
-extern char** environ;
+#include "shm/spawn.h"
 
 namespace kvrelay::sim {
 
@@ -48,15 +47,16 @@ Status ManagedInstance::start(const std::string& name, const std::string& role, 
                                    "--log-level",
                                    log_level};
   if (!log_dir.empty()) {
+    // One folder per instance: both instances name their files alike.
     args.push_back("--log-dir");
-    args.push_back(log_dir);
+    args.push_back(log_dir + "/" + name);
   }
-  std::vector<char*> argv;
-  for (auto& a : args)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int rc = posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ);
-  if (rc != 0) return system_error(fmt::format("cannot start {}", args[0]), rc);
+  // The instances go with the simulator, however it dies.
+  SpawnOptions spawn;
+  spawn.die_with_parent = true;
+  Result<pid_t> pid = spawn_process(args, spawn);
+  if (!pid) return pid.error();
+  pid_ = *pid;
   return {};
 }
 

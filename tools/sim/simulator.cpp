@@ -71,16 +71,30 @@ class Simulation {
     tp_ = c.tp_size;
     layers_ = c.num_layers + c.extra_layers;
     block_tokens_ = c.block_size;
-    for (uint32_t r = 0; r < tp_; ++r) {
-      src_.push_back(std::move(prefill.open_pool(r, false)).value());
-      dst_.push_back(std::move(decode.open_pool(r, false)).value());
+    for (uint32_t r = 0; r < tp_ && fatal_.empty(); ++r) {
+      auto src = prefill.open_pool(r, false);
+      auto dst = decode.open_pool(r, false);
+      if (!src || !dst) {
+        fatal_ = fmt::format("cannot map rank {}'s pools: {}", r,
+                             !src ? src.error().message : dst.error().message);
+        break;
+      }
+      src_.push_back(std::move(src).value());
+      dst_.push_back(std::move(dst).value());
     }
+    if (!fatal_.empty()) return;
     // The extra (speculative) layers may hold fewer blocks: allocate within both.
     src_alloc_ = std::make_unique<BlockAllocator>(usable_blocks(*src_[0]), o.seed * 3 + 1);
     dst_alloc_ = std::make_unique<BlockAllocator>(usable_blocks(*dst_[0]), o.seed * 5 + 2);
   }
 
   SimReport run(const std::string& prefill_instance) {
+    if (!fatal_.empty()) {
+      report_.requests = o_.requests;
+      report_.first_error = fatal_;
+      report_.aborted = true;
+      return report_;
+    }
     poison_pools();
     connect();
     const auto start = std::chrono::steady_clock::now();
@@ -88,7 +102,7 @@ class Simulation {
     uint64_t step = 0;
     uint64_t next_kill =
         o_.kill_every_ms != 0 ? mono_now_ns() + o_.kill_every_ms * 1'000'000ULL : UINT64_MAX;
-    while ((finished_count_ < o_.requests) && !give_up.passed()) {
+    while ((finished_count_ < o_.requests) && !give_up.passed() && fatal_.empty()) {
       ++step;
       if (mono_now_ns() >= next_kill) {
         kill_random_worker(prefill_instance);
@@ -109,7 +123,9 @@ class Simulation {
       }
       draw_progress();
     }
-    report_.timed_out = finished_count_ < o_.requests;
+    report_.aborted = !fatal_.empty();
+    if (report_.aborted) report_.first_error = fatal_;
+    report_.timed_out = !report_.aborted && finished_count_ < o_.requests;
     report_.soak = o_.kill_every_ms != 0;
     drain_completions(Deadline::after(200ms));  // an extra completion would show up here
     report_.seconds =
@@ -276,8 +292,26 @@ class Simulation {
   }
 
   void submit(const Status& s, const std::string& id) {
-    if (!s && report_.first_error.empty())
+    if (s) return;
+    if (s.code() == Errc::kCoordinatorGone) stop(s.error().message);
+    if (report_.first_error.empty())
       report_.first_error = fmt::format("submit '{}': {}", id, s.error().message);
+  }
+
+  // Nothing more can happen (an instance is gone, a pool was truncated):
+  // end the run now, saying why, instead of waiting for the timeout.
+  void stop(const std::string& why) {
+    if (fatal_.empty()) fatal_ = why;
+  }
+
+  bool pools_intact() {
+    for (uint32_t rank = 0; rank < tp_; ++rank)
+      for (const HostPool* pool : {src_[rank].get(), dst_[rank].get()})
+        if (Status s = pool->check_intact(); !s) {
+          stop(s.error().message);
+          return false;
+        }
+    return true;
   }
 
   // Writes layer `layer` of blocks [first, last) of `r` on every rank: what
@@ -376,9 +410,12 @@ class Simulation {
   }
 
   void drain_completions(Deadline until) {
-    for (;;) {
+    while (fatal_.empty()) {
       Result<Completion> c = until.passed() ? poll_once() : prefill_.wait(until);
-      if (!c) return;
+      if (!c) {
+        if (c.code() != Errc::kTimeout) stop(c.error().message);
+        return;
+      }
       on_completion(*c);
       until = Deadline::now();
     }
@@ -415,6 +452,7 @@ class Simulation {
         report_.first_error =
             fmt::format("'{}' {}: {}", r.id, completion_status_name(c.status), c.message);
     } else {
+      if (!pools_intact()) return;
       ++report_.finished;
       report_.bytes += c.bytes_moved;
       // Exposed transfer time: only for requests whose decode half was there
@@ -476,6 +514,7 @@ class Simulation {
   uint32_t finished_count_ = 0;
   std::vector<uint64_t> exposed_;
   SimReport report_;
+  std::string fatal_;
 };
 
 }  // namespace
@@ -494,9 +533,13 @@ std::string SimReport::summary() const {
       "exposed transfer  p50 {:.1f} us, p99 {:.1f} us from the last layer computed to "
       "the completion (one layer's copy: p50 {:.1f} us)\n",
       exposed_p50_ns / 1e3, exposed_p99_ns / 1e3, layer_copy_p50_ns / 1e3);
-  s +=
-      fmt::format("verification      {} wrong words, {} blocks written outside their request: {}\n",
-                  wrong_words, stray_blocks, ok() ? "every byte verified" : "FAILED");
+  s += fmt::format(
+      "verification      {} wrong words, {} blocks written outside their request: {}\n",
+      wrong_words, stray_blocks,
+      wrong_words != 0 || stray_blocks != 0 ? "FAILED"
+      : finished != 0                       ? "every byte of every finished request verified"
+                                            : "nothing finished to verify");
+  if (aborted) s += "run               ABORTED (see the first problem)\n";
   if (soak)
     s += fmt::format(
         "soak tally        requests {}, kills {}, finished {}, errors {} ({} naming the "
