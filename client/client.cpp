@@ -139,6 +139,7 @@ struct Client::Impl {
     for (;;) {
       Status s = messages::write_message(submit, type, msg, slice_of(deadline));
       if (s.ok()) {
+        if (Status a = alive(); !a) return a;  // e.g. the segment was truncated under the write
         notify_waiters(control.status().coordinator_doorbell);
         return {};
       }
@@ -513,7 +514,6 @@ Status Client::wait_layer(std::string_view request_id, uint32_t layer, Deadline 
 }
 
 Result<std::optional<Completion>> Client::poll() {
-  if (Status a = impl_->alive(); !a) return a.error();
   std::optional<Completion> out;
   Status decoded;
   for (;;) {
@@ -553,11 +553,13 @@ Result<std::optional<Completion>> Client::poll() {
     // A dropped completion (its session died) makes room to look at the next.
     if (out || n == 0) break;
   }
+  if (out) return out;  // completions written before a coordinator died are still delivered
   if (impl_->completions.corrupt())
     return make_error(Errc::kCorrupt,
                       fmt::format("the completion ring of instance '{}' holds records that cannot "
                                   "be delimited; the instance is shutting down",
                                   impl_->control.instance()));
+  if (Status a = impl_->alive(); !a) return a.error();
   return out;
 }
 

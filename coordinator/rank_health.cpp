@@ -122,6 +122,9 @@ void RankHealth::lost(uint32_t rank, const std::string& reason, uint64_t now_ns)
   lost_[rank] = true;
   spdlog::error("rank {} lost: {}", rank, reason);
   set_state(control_.worker_slot(rank), SlotState::kEmpty);
+  // Before the completions its loss causes: an engine that reads one and
+  // looks at the flag must see the rank down.
+  update_ready_flags();
   listener_.rank_lost(rank, reason, now_ns);
 }
 

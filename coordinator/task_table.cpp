@@ -72,7 +72,6 @@ struct TaskTable::Request {
   std::unique_ptr<capnp::MallocMessageBuilder> dest;  // CacheDest
   bool task_bound = false;
   bool dest_sent = false;
-  bool cancelling = false;
   std::vector<RankState> ranks;
   uint64_t bytes = 0;
   uint64_t first_copy_ns = 0;                      // the earliest rank's first copy (0: none yet)
@@ -461,15 +460,14 @@ void TaskTable::on_cancel(schema::Cancel::Reader shared, uint64_t now_ns, uint32
     return;
   }
   if (r->ending) return;  // already being withdrawn; its one completion follows
-  if (r->kind == CompletionKind::CACHE && !r->dest_sent) {
-    // Nothing is being sent yet: withdraw the bound half and end it now.
-    finish(*r, CompletionStatus::CANCELLED, -1, "cancelled before both halves had arrived", now_ns);
-    return;
-  }
-  if (!r->cancelling) {
-    r->cancelling = true;
-    send_cancel(*r);
-  }
+  // Withdrawn from every rank like any other end: its completion waits for
+  // the ranks that may still write (at once when nothing was sent yet), and
+  // a rank that does not confirm in time is stopped.
+  finish(*r, CompletionStatus::CANCELLED, -1,
+         r->kind == CompletionKind::CACHE && !r->dest_sent
+             ? "cancelled before both halves had arrived"
+             : "cancelled",
+         now_ns);
 }
 
 void TaskTable::on_malformed(const std::string& what, const std::string& error, uint64_t now_ns,
@@ -512,8 +510,7 @@ void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
       state = RankState::kFailed;
       const std::string why = fmt::format("rank {}: {}", report.rank,
                                           printable(report.message_text(), kMaxEchoedTextBytes));
-      finish(r, r.cancelling ? CompletionStatus::CANCELLED : CompletionStatus::ERROR,
-             static_cast<int32_t>(report.rank), why, now_ns);
+      finish(r, CompletionStatus::ERROR, static_cast<int32_t>(report.rank), why, now_ns);
       return;
     }
     default: ++counters_.stray_reports; return;

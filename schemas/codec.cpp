@@ -21,6 +21,7 @@ const char* message_type_name(schema::MessageType type) {
     case schema::MessageType::RDMA_QP_INFO: return "RdmaQpInfo";
     case schema::MessageType::RDMA_MEMORY_REGIONS: return "RdmaMemoryRegions";
     case schema::MessageType::TCP_FRAME_HEADER: return "TcpFrameHeader";
+    case schema::MessageType::SESSION_HELLO: return "SessionHello";
   }
   return "unknown";
 }

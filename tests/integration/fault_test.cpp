@@ -184,6 +184,38 @@ TEST_F(Faults, EngineKilledInTheMiddleOfASubmitIsSkippedAndOtherProducersLoseNot
   EXPECT_EQ(j["rings"][0]["skipped_records"], 1) << "the dead engine's record was skipped";
 }
 
+// A withdrawn request on a rank whose worker is stopped (it cannot confirm):
+// the coordinator kills the worker, and the completion goes out only once its
+// exit is confirmed, saying the blocks are free.
+TEST_F(Faults, AWithdrawalIsCompletedOnlyAfterAnUnresponsiveWorkersExitIsConfirmed) {
+  sim::RequestBlocks r{3, {30, 31}, {30, 31}};
+  env_->fill(r);
+  ASSERT_TRUE(env_->submit_task("stuck", r, 32, 2).ok());
+  ASSERT_TRUE(env_->submit_dest("stuck", r).ok());
+  usleep(100'000);  // both halves reach the ranks
+  const uint32_t w1 = worker_pid(env_->prefill().name(), 1);
+  ASSERT_NE(w1, 0u);
+  kill(static_cast<pid_t>(w1), SIGSTOP);
+  ASSERT_TRUE(env_->engine().cancel("stuck", Deadline::after(5s)).ok());
+  const Completion c = env_->wait_for("stuck", 20s);
+  EXPECT_FALSE(pid_exists(w1)) << "the completion came after the stopped worker's exit";
+  EXPECT_EQ(c.status, CompletionStatus::kCancelled) << c.message;
+  EXPECT_TRUE(c.blocks_reusable) << c.message;
+  // The rank comes back (a new worker) and serves the next request.
+  const Deadline until = Deadline::after(20s);
+  auto back = [&] {
+    const uint32_t now = worker_pid(env_->prefill().name(), 1);
+    return now != 0 && now != w1 && env_->engine().rank_ready(1);
+  };
+  while (!back() && !until.passed())
+    usleep(20'000);
+  ASSERT_TRUE(back());
+  sim::RequestBlocks next{4, {40}, {40}};
+  run_request("after-stuck", next, 2, 3);
+  EXPECT_EQ(env_->wait_for("after-stuck").status, CompletionStatus::kFinished);
+  EXPECT_EQ(env_->wrong_words(next), 0u);
+}
+
 TEST_F(Faults, HostileRecordsAreAnsweredOrRefusedAndEveryOtherRequestCompletes) {
   auto control = ControlSegment::attach(env_->prefill().name());
   ASSERT_TRUE(control.ok());

@@ -398,8 +398,8 @@ TEST_P(MpscDyingProducer, PausedMidRecordLosesNothing) {
 INSTANTIATE_TEST_SUITE_P(Points, MpscDyingProducer,
                          ::testing::Values(StopAt{"mpsc.claimed", fault::Action::kKill},
                                            StopAt{"mpsc.written", fault::Action::kKill}),
-                         [](const auto& info) {
-                           return std::string(info.param.point) == "mpsc.claimed"
+                         [](const auto& point) {
+                           return std::string(point.param.point) == "mpsc.claimed"
                                       ? "AfterClaimBeforeHeader"
                                       : "AfterHeaderBeforeCommit";
                          });

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,9 +10,8 @@
 #include <thread>
 
 #include "shm/names.h"
+#include "shm/spawn.h"
 #include "support/processes.h"
-
-extern char** environ;
 
 namespace kvrelay::testing {
 
@@ -22,38 +20,23 @@ std::string Instance::bin(const std::string& program) {
 }
 
 pid_t spawn_program(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  std::vector<std::string> copy = args;
-  for (auto& a : copy)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
-  return pid;
+  Result<pid_t> pid = spawn_process(args);
+  return pid ? *pid : -1;
 }
 
 int run_program(const std::vector<std::string>& args, std::string* output,
                 std::chrono::milliseconds within) {
   int fds[2];
-  if (pipe(fds) != 0) return -1;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  std::vector<std::string> copy = args;
-  std::vector<char*> argv;
-  for (auto& a : copy)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+  SpawnOptions options;
+  options.output_fd = fds[1];
+  Result<pid_t> spawned = spawn_process(args, options);
   close(fds[1]);
-  if (rc != 0) {
+  if (!spawned) {
     close(fds[0]);
     return -1;
   }
+  const pid_t pid = *spawned;
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   std::string out;
   const auto until = std::chrono::steady_clock::now() + within;

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace kvrelay::testing {
@@ -67,6 +69,28 @@ std::string unique_instance(const std::string& suffix) {
     name = name.substr(0, 30) + name.substr(name.size() - 30);
   }
   return name;
+}
+
+uint64_t rss_kib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6));
+  return 0;
+}
+
+uint64_t cpu_ticks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return 0;
+  std::istringstream fields(line.substr(line.rfind(')') + 2));
+  std::string f;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {  // fields 14 and 15: utime, stime
+    if (i == 14) utime = std::stoull(f);
+    if (i == 15) stime = std::stoull(f);
+  }
+  return utime + stime;
 }
 
 ReadyPipe::ReadyPipe() {

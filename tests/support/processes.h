@@ -33,6 +33,11 @@ void kill_child(pid_t pid);
 // characters become '_', long names keep their start and end).
 std::string unique_instance(const std::string& suffix);
 
+// What /proc says of a process: resident memory (KiB) and CPU time used so
+// far (user + system, in clock ticks); 0 when it is gone.
+uint64_t rss_kib(pid_t pid);
+uint64_t cpu_ticks(pid_t pid);
+
 // A one-byte pipe for "I am ready" handshakes between parent and child.
 class ReadyPipe {
  public:

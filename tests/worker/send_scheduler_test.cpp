@@ -346,7 +346,7 @@ TEST_P(LeftoverSignals, AnEndedRequestsUntaggedSignalsAreNeverAdoptedByTheNextOn
 }
 
 INSTANTIATE_TEST_SUITE_P(BTagged, LeftoverSignals, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Tagged" : "Untagged"; });
+                         [](const auto& tagged) { return tagged.param ? "Tagged" : "Untagged"; });
 
 // Untagged signals pushed after the task was submitted, but read before its
 // bind arrived (the bind travels through the coordinator), are its own.
