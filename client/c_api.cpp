@@ -226,6 +226,11 @@ kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int 
   return from(client->client.register_pool(PoolSpec{rank, host_tier != 0, segment_name}, deadline));
 }
 
+kvrelay_status kvrelay_own_signals(kvrelay_client* client, uint32_t rank) {
+  KVRELAY_NEED(client);
+  return from(client->client.own_signals(rank));
+}
+
 kvrelay_status kvrelay_push_batch(kvrelay_client* client, uint32_t rank, uint64_t step,
                                   const kvrelay_batch_slot* slots, size_t n_slots,
                                   int64_t timeout_ms) {

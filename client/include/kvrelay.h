@@ -13,12 +13,24 @@
  * kvrelay_push_legacy_layer_done) allocate no memory and take no lock: they
  * write a fixed record into the rank's shared-memory ring and make a system
  * call only when the rank's worker is parked (or, with a timeout, when the
- * ring is full). They are safe inside a CUDA host callback. The signal rings
- * are mapped by kvrelay_attach, so even the first push allocates nothing.
+ * ring is full). They are safe inside a CUDA host callback, and threads of
+ * one process may push to one rank at once. The first push of a process to
+ * a rank takes that rank's signal ring for the process (once: an allocation
+ * and a lock); call kvrelay_own_signals() up front, outside the callback. A
+ * second process pushing to the same rank gets KVRELAY_BUSY.
+ *
+ * Step numbers: each kvrelay_push_batch starts a new batch, whose layer
+ * signals carry the same step. Steps should grow; a number used again starts
+ * a new batch all the same (it never merges with an earlier one). Signals
+ * with a request tag may come before or after the request's CacheTask;
+ * untagged ones (tag 0) must come after it.
  *
  * Contract (as for the C++ client, client/include/kvrelay/client.h): exactly
- * one completion per request; one completion reader per instance; one signal
- * producer per rank; any number of submitters.
+ * one completion per request; every attach is an engine session (if its
+ * process dies, its requests are withdrawn and their completions dropped;
+ * kvrelay_detach leaves them running); one completion reader per instance;
+ * one signal-producing process per rank; any number of submitters. Every call
+ * returns KVRELAY_COORDINATOR_GONE within 100 ms of the coordinator's death.
  */
 #ifndef KVRELAY_H
 #define KVRELAY_H
@@ -151,6 +163,7 @@ kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int 
                                      const char* segment_name, int64_t timeout_ms);
 
 /* Layer signals: no allocation, no lock (see the top). */
+kvrelay_status kvrelay_own_signals(kvrelay_client* client, uint32_t rank);
 kvrelay_status kvrelay_push_batch(kvrelay_client* client, uint32_t rank, uint64_t step,
                                   const kvrelay_batch_slot* slots, size_t n_slots,
                                   int64_t timeout_ms);

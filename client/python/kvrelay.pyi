@@ -7,13 +7,25 @@ Contract (as for the C++ client):
   * exactly one completion per request ('finished', 'error', 'cancelled' or
     'timeout'); a refused submission gets one 'rejected' completion, which
     does not end the request of that id;
+  * every Client is an engine session: if its process dies, the requests it
+    submitted are withdrawn and their completions dropped; closing a Client
+    leaves its requests running (their completions still arrive); a restarted
+    engine may reuse its predecessor's request ids once Client() returns;
   * one completion reader per instance (the engine's scheduler);
-  * one signal producer per rank (the rank's model runner);
+  * one signal-producing process per rank (the rank's model runner), any of
+    whose threads may push; a second process gets an Error (busy);
+  * step numbers: each push_batch starts a new batch, whose push_layer_done
+    calls carry the same step; steps should grow, and a step number used
+    again starts a new batch all the same;
+  * signals with a request (a tag) may come before or after the request's
+    submit_cache_task; untagged signals (the original's protocol) must come
+    after it: untagged signals from before belong to earlier requests;
   * any number of submitters, in any number of processes and threads.
 
 Timeouts are in seconds and bound every wait: nothing waits forever. Calls
 that may wait release the GIL. A Client may be shared between threads: the
-completion reader and each rank's signal producer are serialised for you.
+completion reader is serialised for you. Request ids are printable ASCII
+without spaces or NUL bytes (InvalidArgument otherwise).
 """
 
 from typing import Iterable, Iterator, Optional, SupportsIndex, Tuple, Union
@@ -145,6 +157,12 @@ class Client:
     def closed(self) -> bool: ...
     @property
     def epoch(self) -> int: ...
+    @property
+    def session(self) -> int:
+        """This attachment's engine session id (completions carry it)."""
+    @property
+    def dropped_completions(self) -> int:
+        """Completions dropped because the session that submitted them died."""
     def rank_ready(self, rank: int) -> bool:
         """The original's cache_ready_signal: rank `rank` is serving."""
     def coordinator_alive(self) -> bool: ...
@@ -215,12 +233,20 @@ class Client:
     ) -> None: ...
 
     # ---- layer signals (one producer per rank) ----
+    def own_signals(self, rank: int) -> None:
+        """Takes rank `rank`'s signal ring for this process now rather than
+        at the first push (do it outside a CUDA callback). Raises Error
+        (busy) when another process pushes to that rank."""
     def push_batch(
         self, rank: int, step: int, slots: Iterable[BatchEntry], *, timeout: float = 5.0
     ) -> None:
-        """A step's batch: before the step's first push_layer_done."""
+        """A step's batch: before the step's first push_layer_done. Each call
+        starts a new batch, even with a step number used before. Slots are
+        0..511 (InvalidArgument otherwise)."""
     def push_layer_done(self, rank: int, step: int, layer: int, *, timeout: float = 5.0) -> None:
-        """Layer `layer` of step `step` is computed for every slot of its batch."""
+        """Layer `layer` of step `step` (the current batch's step) is computed
+        for every slot of its batch. Layers beyond the instance's are refused
+        (InvalidArgument)."""
     def push_legacy_layer_done(
         self, rank: int, step: int, layer: int, *, timeout: float = 5.0
     ) -> None:

@@ -128,6 +128,19 @@ void define_client(py::module_& m) {
            [](PyClient& c) {
              return c.with_client([](Client& cl) { return cl.coordinator_alive().ok(); });
            })
+      .def_property_readonly(
+          "session", [](PyClient& c) { return c.with_client([](Client& cl) { return cl.session(); }); })
+      .def_property_readonly("dropped_completions",
+                             [](PyClient& c) {
+                               return c.with_client(
+                                   [](Client& cl) { return cl.dropped_completions(); });
+                             })
+      .def(
+          "own_signals",
+          [](PyClient& c, uint32_t rank) {
+            check(c.with_client([&](Client& cl) { return cl.own_signals(rank); }));
+          },
+          py::arg("rank"))
       .def_static(
           "request_tag", [](const std::string& id) { return Client::request_tag(id); },
           py::arg("request_id"))

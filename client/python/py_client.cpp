@@ -19,8 +19,6 @@ PyClient::PyClient(const std::string& instance, double timeout_s) : instance_(in
   if (!c) raise(c.error());
   client_.emplace(std::move(c).value());
   config_ = client_->config();
-  for (uint32_t r = 0; r < config_.tp_size; ++r)
-    rank_mutexes_.push_back(std::make_unique<std::mutex>());
 }
 
 void PyClient::closed() const {
@@ -65,29 +63,19 @@ std::optional<Completion> PyClient::next_within(double timeout_s) {
   return std::move(c).value();
 }
 
-std::mutex& PyClient::rank_mutex(uint32_t rank) {
-  if (rank >= rank_mutexes_.size())
-    raise(Errc::kInvalidArgument, fmt::format("rank {} is out of range: instance '{}' has {} ranks",
-                                              rank, instance_, rank_mutexes_.size()));
-  return *rank_mutexes_[rank];
-}
-
+// Threads of one process may push concurrently (the C++ client's producer
+// side is thread-safe), so no lock is taken here.
 void PyClient::push_batch(uint32_t rank, uint64_t step, const std::vector<BatchSlot>& slots,
                           double timeout_s) {
   const Deadline deadline = to_deadline(timeout_s);
-  std::mutex& producer = rank_mutex(rank);
-  check(with_client([&](Client& client) {
-    std::lock_guard one_producer(producer);
-    return client.push_batch(rank, step, slots, deadline);
-  }));
+  check(with_client(
+      [&](Client& client) { return client.push_batch(rank, step, slots, deadline); }));
 }
 
 void PyClient::push_layer_done(uint32_t rank, uint64_t step, uint32_t layer, bool legacy,
                                double timeout_s) {
   const Deadline deadline = to_deadline(timeout_s);
-  std::mutex& producer = rank_mutex(rank);
   check(with_client([&](Client& client) {
-    std::lock_guard one_producer(producer);
     return legacy ? client.push_legacy_layer_done(rank, step, layer, deadline)
                   : client.push_layer_done(rank, step, layer, deadline);
   }));

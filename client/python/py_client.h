@@ -1,8 +1,8 @@
 // kvrelay.Client: the C++ client behind a Python object that is safe to share
 // between Python threads. The GIL is released whenever a call may wait; in
 // exchange the wrapper serialises what the C++ contract requires to be single
-// (the completion reader, and each rank's signal producer) and keeps the
-// client alive while any call is using it.
+// (the completion reader) and keeps the client alive while any call is using
+// it. Signal pushes need no lock: the C++ client takes them from any thread.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -44,7 +44,7 @@ class PyClient {
   // `timeout_s` may be 0: the next waiting completion or none.
   std::optional<Completion> next_within(double timeout_s);
 
-  // Signals: one producer per rank at a time.
+  // Signals: any thread.
   void push_batch(uint32_t rank, uint64_t step, const std::vector<BatchSlot>& slots,
                   double timeout_s);
   void push_layer_done(uint32_t rank, uint64_t step, uint32_t layer, bool legacy, double timeout_s);
@@ -58,14 +58,12 @@ class PyClient {
 
  private:
   [[noreturn]] void closed() const;
-  std::mutex& rank_mutex(uint32_t rank);
 
   std::string instance_;
   std::optional<Client> client_;
   InstanceConfig config_{};
   std::shared_mutex life_mutex_;  // shared: a call in progress; exclusive: close()
   std::mutex completion_mutex_;
-  std::vector<std::unique_ptr<std::mutex>> rank_mutexes_;
 };
 
 }  // namespace kvrelay::python

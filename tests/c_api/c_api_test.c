@@ -219,6 +219,7 @@ int main(int argc, char** argv) {
           KVRELAY_OK);
     const kvrelay_batch_slot slot = {0, 0, (uint32_t)tokens, kvrelay_request_tag("c-req-1")};
     for (uint32_t r = 0; r < kTp; ++r) {
+      CHECK(kvrelay_own_signals(prefill, r) == KVRELAY_OK); /* outside any callback */
       CHECK(kvrelay_push_batch(prefill, r, 0, &slot, 1, 5000) == KVRELAY_OK);
       for (uint32_t l = 0; l < kLayers; ++l)
         CHECK(kvrelay_push_layer_done(prefill, r, 0, l, 5000) == KVRELAY_OK);
@@ -227,6 +228,7 @@ int main(int argc, char** argv) {
     CHECK(done.status == KVRELAY_FINISHED);
     CHECK(done.kind == KVRELAY_KIND_CACHE);
     CHECK(done.error_rank == -1);
+    CHECK(done.blocks_reusable == 1);
     CHECK(done.bytes_moved == (uint64_t)kTp * kLayers * 2 * 3 * kBlockTokens * 32 * 2);
     CHECK(done.completed_ns >= done.submitted_ns && done.submitted_ns > 0);
     for (uint32_t r = 0; r < kTp; ++r)

@@ -3,8 +3,10 @@ processes: byte-verified transfers and swaps, errors, threads and the GIL."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 import kvrelay
-from conftest import BLOCK_TOKENS, HOST_BLOCKS, LAYERS, TP
+from conftest import BIN_DIR, BLOCK_TOKENS, HOST_BLOCKS, LAYERS, TP
 
 POISON = 0xEE
 
@@ -329,3 +331,47 @@ def test_a_dead_coordinator_is_reported_not_waited_on(lone_instance):
         with pytest.raises(kvrelay.CoordinatorGone):
             client.wait(timeout=10)
         assert not client.coordinator_alive()
+
+
+def test_request_ids_with_a_nul_and_out_of_range_signals_are_refused(engine):
+    with pytest.raises(kvrelay.InvalidArgument, match="NUL"):
+        engine.submit_cache_task("alias\x00one", [1], 16, engine_slot=0)
+    with pytest.raises(kvrelay.InvalidArgument, match="NUL"):
+        engine.cancel("alias\x00two")
+    with pytest.raises(kvrelay.InvalidArgument, match="slot 1000000 is out of range"):
+        engine.push_batch(0, 1, [(1_000_000, 0, 16)])
+    with pytest.raises(kvrelay.InvalidArgument, match="layer 1000000 is out of range"):
+        engine.push_layer_done(0, 1, 1_000_000)
+    assert engine.poll() is None
+
+
+def _worker_signals(instance: str, rank: int) -> int:
+    out = subprocess.run([str(BIN_DIR / "kvrelay-dump"), instance, "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)["workers"][rank]["counters"]["signals"]
+
+
+def test_threads_push_signals_concurrently_and_every_record_arrives_once(pair, engine):
+    engine.own_signals(0)
+    before = _worker_signals(pair[0], 0)
+    per_thread = 3000
+
+    def layers():
+        for _ in range(per_thread):
+            engine.push_layer_done(0, 7, 0)
+
+    def batches():
+        for _ in range(per_thread):
+            engine.push_batch(0, 7, [(100, 0, 0)])
+
+    threads = [threading.Thread(target=layers), threading.Thread(target=batches)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    deadline = time.monotonic() + 20
+    while _worker_signals(pair[0], 0) < before + 2 * per_thread and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _worker_signals(pair[0], 0) == before + 2 * per_thread
+    assert engine.session != 0
+    assert engine.dropped_completions == 0
