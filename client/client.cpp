@@ -79,7 +79,8 @@ static_assert(static_cast<int>(CompletionStatus::kRejected) ==
               static_cast<int>(schema::Completion::Status::REJECTED));
 static_assert(static_cast<int>(CompletionKind::kCancel) ==
               static_cast<int>(schema::Completion::Kind::CANCEL));
-static_assert(static_cast<int>(Protocol::kRdma) == static_cast<int>(schema::TransferProtocol::RDMA));
+static_assert(static_cast<int>(Protocol::kRdma) ==
+              static_cast<int>(schema::TransferProtocol::RDMA));
 
 struct Client::Impl {
   ControlSegment control;
@@ -120,15 +121,14 @@ struct Client::Impl {
                         fmt::format("the control segment of instance '{}' was truncated by "
                                     "another process; the instance is shutting down",
                                     control.instance()));
-    const uint64_t beat =
-        control.coordinator_slot().heartbeat_ns.load(std::memory_order_acquire);
+    const uint64_t beat = control.coordinator_slot().heartbeat_ns.load(std::memory_order_acquire);
     const uint64_t now = mono_now_ns();
     if (now < beat || now - beat < kFreshHeartbeatNs) return {};
     if (coordinator.lock_state() == LockState::kFree)
-      return make_error(Errc::kCoordinatorGone,
-                        fmt::format("the coordinator of instance '{}' (pid {}) is gone",
-                                    control.instance(),
-                                    read_slot(control.coordinator_slot()).owner.pid));
+      return make_error(
+          Errc::kCoordinatorGone,
+          fmt::format("the coordinator of instance '{}' (pid {}) is gone", control.instance(),
+                      read_slot(control.coordinator_slot()).owner.pid));
     return {};
   }
 
@@ -147,12 +147,12 @@ struct Client::Impl {
         return s;
       if (Status a = alive(); !a) return a;
       if (deadline.passed())
-        return make_error(s.code() == Errc::kCorrupt ? Errc::kCorrupt : Errc::kFull,
-                          fmt::format("the submit ring of instance '{}' {} until the deadline; "
-                                      "nothing was written",
-                                      control.instance(),
-                                      s.code() == Errc::kCorrupt ? "stayed corrupt"
-                                                                 : "stayed full"));
+        return make_error(
+            s.code() == Errc::kCorrupt ? Errc::kCorrupt : Errc::kFull,
+            fmt::format("the submit ring of instance '{}' {} until the deadline; "
+                        "nothing was written",
+                        control.instance(),
+                        s.code() == Errc::kCorrupt ? "stayed corrupt" : "stayed full"));
     }
   }
 
@@ -168,10 +168,9 @@ struct Client::Impl {
     if (p != nullptr) return p;
     Result<SpscProducer<LayerSignal>> leased = signal_rings[rank].lease_producer();
     if (!leased)
-      return make_error(leased.code(), fmt::format("rank {}'s signal ring: {}", rank,
-                                                   leased.error().message));
-    owned_producers[rank] =
-        std::make_unique<SpscProducer<LayerSignal>>(std::move(leased).value());
+      return make_error(leased.code(),
+                        fmt::format("rank {}'s signal ring: {}", rank, leased.error().message));
+    owned_producers[rank] = std::make_unique<SpscProducer<LayerSignal>>(std::move(leased).value());
     signal_producers[rank].store(owned_producers[rank].get(), std::memory_order_release);
     return owned_producers[rank].get();
   }
@@ -214,8 +213,7 @@ Result<Client> Client::attach(std::string_view instance, Deadline ready_by) {
   // published): keep trying until the deadline. A stale segment (its
   // coordinator is gone) is refused at once: waiting would not change it.
   Result<ControlSegment> control = ControlSegment::attach(instance);
-  while (!control &&
-         (control.code() == Errc::kNotFound || control.code() == Errc::kNotReady) &&
+  while (!control && (control.code() == Errc::kNotFound || control.code() == Errc::kNotReady) &&
          !ready_by.passed()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     control = ControlSegment::attach(instance);
@@ -256,8 +254,7 @@ Result<Client> Client::attach(std::string_view instance, Deadline ready_by) {
                                     "deadline",
                                     c.instance()));
     wait_until(
-        c.status().state_changed, [&] { return impl->submit.acknowledged(); },
-        slice_of(ready_by));
+        c.status().state_changed, [&] { return impl->submit.acknowledged(); }, slice_of(ready_by));
   }
   return Client(std::move(impl));
 }
@@ -519,12 +516,11 @@ Result<std::optional<Completion>> Client::poll() {
   for (;;) {
     const size_t n = impl_->completions.read(
         [&](const MpscRecord& rec) {
-          if (rec.defect != nullptr ||
-              rec.type != static_cast<int32_t>(MessageType::COMPLETION)) {
-            decoded = make_error(Errc::kCorrupt,
-                                 fmt::format("record of type {} on the completion ring{}", rec.type,
-                                             rec.defect != nullptr ? fmt::format(" ({})", rec.defect)
-                                                                   : ""));
+          if (rec.defect != nullptr || rec.type != static_cast<int32_t>(MessageType::COMPLETION)) {
+            decoded = make_error(
+                Errc::kCorrupt,
+                fmt::format("record of type {} on the completion ring{}", rec.type,
+                            rec.defect != nullptr ? fmt::format(" ({})", rec.defect) : ""));
             return;
           }
           decoded = messages::with_message<schema::Completion>(

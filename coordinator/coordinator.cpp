@@ -115,9 +115,9 @@ class Coordinator : public Sink, public RankHealth::Listener {
 
   uint32_t begin_load_progress(uint64_t handle, const std::string& id, uint32_t first_layer,
                                uint32_t layer_count, uint32_t& generation) override {
-    const uint32_t slot = swap_progress::begin(control_.swap_progress(), handle,
-                                               records::request_tag(id), first_layer, layer_count,
-                                               generation);
+    const uint32_t slot =
+        swap_progress::begin(control_.swap_progress(), handle, records::request_tag(id),
+                             first_layer, layer_count, generation);
     if (slot == kNoProgressSlot) {
       spdlog::warn("no swap progress slot free for '{}': its per-layer waits will not be served",
                    id);
@@ -208,9 +208,10 @@ class Coordinator : public Sink, public RankHealth::Listener {
           Deadline::at_ns(std::max(wake, now)));
     }
     if (broken_) {
-      spdlog::critical("instance '{}' is broken: {}; failing every live request and shutting "
-                       "down",
-                       control_.instance(), *broken_);
+      spdlog::critical(
+          "instance '{}' is broken: {}; failing every live request and shutting "
+          "down",
+          control_.instance(), *broken_);
       set_instance_state(InstanceState::kDraining);
       table_->fail_all(fmt::format("the instance shut down: {}", *broken_), mono_now_ns());
       return shut_down(kExitBroken);
@@ -226,7 +227,8 @@ class Coordinator : public Sink, public RankHealth::Listener {
  private:
   bool congested() const {
     if (completions_.congested()) return true;
-    return std::any_of(tasks_.begin(), tasks_.end(), [](const RingWriter& w) { return w.congested(); });
+    return std::any_of(tasks_.begin(), tasks_.end(),
+                       [](const RingWriter& w) { return w.congested(); });
   }
 
   bool has_input() {
@@ -316,9 +318,10 @@ class Coordinator : public Sink, public RankHealth::Listener {
     next_state_check_ns_ = now + 10'000'000ULL;
     CounterWriter counters(counters_);
     if (control_.header().state.load(std::memory_order_acquire) != static_cast<uint32_t>(state_)) {
-      spdlog::error("the instance state in the segment header was overwritten (with {}); "
-                    "restored to {}",
-                    control_.header().state.load(), instance_state_name(static_cast<uint32_t>(state_)));
+      spdlog::error(
+          "the instance state in the segment header was overwritten (with {}); "
+          "restored to {}",
+          control_.header().state.load(), instance_state_name(static_cast<uint32_t>(state_)));
       control_.set_state(state_);
       counters.add(kSharedStateRepairs);
     }
@@ -355,8 +358,9 @@ class Coordinator : public Sink, public RankHealth::Listener {
     if (control_.segment().truncated())
       broken_ = "its control segment was truncated by another process";
     else if (submit_.corrupt())
-      broken_ = "the submit ring holds records whose boundaries cannot be trusted (written by a "
-                "process that bypassed the client library)";
+      broken_ =
+          "the submit ring holds records whose boundaries cannot be trusted (written by a "
+          "process that bypassed the client library)";
     else if (completions_.producer().ring().corrupt())
       broken_ = "the completion ring's reader found records whose boundaries cannot be trusted";
   }

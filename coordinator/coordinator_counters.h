@@ -33,11 +33,11 @@ enum CoordinatorHistogram : uint32_t {
 };
 
 inline constexpr const char* kCoordinatorCounterLabels[] = {
-    "requests_submitted",  "requests_finished",    "requests_failed",      "requests_cancelled",
-    "requests_timed_out",  "submissions_rejected", "late_halves_absorbed", "stray_reports",
-    "malformed_records",   "completions_delayed",  "tasks_delayed",        "worker_restarts",
-    "workers_lost",        "sessions_ended",       "sessions_died",        "session_withdrawals",
-    "shared_state_repairs", "live_requests",       "remembered_ids",
+    "requests_submitted",   "requests_finished",    "requests_failed",      "requests_cancelled",
+    "requests_timed_out",   "submissions_rejected", "late_halves_absorbed", "stray_reports",
+    "malformed_records",    "completions_delayed",  "tasks_delayed",        "worker_restarts",
+    "workers_lost",         "sessions_ended",       "sessions_died",        "session_withdrawals",
+    "shared_state_repairs", "live_requests",        "remembered_ids",
 };
 static_assert(sizeof(kCoordinatorCounterLabels) / sizeof(kCoordinatorCounterLabels[0]) ==
               kCoordinatorCounterCount);

@@ -93,8 +93,8 @@ std::vector<WorkerExit> Supervisor::poll_exits(Deadline deadline) {
                           : fmt::format(": it failed the same way {} times in a row",
                                         r.consecutive_failures));
       } else {
-        const uint64_t backoff = std::min(
-            kMaxBackoffNs, kFirstBackoffNs << std::min(r.consecutive_failures - 1, 10U));
+        const uint64_t backoff =
+            std::min(kMaxBackoffNs, kFirstBackoffNs << std::min(r.consecutive_failures - 1, 10U));
         r.restart_at_ns = now + backoff;
         spdlog::error("rank {} worker (pid {}) died: {}; restarting in {} ms", rank, e.pid,
                       exit.reason, backoff / 1'000'000);

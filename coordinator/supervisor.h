@@ -23,15 +23,15 @@
 namespace kvrelay::coordinator {
 
 // kvrelay-worker's exit codes.
-inline constexpr int kWorkerExitError = 1;    // failed while serving: restart it
-inline constexpr int kWorkerExitRefused = 3;  // cannot start here, and will not by retrying
+inline constexpr int kWorkerExitError = 1;     // failed while serving: restart it
+inline constexpr int kWorkerExitRefused = 3;   // cannot start here, and will not by retrying
 inline constexpr int kWorkerExitUnusable = 4;  // its rings are unusable: reset them, restart it
 
 struct WorkerExit {
   uint32_t rank;
   uint32_t pid;
-  std::string reason;  // "exit code 3" / "killed by SIGKILL"
-  int exit_code = -1;  // when it exited
+  std::string reason;    // "exit code 3" / "killed by SIGKILL"
+  int exit_code = -1;    // when it exited
   bool gave_up = false;  // it will not be restarted
 };
 

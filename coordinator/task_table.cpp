@@ -152,12 +152,13 @@ bool TaskTable::admit(const std::string& id, CompletionKind kind, uint64_t now_n
   if (tombstones_.size() + by_handle_.size() >= tombstones_.limit()) {
     tombstones_.sweep(now_ns, tombstones_.capacity());
     if (tombstones_.size() + by_handle_.size() >= tombstones_.limit()) {
-      complete_unknown(id, kind, CompletionStatus::ERROR,
-                       fmt::format("'{}' refused: this instance remembers {} recently completed "
-                                   "request ids, the most it can (each for its deadline plus "
-                                   "{} s); resubmit once they expire",
-                                   id, tombstones_.size(), options_.tombstone_margin_ns / 1'000'000'000),
-                       now_ns, session);
+      complete_unknown(
+          id, kind, CompletionStatus::ERROR,
+          fmt::format("'{}' refused: this instance remembers {} recently completed "
+                      "request ids, the most it can (each for its deadline plus "
+                      "{} s); resubmit once they expire",
+                      id, tombstones_.size(), options_.tombstone_margin_ns / 1'000'000'000),
+          now_ns, session);
       return false;
     }
   }
@@ -181,8 +182,7 @@ void TaskTable::absorb_or_reject_half(const std::string& id, Half half, Tombston
   spdlog::info("{} '{}' arrived after its request had completed; absorbed", what, id);
 }
 
-void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns,
-                              uint32_t session) {
+void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns, uint32_t session) {
   auto owned = copy_of(shared);  // validate our copy, never the shared bytes
   const auto task = owned->getRoot<schema::CacheTask>().asReader();
   if (Status s = messages::validate_request_id("CacheTask", task.getRequestId()); !s) {
@@ -221,7 +221,8 @@ void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns,
   Request& r = live != nullptr
                    ? *live
                    : create(id, CompletionKind::CACHE, now_ns, task.getDeadlineMs(), session);
-  if (live != nullptr && task.getDeadlineMs() != 0) {  // the task's own deadline, from first arrival
+  if (live != nullptr &&
+      task.getDeadlineMs() != 0) {  // the task's own deadline, from first arrival
     deadlines_.erase(r.timer);
     r.deadline_ns = r.submitted_ns + uint64_t{task.getDeadlineMs()} * 1'000'000ULL;
     r.timer = deadlines_.emplace(r.deadline_ns, r.handle);
@@ -247,36 +248,39 @@ std::optional<std::string> TaskTable::check_peer(schema::CacheDest::Reader dest,
   const std::string id = printable_id(dest.getRequestId());
   const std::string peer = text(dest.getPeerInstance());
   if (!options_.own_instance.empty() && peer == options_.own_instance)
-    return fmt::format("CacheDest '{}': peer_instance '{}' is this instance itself; a transfer "
-                       "goes to another (decode) instance",
-                       id, peer);
+    return fmt::format(
+        "CacheDest '{}': peer_instance '{}' is this instance itself; a transfer "
+        "goes to another (decode) instance",
+        id, peer);
   if (!options_.peer_info) return std::nullopt;
   const std::optional<PeerInfo> info = options_.peer_info(peer);
   if (!info) return std::nullopt;  // unknown here: the worker checks when it attaches
   if (info->role != Role::kDecode)
-    return fmt::format("CacheDest '{}': peer_instance '{}' has role {}; only a decode instance "
-                       "accepts transfers",
-                       id, peer, role_name(info->role));
+    return fmt::format(
+        "CacheDest '{}': peer_instance '{}' has role {}; only a decode instance "
+        "accepts transfers",
+        id, peer, role_name(info->role));
   peer_blocks = info->num_blocks;
   const auto devices = dest.getDeviceIds();
   std::vector<bool> used(info->tp_size, false);
   for (uint32_t i = 0; i < devices.size(); ++i) {
     const uint32_t d = devices[i];
     if (d >= info->tp_size)
-      return fmt::format("CacheDest '{}': device_ids[{}] = {} is out of range: decode instance "
-                         "'{}' has {} ranks",
-                         id, i, d, peer, info->tp_size);
+      return fmt::format(
+          "CacheDest '{}': device_ids[{}] = {} is out of range: decode instance "
+          "'{}' has {} ranks",
+          id, i, d, peer, info->tp_size);
     if (used[d])
-      return fmt::format("CacheDest '{}': device_ids names decode rank {} twice; each rank's "
-                         "blocks go to a rank of their own",
-                         id, d);
+      return fmt::format(
+          "CacheDest '{}': device_ids names decode rank {} twice; each rank's "
+          "blocks go to a rank of their own",
+          id, d);
     used[d] = true;
   }
   return std::nullopt;
 }
 
-void TaskTable::on_cache_dest(schema::CacheDest::Reader shared, uint64_t now_ns,
-                              uint32_t session) {
+void TaskTable::on_cache_dest(schema::CacheDest::Reader shared, uint64_t now_ns, uint32_t session) {
   auto owned = copy_of(shared);
   const auto dest = owned->getRoot<schema::CacheDest>().asReader();
   if (Status s = messages::validate_request_id("CacheDest", dest.getRequestId()); !s) {
@@ -381,8 +385,7 @@ void TaskTable::on_swap(schema::SwapTask::Reader shared, uint64_t now_ns, uint32
       now_ns);
 }
 
-void TaskTable::on_connect(schema::ConnectTask::Reader shared, uint64_t now_ns,
-                           uint32_t session) {
+void TaskTable::on_connect(schema::ConnectTask::Reader shared, uint64_t now_ns, uint32_t session) {
   auto owned = copy_of(shared);
   const auto connect = owned->getRoot<schema::ConnectTask>().asReader();
   const std::string id = fmt::format("connect-{}", connect.getTaskId());
@@ -782,9 +785,10 @@ void TaskTable::remember(const std::string& id, Tombstones::Halves halves, uint6
   const uint64_t lifetime =
       std::max(deadline_ns, options_.default_deadline_ns) + options_.tombstone_margin_ns;
   if (!tombstones_.remember(id, halves, now_ns + lifetime, now_ns))
-    spdlog::error("could not remember completed id '{}': {} ids remembered, the most this "
-                  "instance holds",
-                  id, tombstones_.size());
+    spdlog::error(
+        "could not remember completed id '{}': {} ids remembered, the most this "
+        "instance holds",
+        id, tombstones_.size());
 }
 
 }  // namespace kvrelay::coordinator

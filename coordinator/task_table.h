@@ -185,8 +185,8 @@ class TaskTable {
   enum class Half { kTask, kDest };
 
   Request* find_live(const std::string& id);
-  Request& create(const std::string& id, CompletionKind kind, uint64_t now_ns,
-                  uint32_t deadline_ms, uint32_t session);
+  Request& create(const std::string& id, CompletionKind kind, uint64_t now_ns, uint32_t deadline_ms,
+                  uint32_t session);
   // The checks every new request passes (draining, capacity); false when it
   // was refused (and answered).
   bool admit(const std::string& id, CompletionKind kind, uint64_t now_ns, uint32_t session);

@@ -52,7 +52,7 @@ class Tombstones {
 
  private:
   struct Entry {
-    uint64_t d1;    // digest; 0 in both halves: empty
+    uint64_t d1;  // digest; 0 in both halves: empty
     uint64_t d2;
     uint64_t word;  // expires_ns << 2 | dest << 1 | task
   };

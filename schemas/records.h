@@ -67,10 +67,10 @@ constexpr uint16_t session_generation(uint32_t session) {
 }
 
 struct LayerSignal {
-  uint32_t kind;   // SignalKind
-  uint32_t count;  // kBatch: entries used in this record
-  uint64_t step;   // the engine's step; u64, never wraps
-  uint32_t layer;  // kLayerDone / kLegacyLayerDone
+  uint32_t kind;     // SignalKind
+  uint32_t count;    // kBatch: entries used in this record
+  uint64_t step;     // the engine's step; u64, never wraps
+  uint32_t layer;    // kLayerDone / kLegacyLayerDone
   uint32_t session;  // session_id() of the pushing client (stamped by the client library)
   BatchEntry entries[kBatchEntriesPerSignal];
 };

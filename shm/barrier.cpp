@@ -89,10 +89,9 @@ BarrierResult Barrier::wait(Deadline deadline) {
         futex_wake_word(generation_word(s_->word), INT32_MAX);
         return BarrierResult::kOk;
       }
-    } else if (s_->word.compare_exchange_weak(w, pack(gen, entered_by_poison(w), parties,
-                                                      arrived + 1),
-                                              std::memory_order_acq_rel,
-                                              std::memory_order_acquire)) {
+    } else if (s_->word.compare_exchange_weak(
+                   w, pack(gen, entered_by_poison(w), parties, arrived + 1),
+                   std::memory_order_acq_rel, std::memory_order_acquire)) {
       break;
     }
   }

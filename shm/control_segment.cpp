@@ -39,9 +39,10 @@ std::string CreatorStatus::describe() const {
   if (alive()) return fmt::format("coordinator pid {} is alive", pid);
   switch (liveness) {
     case Liveness::kAlive:
-      return fmt::format("coordinator pid {} no longer holds the instance (the pid runs, but "
-                         "not as its coordinator)",
-                         pid);
+      return fmt::format(
+          "coordinator pid {} no longer holds the instance (the pid runs, but "
+          "not as its coordinator)",
+          pid);
     case Liveness::kGone: return fmt::format("coordinator pid {} is gone", pid);
     case Liveness::kPidReused:
       return fmt::format("coordinator pid {} is gone (the pid now belongs to another process)",
@@ -310,8 +311,8 @@ std::span<std::byte> ControlSegment::region(RegionKind kind, uint32_t index) con
 }
 
 LockSpace ControlSegment::lock_of(const void* in_segment) const {
-  const auto offset = static_cast<uint64_t>(static_cast<const std::byte*>(in_segment) -
-                                            segment_.data());
+  const auto offset =
+      static_cast<uint64_t>(static_cast<const std::byte*>(in_segment) - segment_.data());
   return LockSpace{segment_.fd(), offset};
 }
 

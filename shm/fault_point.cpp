@@ -45,8 +45,8 @@ const bool g_from_env = [] {
     std::string_view action = item.substr(eq + 1);
     uint32_t nth = 1;
     if (const size_t at = action.find('@'); at != std::string_view::npos) {
-      nth = static_cast<uint32_t>(std::strtoul(std::string(action.substr(at + 1)).c_str(),
-                                               nullptr, 10));
+      nth = static_cast<uint32_t>(
+          std::strtoul(std::string(action.substr(at + 1)).c_str(), nullptr, 10));
       action = action.substr(0, at);
     }
     arm(item.substr(0, eq), parse_action(action), nth == 0 ? 1 : nth);

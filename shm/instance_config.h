@@ -45,10 +45,10 @@ struct InstanceConfig {
   uint32_t block_size;          // tokens per block
   uint32_t kv_heads;            // per rank
   uint32_t head_dim;
-  uint32_t dtype;        // CacheDtype
-  uint32_t has_scales;   // 1: fp8 block-wise scales travel with K/V
-  uint32_t host_blocks;  // blocks in the host (offload) tier of swap tasks; 0: none
-  uint32_t protocols;    // transfer protocols this instance accepts: bit 0 ipc, 1 tcp, 2 rdma
+  uint32_t dtype;         // CacheDtype
+  uint32_t has_scales;    // 1: fp8 block-wise scales travel with K/V
+  uint32_t host_blocks;   // blocks in the host (offload) tier of swap tasks; 0: none
+  uint32_t protocols;     // transfer protocols this instance accepts: bit 0 ipc, 1 tcp, 2 rdma
   uint32_t group_access;  // 1: every segment of the instance (pools too) is 0660, else 0600
   uint32_t reserved_geometry[4];
 

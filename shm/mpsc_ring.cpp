@@ -77,8 +77,8 @@ Result<MpscRing> MpscRing::attach(void* region, size_t region_bytes, LockSpace l
                                   capacity, kMaxCapacity));
   if (bytes_for(capacity) > region_bytes)
     return make_error(Errc::kCorrupt,
-                      fmt::format("mpsc ring capacity {} does not fit its {}-byte region",
-                                  capacity, region_bytes));
+                      fmt::format("mpsc ring capacity {} does not fit its {}-byte region", capacity,
+                                  region_bytes));
   if (max_payload == 0 || max_payload > default_max_payload(capacity))
     return make_error(Errc::kCorrupt, fmt::format("mpsc ring max payload {} impossible for "
                                                   "capacity {}",
@@ -314,9 +314,9 @@ Result<MpscClaim> MpscProducer::try_claim(size_t payload_bytes) {
   }
   const uint64_t in_progress = hdr::pack(-static_cast<int32_t>(record_length), 0, me, session);
   ring_.header_at(offset).store(in_progress, std::memory_order_release);
-  return MpscClaim{offset, in_progress, static_cast<int32_t>(record_length),
-                   std::span<std::byte>(ring_.buffer_ + offset + MpscRing::kRecordHeaderBytes,
-                                        payload_bytes)};
+  return MpscClaim{
+      offset, in_progress, static_cast<int32_t>(record_length),
+      std::span<std::byte>(ring_.buffer_ + offset + MpscRing::kRecordHeaderBytes, payload_bytes)};
 }
 
 Result<MpscClaim> MpscProducer::claim(size_t payload_bytes, Deadline deadline) {
@@ -329,7 +329,8 @@ Result<MpscClaim> MpscProducer::claim(size_t payload_bytes, Deadline deadline) {
       // The consumer repairs impossible indices at its next read: look again soon.
       Deadline soon = Deadline::after(std::chrono::milliseconds(1));
       if (deadline.ns() < soon.ns()) soon = deadline;
-      wait_until(h->not_full, [] { return false; }, soon, 0);
+      wait_until(
+          h->not_full, [] { return false; }, soon, 0);
       continue;
     }
     const uint64_t required =
@@ -356,12 +357,12 @@ Status MpscProducer::commit(const MpscClaim& claim, int32_t type) {
   KVRELAY_CHAOS_POINT();
   KVRELAY_FAULT_POINT("mpsc.written");
   uint64_t expected = claim.in_progress;
-  const auto committed =
-      hdr::pack(claim.record_length, static_cast<uint8_t>(type), static_cast<uint8_t>(slot_),
-                static_cast<uint16_t>(generation_));
-  const bool published = ring_.header_at(claim.offset)
-                             .compare_exchange_strong(expected, committed, std::memory_order_release,
-                                                      std::memory_order_relaxed);
+  const auto committed = hdr::pack(claim.record_length, static_cast<uint8_t>(type),
+                                   static_cast<uint8_t>(slot_), static_cast<uint16_t>(generation_));
+  const bool published =
+      ring_.header_at(claim.offset)
+          .compare_exchange_strong(expected, committed, std::memory_order_release,
+                                   std::memory_order_relaxed);
   slot_ref().intent_bytes.store(0, std::memory_order_release);
   notify_waiters(ring_.h_->not_empty);
   if (!published)
@@ -452,7 +453,8 @@ uint64_t MpscRing::consumer_head() {
     return head_;
   }
   if (shared != head_) {
-    note_corruption(fmt::format("head was overwritten with {} (it was {}); restored", shared, head_));
+    note_corruption(
+        fmt::format("head was overwritten with {} (it was {}); restored", shared, head_));
     h_->head.store(head_, std::memory_order_release);
   }
   return head_;
@@ -471,8 +473,8 @@ bool MpscRing::repair_tail(uint64_t head) {
     const uint64_t index = pos & mask_;
     const int32_t length = hdr::length(header_at(index).load(std::memory_order_acquire));
     if (length == 0) break;
-    const uint64_t n = align_up(static_cast<uint64_t>(length < 0 ? -int64_t{length} : length),
-                                kAlignment);
+    const uint64_t n =
+        align_up(static_cast<uint64_t>(length < 0 ? -int64_t{length} : length), kAlignment);
     if (n < kRecordHeaderBytes || n > capacity_ - index) break;
     pos += n;
   }
@@ -483,8 +485,8 @@ bool MpscRing::repair_tail(uint64_t head) {
     if (at - head <= capacity_ && bytes <= capacity_ - (at - head)) pos = std::max(pos, at + bytes);
   }
   if (!h_->tail.compare_exchange_strong(seen, pos, std::memory_order_acq_rel)) return false;
-  note_corruption(fmt::format("tail was overwritten with {}; rebuilt as {} from the records", seen,
-                              pos));
+  note_corruption(
+      fmt::format("tail was overwritten with {}; rebuilt as {} from the records", seen, pos));
   notify_waiters(h_->not_full);
   return true;
 }
@@ -516,10 +518,11 @@ size_t MpscRing::read(const Handler& handler, size_t max_records) {
       if (h_->state.exchange(static_cast<uint32_t>(MpscRingState::kCorrupt),
                              std::memory_order_acq_rel) !=
           static_cast<uint32_t>(MpscRingState::kCorrupt))
-        note_corruption(fmt::format("the record at position {} claims {} bytes, impossible with "
-                                    "{} bytes written and {} before the end of the buffer; the "
-                                    "records from there on cannot be delimited",
-                                    head, length, tail - head, capacity_ - index));
+        note_corruption(
+            fmt::format("the record at position {} claims {} bytes, impossible with "
+                        "{} bytes written and {} before the end of the buffer; the "
+                        "records from there on cannot be delimited",
+                        head, length, tail - head, capacity_ - index));
       break;
     }
     const uint8_t type = hdr::type(word);
@@ -624,8 +627,8 @@ void MpscRing::note_stall(uint64_t head, uint64_t tail) {
   if (length < 0) {
     const uint32_t owner = hdr::producer(word);
     if (owner < kMpscProducerSlots) {
-      const uint16_t leased = static_cast<uint16_t>(
-          h_->producers[owner].generation.load(std::memory_order_acquire));
+      const uint16_t leased =
+          static_cast<uint16_t>(h_->producers[owner].generation.load(std::memory_order_acquire));
       if (leased == hdr::session(word)) {
         judge(owner);
       } else {
@@ -730,8 +733,8 @@ std::vector<MpscRing::PeekedRecord> MpscRing::peek(size_t max_records) const {
       break;
     if (hdr::type(word) != hdr::kPaddingType) {
       PeekedRecord r{pos, hdr::type(word), hdr::producer(word), {}};
-      r.payload.resize(std::min<uint64_t>(static_cast<uint64_t>(length) - kRecordHeaderBytes,
-                                          max_payload_));
+      r.payload.resize(
+          std::min<uint64_t>(static_cast<uint64_t>(length) - kRecordHeaderBytes, max_payload_));
       if (!r.payload.empty())
         std::memcpy(r.payload.data(), buffer_ + index + kRecordHeaderBytes, r.payload.size());
       // If the consumer passed this record while we copied, it may be zeroed

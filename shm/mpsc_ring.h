@@ -116,11 +116,11 @@ struct MpscRingHeader {
   alignas(64) std::atomic<uint64_t> full_events;  // claims refused for lack of room
   std::atomic<uint64_t> records_read;             // consumer
   std::atomic<uint64_t> skipped_records;          // consumer: dead producers' claims given up
-  std::atomic<uint64_t> corrupt_records;          // consumer: defective records passed on or dropped
-  std::atomic<uint64_t> corrupt_events;           // consumer: impossible shared state found
-  std::atomic<uint32_t> state;                    // MpscRingState, consumer
-  std::atomic<uint32_t> stalled_slot;             // consumer: producer slot blocking head (+1), 0: none
-  std::atomic<uint64_t> stalled_since_ns;         // consumer: CLOCK_MONOTONIC since when; 0: not
+  std::atomic<uint64_t> corrupt_records;   // consumer: defective records passed on or dropped
+  std::atomic<uint64_t> corrupt_events;    // consumer: impossible shared state found
+  std::atomic<uint32_t> state;             // MpscRingState, consumer
+  std::atomic<uint32_t> stalled_slot;      // consumer: producer slot blocking head (+1), 0: none
+  std::atomic<uint64_t> stalled_since_ns;  // consumer: CLOCK_MONOTONIC since when; 0: not
   uint8_t reserved2[8];
 
   WaitEvent not_empty;  // the consumer parks here
@@ -174,7 +174,7 @@ struct MpscRecord {
 
 // A claimed, not yet committed record. Fill `payload`, then commit or abort.
 struct MpscClaim {
-  uint64_t offset = 0;  // record offset in the record area
+  uint64_t offset = 0;       // record offset in the record area
   uint64_t in_progress = 0;  // the header word the claim left; commit CASes from it
   int32_t record_length = 0;
   std::span<std::byte> payload;

@@ -11,8 +11,7 @@ Result<const ControlSegment*> PeerInstances::get(const std::string& instance) {
     peers_.erase(it);  // its coordinator is gone; a successor has a new segment
   }
   Result<ControlSegment> c = ControlSegment::attach(instance);
-  if (!c)
-    return make_error(c.code(), fmt::format("peer instance: {}", c.error().message));
+  if (!c) return make_error(c.code(), fmt::format("peer instance: {}", c.error().message));
   Peer peer;
   peer.control = std::make_unique<ControlSegment>(std::move(c).value());
   peer.judge = std::make_unique<CachedPeerJudge>(peer.control->locks());

@@ -1,8 +1,8 @@
 #include "shm/process_identity.h"
 
 #include <pthread.h>
-#include <sys/stat.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>

@@ -35,9 +35,9 @@ Status setup_logging(const std::string& process, const std::string& log_dir,
   auto logger = std::make_shared<spdlog::logger>(process, sinks.begin(), sinks.end());
   logger->set_level(lvl);
   // Every line names the instance: several instances often log to one place.
-  logger->set_pattern(instance.empty() ? "%Y-%m-%d %H:%M:%S.%e %n[%P] %^%l%$ %v"
-                                       : fmt::format("%Y-%m-%d %H:%M:%S.%e {} %n[%P] %^%l%$ %v",
-                                                     instance));
+  logger->set_pattern(instance.empty()
+                          ? "%Y-%m-%d %H:%M:%S.%e %n[%P] %^%l%$ %v"
+                          : fmt::format("%Y-%m-%d %H:%M:%S.%e {} %n[%P] %^%l%$ %v", instance));
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
   return {};

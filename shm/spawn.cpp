@@ -1,7 +1,7 @@
 #include "shm/spawn.h"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 

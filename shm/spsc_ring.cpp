@@ -23,9 +23,9 @@ constexpr uint64_t kLeaseOffset = offsetof(SpscRingHeader, producer_lock);
 Status initialize_spsc_region(void* region, size_t region_bytes, uint32_t capacity,
                               uint32_t record_bytes) {
   if (!is_pow2(capacity) || capacity < 2)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("spsc ring capacity {} is not a power of two of at least 2",
-                                  capacity));
+    return make_error(
+        Errc::kInvalidArgument,
+        fmt::format("spsc ring capacity {} is not a power of two of at least 2", capacity));
   if (record_bytes == 0)
     return make_error(Errc::kInvalidArgument, "spsc ring record size must be positive");
   if (region_bytes < spsc_region_bytes(capacity, record_bytes))
@@ -120,8 +120,7 @@ Result<uint64_t> SpscCore::lease_producer() const {
   }
   for (uint64_t i = r; i < end; ++i) {
     uint64_t expected = i;
-    if (sequence(i).compare_exchange_strong(expected, (i + 1) | kFiller,
-                                            std::memory_order_release))
+    if (sequence(i).compare_exchange_strong(expected, (i + 1) | kFiller, std::memory_order_release))
       h->skipped_records.fetch_add(1, std::memory_order_relaxed);
   }
   h->write_index.store(end, std::memory_order_release);
@@ -166,7 +165,8 @@ bool SpscCore::step_over_dead_hole(uint64_t r) {
     return false;
   }
   if (now - hole_since_ns < kHoleCheckNs) return false;
-  if (locks.probe(kLeaseOffset) != LockState::kFree) return false;  // its producer may still publish
+  if (locks.probe(kLeaseOffset) != LockState::kFree)
+    return false;  // its producer may still publish
   uint64_t expected = r;
   if (!sequence(r).compare_exchange_strong(expected, r + capacity, std::memory_order_acq_rel))
     return false;

@@ -235,7 +235,8 @@ class SpscRing {
   // Consumer: whether try_pop has something to do (a record, a filler, or a
   // slot to step over). A claimed but unpublished slot does not count.
   bool readable() const {
-    const uint64_t r = c_.read_known ? c_.next_read : c_.h->read_index.load(std::memory_order_acquire);
+    const uint64_t r =
+        c_.read_known ? c_.next_read : c_.h->read_index.load(std::memory_order_acquire);
     return c_.sequence(r).load(std::memory_order_acquire) != r;
   }
 

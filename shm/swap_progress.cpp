@@ -20,8 +20,8 @@ uint32_t begin(SwapProgressTable& t, uint64_t handle, uint32_t tag, uint32_t fir
       break;
     }
     if (state != SwapProgressState::kLoading &&
-        (pick == nullptr ||
-         slot.handle.load(std::memory_order_relaxed) < pick->handle.load(std::memory_order_relaxed)))
+        (pick == nullptr || slot.handle.load(std::memory_order_relaxed) <
+                                pick->handle.load(std::memory_order_relaxed)))
       pick = &slot;
   }
   if (pick == nullptr) return kNoProgressSlot;
@@ -60,8 +60,7 @@ void publish(SwapProgressTable& t, uint32_t slot, uint32_t generation, uint32_t 
   for (;;) {
     if (static_cast<uint32_t>(cur >> 32) != generation) return;  // the slot moved on
     if (static_cast<uint32_t>(cur) >= layers) return;
-    if (word.compare_exchange_weak(cur, pack(generation, layers), std::memory_order_acq_rel))
-      break;
+    if (word.compare_exchange_weak(cur, pack(generation, layers), std::memory_order_acq_rel)) break;
   }
   notify_waiters(s.changed);
 }

@@ -112,7 +112,8 @@ Result<std::shared_ptr<Destination>> HostDestinationResolver::resolve(
 
 Status HostDestinationResolver::check_connect(schema::ConnectTask::Reader connect) {
   if (connect.getProtocol() == schema::TransferProtocol::IPC) {
-    Result<std::shared_ptr<const HostPool>> pool = peer_pool(connect.getPeerInstance().cStr(), rank_);
+    Result<std::shared_ptr<const HostPool>> pool =
+        peer_pool(connect.getPeerInstance().cStr(), rank_);
     return pool ? Status{} : Status(pool.error());
   }
   const auto ports = connect.getPorts();

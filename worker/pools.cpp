@@ -24,8 +24,7 @@ Result<std::unique_ptr<HostPool>> open_or_create_pool(const ControlSegment& cont
         // Not ours to replace: another user's segment, or a live process's.
         return make_error(pool.code(), fmt::format("{} pool: {}", kind, pool.error().message));
       default:
-        spdlog::warn("rank {}: replacing {} pool /{}: {}", rank, kind, name,
-                     pool.error().message);
+        spdlog::warn("rank {}: replacing {} pool /{}: {}", rank, kind, name, pool.error().message);
         (void)SharedSegment::unlink(name);
     }
     SegmentOptions options;

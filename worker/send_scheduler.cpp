@@ -302,7 +302,7 @@ SendScheduler::Progress* SendScheduler::progress_for(uint32_t slot_id, uint32_t 
 }
 
 SendScheduler::Session& SendScheduler::pending_session(Slot& slot, uint32_t tag, uint32_t offset,
-                                                      uint64_t index) {
+                                                       uint64_t index) {
   if (tag != 0) {
     for (Session& s : slot.pending)
       if (s.tag == tag) return s;

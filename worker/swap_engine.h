@@ -28,8 +28,8 @@
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "shm/instance_status.h"
-#include "shm/swap_progress.h"
 #include "shm/pool_segment.h"
+#include "shm/swap_progress.h"
 #include "shm/wait_event.h"
 
 namespace kvrelay::worker {

@@ -233,7 +233,9 @@ class Worker {
         break;
       case schema::WorkerTask::REGISTER_POOL: register_pool(h, t.getRegisterPool()); break;
       case schema::WorkerTask::SHUTDOWN: shutdown_ = true; break;
-      case schema::WorkerTask::SESSION_ENDED: scheduler_->on_session_ended(t.getSessionEnded()); break;
+      case schema::WorkerTask::SESSION_ENDED:
+        scheduler_->on_session_ended(t.getSessionEnded());
+        break;
     }
     return {};
   }
@@ -386,8 +388,8 @@ Result<ControlSegment> attach_with_retry(const WorkerOptions& o) {
 }  // namespace
 
 int run_worker(const WorkerOptions& o) {
-  if (Status s = setup_logging(fmt::format("worker-rank{}", o.rank), o.log_dir, o.log_level,
-                               o.instance);
+  if (Status s =
+          setup_logging(fmt::format("worker-rank{}", o.rank), o.log_dir, o.log_level, o.instance);
       !s) {
     fmt::print(stderr, "kvrelay-worker: {}\n", s.error().message);
     return 2;
@@ -409,11 +411,11 @@ int run_worker(const WorkerOptions& o) {
   }
   // The rank's owner lock: one worker per rank, proven by the kernel.
   if (!control->lock_rank(o.rank))
-    return give_up(*control, o.rank, kExitRefused,
-                   fmt::format("rank {} of instance '{}' is already served by a live worker (pid "
-                               "{})",
-                               o.rank, o.instance,
-                               read_slot(control->worker_slot(o.rank)).owner.pid));
+    return give_up(
+        *control, o.rank, kExitRefused,
+        fmt::format("rank {} of instance '{}' is already served by a live worker (pid "
+                    "{})",
+                    o.rank, o.instance, read_slot(control->worker_slot(o.rank)).owner.pid));
   Result<SpscProducer<WorkerReport>> reports =
       control->report_ring<WorkerReport>(o.rank)->lease_producer();
   if (!reports)

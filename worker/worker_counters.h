@@ -29,10 +29,19 @@ enum WorkerHistogram : uint32_t {
 };
 
 inline constexpr const char* kWorkerCounterLabels[] = {
-    "tasks",           "signals",           "bad_signals",     "layer_copies",
-    "bytes_copied",    "requests_finished", "requests_failed", "requests_cancelled",
-    "reports_delayed", "stale_signal_sessions", "signal_ring_repairs",
+    "tasks",
+    "signals",
+    "bad_signals",
+    "layer_copies",
+    "bytes_copied",
+    "requests_finished",
+    "requests_failed",
+    "requests_cancelled",
+    "reports_delayed",
+    "stale_signal_sessions",
+    "signal_ring_repairs",
 };
-static_assert(sizeof(kWorkerCounterLabels) / sizeof(kWorkerCounterLabels[0]) == kWorkerCounterCount);
+static_assert(sizeof(kWorkerCounterLabels) / sizeof(kWorkerCounterLabels[0]) ==
+              kWorkerCounterCount);
 
 }  // namespace kvrelay::worker

@@ -90,7 +90,7 @@ typedef struct kvrelay_completion {
   uint64_t bytes_moved;
   uint64_t submitted_ns; /* CLOCK_MONOTONIC */
   uint64_t completed_ns;
-  uint64_t first_copy_ns; /* when the first rank began copying; 0: nothing copied */
+  uint64_t first_copy_ns;  /* when the first rank began copying; 0: nothing copied */
   int32_t blocks_reusable; /* 1: no rank can still write into the destination blocks; 0: wait */
 } kvrelay_completion;
 

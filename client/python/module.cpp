@@ -129,12 +129,13 @@ void define_client(py::module_& m) {
              return c.with_client([](Client& cl) { return cl.coordinator_alive().ok(); });
            })
       .def_property_readonly(
-          "session", [](PyClient& c) { return c.with_client([](Client& cl) { return cl.session(); }); })
-      .def_property_readonly("dropped_completions",
-                             [](PyClient& c) {
-                               return c.with_client(
-                                   [](Client& cl) { return cl.dropped_completions(); });
-                             })
+          "session",
+          [](PyClient& c) { return c.with_client([](Client& cl) { return cl.session(); }); })
+      .def_property_readonly(
+          "dropped_completions",
+          [](PyClient& c) {
+            return c.with_client([](Client& cl) { return cl.dropped_completions(); });
+          })
       .def(
           "own_signals",
           [](PyClient& c, uint32_t rank) {

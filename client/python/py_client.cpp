@@ -68,8 +68,8 @@ std::optional<Completion> PyClient::next_within(double timeout_s) {
 void PyClient::push_batch(uint32_t rank, uint64_t step, const std::vector<BatchSlot>& slots,
                           double timeout_s) {
   const Deadline deadline = to_deadline(timeout_s);
-  check(with_client(
-      [&](Client& client) { return client.push_batch(rank, step, slots, deadline); }));
+  check(
+      with_client([&](Client& client) { return client.push_batch(rank, step, slots, deadline); }));
 }
 
 void PyClient::push_layer_done(uint32_t rank, uint64_t step, uint32_t layer, bool legacy,

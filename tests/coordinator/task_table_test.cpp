@@ -3,9 +3,8 @@
 // do. The multi-process tests drive the same logic through real rings.
 #include "coordinator/task_table.h"
 
-#include <gtest/gtest.h>
-
 #include <capnp/serialize.h>
+#include <gtest/gtest.h>
 
 #include <memory>
 #include <vector>
@@ -70,8 +69,8 @@ class TaskTableTest : public ::testing::Test {
       std::make_unique<TaskTable>(example_limits(), TableOptions{}, sink);
   uint64_t now = 1000 * kSecond;
 
-  void task(const std::string& id, std::vector<uint32_t> src = {1, 2, 3},
-            uint32_t deadline_ms = 0, uint32_t session = 0) {
+  void task(const std::string& id, std::vector<uint32_t> src = {1, 2, 3}, uint32_t deadline_ms = 0,
+            uint32_t session = 0) {
     capnp::MallocMessageBuilder m;
     auto t = m.initRoot<schema::CacheTask>();
     testing::fill_cache_task(t, id, src, src.size() * 64, 0);
@@ -398,7 +397,7 @@ TEST(TaskTableWithdraw, AKilledRanksCompletionWaitsForItsExitToBeConfirmed) {
   confirmed.rank = 0;
   confirmed.kind = static_cast<uint32_t>(ReportKind::kCancelled);
   now += 101'000'000ULL;
-  table.tick(now);             // timeout: withdrawn
+  table.tick(now);                  // timeout: withdrawn
   table.on_report(confirmed, now);  // rank 0 confirms; rank 1 never does
   now += 1'001'000'000ULL;
   table.tick(now);

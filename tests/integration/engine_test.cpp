@@ -190,8 +190,9 @@ TEST_F(Engines, AClientThatDetachesCleanlyLeavesItsRequestsRunning) {
     auto submitter = Client::attach(env_->prefill().name(), Deadline::after(10s));
     ASSERT_TRUE(submitter.ok());
     ASSERT_TRUE(submitter->submit(task_of("handed-off", r, 3), Deadline::after(5s)).ok());
-    ASSERT_TRUE(submitter->submit(dest_of("handed-off", r, env_->decode().name(), env_->tp()),
-                                  Deadline::after(5s))
+    ASSERT_TRUE(submitter
+                    ->submit(dest_of("handed-off", r, env_->decode().name(), env_->tp()),
+                             Deadline::after(5s))
                     .ok());
   }
   env_->prefill_step(1, {{3, 0, 16, Client::request_tag("handed-off")}}, 4);
@@ -253,9 +254,8 @@ TEST_F(Engines, APrefillInstanceIsRefusedAsADestination) {
   other.blocks = 256;
   auto second = Instance::start(other);
   sim::RequestBlocks r{9, {20}, {20}};
-  ASSERT_TRUE(env_->engine()
-                  .submit(dest_of("to-prefill", r, other.instance, 2), Deadline::after(5s))
-                  .ok());
+  ASSERT_TRUE(
+      env_->engine().submit(dest_of("to-prefill", r, other.instance, 2), Deadline::after(5s)).ok());
   const Completion e = env_->wait_for("to-prefill");
   EXPECT_EQ(e.status, CompletionStatus::kError);
   EXPECT_NE(e.message.find("has role prefill; only a decode instance"), std::string::npos)
@@ -333,7 +333,8 @@ TEST(EngineProcesses, EveryClientCallReportsAGoneCoordinatorPromptly) {
   } calls[] = {
       {"poll", [&] { return c.poll().code(); }},
       {"wait", [&] { return c.wait(Deadline::after(5s)).code(); }},
-      {"submit", [&] {
+      {"submit",
+       [&] {
          sim::RequestBlocks r{1, {1}, {1}};
          return c.submit(task_of("after-death", r, 0), Deadline::after(5s)).code();
        }},

@@ -175,18 +175,13 @@ TEST_F(SharedState, OverwrittenIndicesStateAndPidAreRepairedAndRequestsKeepFlowi
     write();
     expect_a_request_flows(std::string("after-") + what, block++);
   };
-  scribble("misaligned-submit-tail", [&] {
-    const_cast<MpscRingHeader&>(submit.header()).tail.fetch_add(3);
-  });
-  scribble("far-submit-tail", [&] {
-    const_cast<MpscRingHeader&>(submit.header()).tail.fetch_add(uint64_t{1} << 40);
-  });
-  scribble("completion-tail", [&] {
-    const_cast<MpscRingHeader&>(completion.header()).tail.fetch_add(1 << 20);
-  });
-  scribble("task0-tail", [&] {
-    const_cast<MpscRingHeader&>(task0.header()).tail.fetch_add(5);
-  });
+  scribble("misaligned-submit-tail",
+           [&] { const_cast<MpscRingHeader&>(submit.header()).tail.fetch_add(3); });
+  scribble("far-submit-tail",
+           [&] { const_cast<MpscRingHeader&>(submit.header()).tail.fetch_add(uint64_t{1} << 40); });
+  scribble("completion-tail",
+           [&] { const_cast<MpscRingHeader&>(completion.header()).tail.fetch_add(1 << 20); });
+  scribble("task0-tail", [&] { const_cast<MpscRingHeader&>(task0.header()).tail.fetch_add(5); });
   scribble("report0-read-index", [&] {
     auto ring = control_->report_ring<records::WorkerReport>(0).value();
     const_cast<SpscRingHeader&>(ring.header()).read_index.fetch_add(1000);
@@ -367,10 +362,10 @@ TEST(SharedStateProcesses, ACoordinatorInAnotherPidNamespaceIsJudgedByItsLockNot
   ASSERT_TRUE(done.ok()) << done.error().message;
   EXPECT_EQ(done->status, CompletionStatus::kFinished) << done->message;
   std::string out;
-  EXPECT_EQ(run_program({Instance::bin("kvrelay-coordinator"), "--instance", instance,
-                         "--tp-size", "1"},
-                        &out),
-            3)
+  EXPECT_EQ(
+      run_program({Instance::bin("kvrelay-coordinator"), "--instance", instance, "--tp-size", "1"},
+                  &out),
+      3)
       << out;
   kill_child(outer);  // --kill-child: the namespace's processes go with it
   const Deadline until = Deadline::after(10s);

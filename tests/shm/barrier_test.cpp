@@ -5,11 +5,10 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <vector>
-
-#include <sys/wait.h>
 
 #include "shm/fault_point.h"
 #include "shm/liveness.h"

@@ -293,7 +293,8 @@ TEST(MpscRingProcesses, ManyProducersEveryRecordExactlyOncePerProducerOrderIntac
         [&](const MpscRecord& r) {
           uint32_t producer = 0, seq = 0;
           if (!payload_intact(r.payload, producer, seq) || producer >= kProducers ||
-              r.type != int32_t(producer + 1) || r.payload.size() != 8 + (seq * 7 + producer) % 57) {
+              r.type != int32_t(producer + 1) ||
+              r.payload.size() != 8 + (seq * 7 + producer) % 57) {
             ++damaged;
             return;
           }
@@ -412,8 +413,10 @@ TEST(MpscRing, ACommitAfterTheRecordWasGivenUpIsAnErrorNotASuccess) {
   ASSERT_TRUE(claim.ok());
   // What a consumer that judged the producer dead does: the header becomes padding.
   uint64_t expected = claim->in_progress;
-  ASSERT_TRUE(t.word_at(claim->offset).compare_exchange_strong(
-      expected, mpsc_header::pack(32, mpsc_header::kPaddingType, mpsc_header::kNoProducer, 0)));
+  ASSERT_TRUE(
+      t.word_at(claim->offset)
+          .compare_exchange_strong(expected, mpsc_header::pack(32, mpsc_header::kPaddingType,
+                                                               mpsc_header::kNoProducer, 0)));
   Status s = producer.commit_for_test(*claim, 5);
   EXPECT_EQ(s.code(), Errc::kAborted);
   EXPECT_EQ(ring.read([](const MpscRecord&) {}), 0u) << "nothing is delivered for it";

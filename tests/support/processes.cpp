@@ -159,4 +159,3 @@ LockSpace SharedFileRegion::locks() {
 }
 
 }  // namespace kvrelay::testing
-

@@ -110,4 +110,3 @@ class SharedFileRegion {
 };
 
 }  // namespace kvrelay::testing
-

@@ -85,12 +85,10 @@ void judge_health(InstanceView& v) {
   for (const RingView& r : v.rings) {
     if (r.state != "ok") v.problems.push_back(fmt::format("ring {}: {}", r.name, r.state));
     if (r.stalled_ms > stall_limit)
-      v.problems.push_back(fmt::format("ring {}: blocked for {:.0f} ms by an uncommitted record{}",
-                                       r.name, r.stalled_ms,
-                                       r.stalled_by >= 0
-                                           ? fmt::format(" of live producer slot {} (stopped?)",
-                                                         r.stalled_by)
-                                           : ""));
+      v.problems.push_back(fmt::format(
+          "ring {}: blocked for {:.0f} ms by an uncommitted record{}", r.name, r.stalled_ms,
+          r.stalled_by >= 0 ? fmt::format(" of live producer slot {} (stopped?)", r.stalled_by)
+                            : ""));
   }
   v.health = v.problems.empty() ? "healthy" : "unhealthy";
 }

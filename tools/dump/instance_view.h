@@ -53,7 +53,7 @@ struct RingView {
   uint64_t parked_waiters = 0;   // processes parked on the ring (consumer or producers)
   // ok; corrupt (records that cannot be delimited); impossible indices
   std::string state = "ok";
-  double stalled_ms = 0;  // mpsc: how long a claim has blocked the consumer (0: not)
+  double stalled_ms = 0;    // mpsc: how long a claim has blocked the consumer (0: not)
   int64_t stalled_by = -1;  // mpsc: the producer slot holding that claim, if alive
 };
 

@@ -111,12 +111,12 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
                      "corrupt", "parked", "state");
   for (const RingView& r : v.rings) {
     const bool b = r.kind == "mpsc";
-    out += fmt::format("  {:<12} {:<5} {:>12} {:>12} {:>14} {:>14} {:>11} {:>8} {:>8} {:>7}  {}\n",
-                       r.name, r.kind, b ? bytes(r.capacity) : std::to_string(r.capacity),
-                       b ? bytes(r.used) : std::to_string(r.used), r.head, r.tail, r.full_events,
-                       r.skipped_records, r.corrupt_records + r.corrupt_events, r.parked_waiters,
-                       r.stalled_ms > 0 ? fmt::format("{} (blocked {:.0f} ms)", r.state, r.stalled_ms)
-                                        : r.state);
+    out += fmt::format(
+        "  {:<12} {:<5} {:>12} {:>12} {:>14} {:>14} {:>11} {:>8} {:>8} {:>7}  {}\n", r.name, r.kind,
+        b ? bytes(r.capacity) : std::to_string(r.capacity),
+        b ? bytes(r.used) : std::to_string(r.used), r.head, r.tail, r.full_events,
+        r.skipped_records, r.corrupt_records + r.corrupt_events, r.parked_waiters,
+        r.stalled_ms > 0 ? fmt::format("{} (blocked {:.0f} ms)", r.state, r.stalled_ms) : r.state);
   }
   out += fmt::format(
       "\nbarrier  generation {}  parties {}  arrived {}  completed {}  poisoned {}  timeouts {}\n",

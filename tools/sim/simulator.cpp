@@ -533,12 +533,12 @@ std::string SimReport::summary() const {
       "exposed transfer  p50 {:.1f} us, p99 {:.1f} us from the last layer computed to "
       "the completion (one layer's copy: p50 {:.1f} us)\n",
       exposed_p50_ns / 1e3, exposed_p99_ns / 1e3, layer_copy_p50_ns / 1e3);
-  s += fmt::format(
-      "verification      {} wrong words, {} blocks written outside their request: {}\n",
-      wrong_words, stray_blocks,
-      wrong_words != 0 || stray_blocks != 0 ? "FAILED"
-      : finished != 0                       ? "every byte of every finished request verified"
-                                            : "nothing finished to verify");
+  s +=
+      fmt::format("verification      {} wrong words, {} blocks written outside their request: {}\n",
+                  wrong_words, stray_blocks,
+                  wrong_words != 0 || stray_blocks != 0 ? "FAILED"
+                  : finished != 0 ? "every byte of every finished request verified"
+                                  : "nothing finished to verify");
   if (aborted) s += "run               ABORTED (see the first problem)\n";
   if (soak)
     s += fmt::format(

@@ -67,8 +67,8 @@ struct SimReport {
   bool timed_out = false;  // the run itself hit its timeout: something hung
   bool aborted = false;    // the run stopped early: an instance is gone, a pool was truncated
   bool ok() const {
-    const bool clean = missing_or_extra == 0 && wrong_words == 0 && stray_blocks == 0 &&
-                       !timed_out && !aborted;
+    const bool clean =
+        missing_or_extra == 0 && wrong_words == 0 && stray_blocks == 0 && !timed_out && !aborted;
     // Under kills, requests in flight on a killed rank fail, naming it.
     if (soak) return clean && failed == failed_naming_a_rank && finished + failed == requests;
     return clean && finished == requests && failed == 0;
