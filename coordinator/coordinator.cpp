@@ -36,17 +36,15 @@ using schema::MessageType;
 // beyond repair (it failed every live request and shut down).
 constexpr int kExitBroken = 4;
 
-// Set by SIGTERM/SIGINT; the handler also rings the doorbell so the loop
-// wakes at once.
+// Set by SIGTERM/SIGINT. The handler touches no shared memory: a segment
+// truncated under us would raise SIGBUS inside it, where the truncation
+// guard may not run (signals can be blocked there). The signal interrupts
+// the loop's futex wait (no SA_RESTART), and the loop never sleeps longer
+// than 50 ms anyway.
 volatile sig_atomic_t g_stop = 0;
-WaitEvent* g_doorbell = nullptr;
 
 void on_stop_signal(int) {
   g_stop = 1;
-  if (g_doorbell != nullptr) {
-    g_doorbell->sequence.fetch_add(1, std::memory_order_release);
-    futex_wake_all(g_doorbell->sequence);  // a system call: async-signal-safe
-  }
 }
 
 RingWriter make_writer(Result<MpscRing> ring, WaitEvent* doorbell, const char* what) {
@@ -160,7 +158,6 @@ class Coordinator : public Sink, public RankHealth::Listener {
 
   int run() {
     register_self(control_.coordinator_slot(), SlotState::kStarting);
-    g_doorbell = &status_.coordinator_doorbell;
     if (Status s = health_.start(); !s) {
       spdlog::error("{}", s.error().message);
       return shut_down(1);
@@ -412,7 +409,6 @@ class Coordinator : public Sink, public RankHealth::Listener {
     if (Status s = control_.unlink(); !s) spdlog::warn("unlink: {}", s.error().message);
     spdlog::info("instance '{}' stopped; removed its control segment and {} pool segments",
                  control_.instance(), pools);
-    g_doorbell = nullptr;
     return code;
   }
 

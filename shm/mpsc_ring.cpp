@@ -289,6 +289,11 @@ Result<MpscClaim> MpscProducer::try_claim(size_t payload_bytes) {
       }
       padding = to_end;
     }
+    // Free space is zero: the consumer zeroes what it read. A header that a
+    // stray write left there would be taken for this claim's record in the
+    // moment between the tail CAS and our in-progress header: clear it first.
+    if (!clear_stray_header(tail & mask, tail) || (padding != 0 && !clear_stray_header(0, tail)))
+      continue;
     // The intent, before the claim: the consumer finds the owner of a claim
     // whose header is not written yet through it (see the top).
     slot.intent_position.store(tail, std::memory_order_relaxed);
@@ -317,6 +322,20 @@ Result<MpscClaim> MpscProducer::try_claim(size_t payload_bytes) {
   return MpscClaim{
       offset, in_progress, static_cast<int32_t>(record_length),
       std::span<std::byte>(ring_.buffer_ + offset + MpscRing::kRecordHeaderBytes, payload_bytes)};
+}
+
+// A non-zero header at `offset`, in free space while the tail still is
+// `tail`, was left by a stray write: CAS it back to zero (a claim that wins
+// the tail meanwhile writes a different word, and keeps it). Returns false
+// when the tail moved, so the caller starts again.
+bool MpscProducer::clear_stray_header(uint64_t offset, uint64_t tail) {
+  std::atomic<uint64_t>& word = ring_.header_at(offset);
+  uint64_t seen = word.load(std::memory_order_acquire);
+  if (seen == 0) return true;
+  if (ring_.h_->tail.load(std::memory_order_acquire) != tail) return false;
+  if (word.compare_exchange_strong(seen, 0, std::memory_order_acq_rel))
+    ring_.h_->corrupt_events.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 Result<MpscClaim> MpscProducer::claim(size_t payload_bytes, Deadline deadline) {

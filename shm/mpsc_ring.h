@@ -117,7 +117,7 @@ struct MpscRingHeader {
   std::atomic<uint64_t> records_read;             // consumer
   std::atomic<uint64_t> skipped_records;          // consumer: dead producers' claims given up
   std::atomic<uint64_t> corrupt_records;   // consumer: defective records passed on or dropped
-  std::atomic<uint64_t> corrupt_events;    // consumer: impossible shared state found
+  std::atomic<uint64_t> corrupt_events;    // impossible shared state found (any side)
   std::atomic<uint32_t> state;             // MpscRingState, consumer
   std::atomic<uint32_t> stalled_slot;      // consumer: producer slot blocking head (+1), 0: none
   std::atomic<uint64_t> stalled_since_ns;  // consumer: CLOCK_MONOTONIC since when; 0: not
@@ -371,6 +371,7 @@ class MpscProducer {
   Result<MpscClaim> try_claim(size_t payload_bytes);
   Result<MpscClaim> claim(size_t payload_bytes, Deadline deadline);
   Status commit(const MpscClaim& claim, int32_t type);
+  bool clear_stray_header(uint64_t offset, uint64_t tail);
   MpscProducerSlot& slot_ref() const { return ring_.h_->producers[slot_]; }
 
   MpscRing ring_;

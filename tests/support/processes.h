@@ -38,6 +38,20 @@ std::string unique_instance(const std::string& suffix);
 uint64_t rss_kib(pid_t pid);
 uint64_t cpu_ticks(pid_t pid);
 
+// How much more resident memory the same work takes in this build: TSan
+// keeps shadow memory (several bytes per application byte) and a quarantine
+// that returns nothing; ASan keeps a quarantine. Memory bounds in tests are
+// multiplied by it.
+constexpr uint64_t sanitizer_memory_factor() {
+#if defined(__SANITIZE_THREAD__)
+  return 4;
+#elif defined(__SANITIZE_ADDRESS__)
+  return 2;
+#else
+  return 1;
+#endif
+}
+
 // A one-byte pipe for "I am ready" handshakes between parent and child.
 class ReadyPipe {
  public:
