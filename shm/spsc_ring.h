@@ -335,16 +335,15 @@ class SpscProducer {
     std::memcpy(c_.record(w), &record, sizeof(T));
     KVRELAY_CHAOS_POINT();
     KVRELAY_FAULT_POINT("spsc.written");
-    uint64_t expected = w;
-    // Fails only if the consumer stepped over this slot, judging us dead: the
-    // record was not delivered, and the caller's retry writes it again.
-    if (!c_.sequence(w).compare_exchange_strong(expected, w + 1, std::memory_order_release,
-                                                std::memory_order_relaxed))
-      return false;
-    uint64_t mirror = c_.h->write_index.load(std::memory_order_relaxed);
-    while (mirror < w + 1 &&
-           !c_.h->write_index.compare_exchange_weak(mirror, w + 1, std::memory_order_relaxed)) {
-    }
+    // A plain store: only this thread writes slot w until the consumer frees
+    // it. The consumer steps over an unpublished slot (and a successor fills
+    // it) only once our lease lock is free, that is, once we are dead.
+    c_.sequence(w).store(w + 1, std::memory_order_release);
+    // The mirror is for inspection only: a load and a store rather than a
+    // read-modify-write on every push. Threads racing here may leave it a
+    // few records behind until the next push.
+    if (c_.h->write_index.load(std::memory_order_relaxed) < w + 1)
+      c_.h->write_index.store(w + 1, std::memory_order_relaxed);
     notify_waiters(c_.h->not_empty);
     return true;
   }
