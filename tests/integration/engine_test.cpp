@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "integration/dump_json.h"
 #include "integration/two_instances.h"
 #include "shm/control_segment.h"
 #include "shm/liveness.h"
@@ -16,12 +17,6 @@ namespace kvrelay::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-nlohmann::json dump_json(const std::string& instance) {
-  std::string out;
-  run_program({Instance::bin("kvrelay-dump"), instance, "--json"}, &out);
-  return nlohmann::json::parse(out, nullptr, false);
-}
 
 uint64_t coordinator_counter(const std::string& instance, const std::string& label) {
   const auto j = dump_json(instance);

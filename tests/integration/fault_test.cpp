@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "integration/dump_json.h"
 #include "integration/two_instances.h"
 #include "schemas/codec.h"
 #include "schemas/message_builders.h"
@@ -34,12 +35,6 @@ bool process_gone_within(uint32_t pid, std::chrono::milliseconds within) {
     std::this_thread::sleep_for(10ms);
   }
   return !pid_exists(pid);
-}
-
-nlohmann::json dump_json(const std::string& instance) {
-  std::string out;
-  run_program({Instance::bin("kvrelay-dump"), instance, "--json"}, &out);
-  return nlohmann::json::parse(out, nullptr, false);
 }
 
 class Faults : public ::testing::Test {

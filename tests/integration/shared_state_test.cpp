@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "integration/dump_json.h"
 #include "integration/two_instances.h"
 #include "schemas/codec.h"
 #include "schemas/message_builders.h"
@@ -27,18 +28,6 @@ namespace {
 
 using namespace std::chrono_literals;
 namespace hdr = mpsc_header;
-
-nlohmann::json dump_json(const std::string& instance) {
-  std::string out;
-  run_program({Instance::bin("kvrelay-dump"), instance, "--json"}, &out);
-  return nlohmann::json::parse(out, nullptr, false);
-}
-
-nlohmann::json ring_json(const nlohmann::json& dump, const std::string& name) {
-  for (const auto& r : dump["rings"])
-    if (r["name"] == name) return r;
-  return {};
-}
 
 uint32_t worker_pid(const std::string& instance, uint32_t rank) {
   auto c = ControlSegment::attach(
