@@ -13,7 +13,9 @@
 //    free) and nobody receives their completions; a Client that is destroyed
 //    (detaches cleanly) leaves its requests running, and their completions
 //    are delivered as usual. A restarted engine may reuse the request ids of
-//    its dead predecessor as soon as its attach returns.
+//    its dead predecessor as soon as its attach returns. The session is held
+//    by a lock on an open file: a child forked (without exec) after attach
+//    shares it, and the session ends only when both have exited.
 //  - One completion reader per instance: completions are consumed by
 //    whichever Client calls poll()/wait(); run exactly one reader (the
 //    engine's scheduler).
