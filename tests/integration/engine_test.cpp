@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "integration/dump_json.h"
 #include "integration/two_instances.h"
@@ -380,6 +381,44 @@ TEST(EngineProcesses, KillingTheSimulatorTakesItsInstancesWithIt) {
         << n << " was left behind";
   }
 }
+
+// Killing either coordinator under a running simulator stops it at once,
+// saying which instance is gone, instead of spinning until its timeout.
+class SimulatorOnADeadInstance : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SimulatorOnADeadInstance, StopsAndSaysWhichInstanceIsGone) {
+  const std::string p = unique_instance("simdead-p");
+  const std::string d = unique_instance("simdead-d");
+  const std::string victim = GetParam() ? p : d;
+  std::string out;
+  int code = -1;
+  std::thread sim([&] {
+    code = run_program(
+        {Instance::bin("kvrelay-sim"), "--start", "--prefill", p, "--decode", d, "--tp", "2",
+         "--layers", "4", "--blocks", "64", "--requests", "100000", "--timeout-s", "600"},
+        &out, 60s);
+  });
+  uint32_t pid = 0;
+  const Deadline up = Deadline::after(30s);
+  while (pid == 0 && !up.passed()) {
+    const auto j = dump_json(victim);
+    if (!j.is_discarded() && j["instance"].value("state", "") == "ready")
+      pid = j["coordinator"].value("pid", 0u);
+    if (pid == 0) usleep(50'000);
+  }
+  ASSERT_NE(pid, 0u) << victim << " never became ready";
+  usleep(300'000);  // requests in flight
+  const uint64_t t0 = mono_now_ns();
+  kill(static_cast<pid_t>(pid), SIGKILL);
+  sim.join();
+  EXPECT_LT(mono_now_ns() - t0, 20'000'000'000u) << "stopped at once, not at --timeout-s";
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("ABORTED"), std::string::npos) << out;
+  EXPECT_NE(out.find("'" + victim + "'"), std::string::npos) << "names the instance:\n" << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Coordinators, SimulatorOnADeadInstance, ::testing::Bool(),
+                         [](const auto& p) { return p.param ? "Prefill" : "Decode"; });
 
 }  // namespace
 }  // namespace kvrelay::testing

@@ -21,31 +21,16 @@ std::string binary_next_to_me(const std::string& program) {
 
 Status ManagedInstance::start(const std::string& name, const std::string& role, const Geometry& g,
                               const std::string& log_dir, const std::string& log_level) {
-  std::vector<std::string> args = {binary_next_to_me("kvrelay-coordinator"),
-                                   "--instance",
-                                   name,
-                                   "--role",
-                                   role,
-                                   "--tp-size",
-                                   std::to_string(g.tp),
-                                   "--num-layers",
-                                   std::to_string(g.layers),
-                                   "--extra-layers",
-                                   std::to_string(g.extra_layers),
-                                   "--num-blocks",
-                                   std::to_string(g.blocks),
-                                   "--num-host-blocks",
-                                   std::to_string(g.host_blocks),
-                                   "--block-size",
-                                   std::to_string(g.block_size),
-                                   "--kv-heads",
-                                   std::to_string(g.kv_heads),
-                                   "--head-dim",
-                                   std::to_string(g.head_dim),
-                                   "--dtype",
-                                   g.dtype,
-                                   "--log-level",
-                                   log_level};
+  std::vector<std::string> args = {
+      binary_next_to_me("kvrelay-coordinator"), "--instance", name, "--role", role, "--tp-size",
+      std::to_string(g.tp), "--num-layers", std::to_string(g.layers), "--extra-layers",
+      std::to_string(g.extra_layers), "--num-blocks", std::to_string(g.blocks), "--num-host-blocks",
+      std::to_string(g.host_blocks), "--block-size", std::to_string(g.block_size), "--kv-heads",
+      std::to_string(g.kv_heads), "--head-dim", std::to_string(g.head_dim), "--dtype", g.dtype,
+      "--log-level", log_level,
+      // The simulator stops them only after its run: whatever is
+      // still in flight then never gets its signals.
+      "--drain-timeout-ms", "1000"};
   if (!log_dir.empty()) {
     // One folder per instance: both instances name their files alike.
     args.push_back("--log-dir");

@@ -116,6 +116,8 @@ class Simulation {
         run_chunk_step(step);
       }
       drain_completions(Deadline::now());
+      // The decode instance is only ever a peer: notice its end here.
+      if (Status d = decode_.coordinator_alive(); !d) stop(d.error().message);
       if (active_.empty() && !more_to_admit()) {
         // Only waiting for completions (and late decode halves).
         send_due_dests(UINT64_MAX);
