@@ -104,6 +104,9 @@ class Coordinator : public Sink, public RankHealth::Listener {
       const std::string message = c.getMessage().cStr();
       stamp.setMessage(message.substr(0, 200) + "... [cut: too long for the completion ring]");
     }
+    // The engine that reads this completion and then runs kvrelay-dump must
+    // find it counted.
+    mirror_counters();
     completions_.write(MessageType::COMPLETION, completion);
   }
 

@@ -732,7 +732,7 @@ void TaskTable::emit(Request& r, uint64_t now_ns) {
     c.setFirstCopyNs(r.first_copy_ns);
     c.setSession(r.session);
     c.setBlocksReusable(r.blocks_reusable);
-    sink_.complete(msg);
+    // Counted first: whoever reads the completion may look at the counters next.
     switch (r.end_status) {
       case CompletionStatus::FINISHED: ++counters_.finished; break;
       case CompletionStatus::ERROR: ++counters_.errors; break;
@@ -740,6 +740,7 @@ void TaskTable::emit(Request& r, uint64_t now_ns) {
       case CompletionStatus::TIMEOUT: ++counters_.timeouts; break;
       case CompletionStatus::REJECTED: ++counters_.rejected; break;
     }
+    sink_.complete(msg);
     if (r.end_status != CompletionStatus::FINISHED)
       spdlog::info("'{}' {}: {}", r.id,
                    r.end_status == CompletionStatus::ERROR ? "failed" : "ended", r.end_message);
@@ -768,12 +769,11 @@ void TaskTable::complete_unknown(const std::string& id, CompletionKind kind,
   c.setCompletedNs(now_ns);
   c.setSession(session);
   c.setBlocksReusable(true);  // nothing was started for it
+  ++(status == CompletionStatus::REJECTED ? counters_.rejected : counters_.errors);
   sink_.complete(msg);
   if (status == CompletionStatus::REJECTED) {
-    ++counters_.rejected;
     spdlog::debug("rejected: {}", message);  // the live request of that id is not affected
   } else {
-    ++counters_.errors;
     spdlog::info("{}", message);
   }
 }
