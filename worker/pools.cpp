@@ -7,8 +7,8 @@
 
 namespace kvrelay::worker {
 
-Result<std::unique_ptr<HostPool>> open_or_create_pool(const ControlSegment& control, uint32_t rank,
-                                                      PoolTier tier) {
+Result<std::unique_ptr<LocalPool>> open_or_create_pool(const ControlSegment& control, uint32_t rank,
+                                                       PoolTier tier) {
   const PoolGeometry geometry = PoolGeometry::from(control.config(), tier);
   const char* kind = tier == PoolTier::kHost ? "host" : "device";
   const std::string name =
@@ -34,7 +34,7 @@ Result<std::unique_ptr<HostPool>> open_or_create_pool(const ControlSegment& cont
     spdlog::info("rank {}: created {} pool /{} ({} MiB)", rank, kind, name, pool->bytes() >> 20);
   }
   publish_pool(control, rank, tier, name, pool->bytes(), true);
-  return std::make_unique<HostPool>(std::move(pool).value());
+  return std::unique_ptr<LocalPool>(std::make_unique<HostSegmentPool>(std::move(pool).value()));
 }
 
 }  // namespace kvrelay::worker

@@ -9,12 +9,13 @@
 
 #include "shm/control_segment.h"
 #include "shm/pool_segment.h"
+#include "worker/local_pool.h"
 
 namespace kvrelay::worker {
 
 // Opens this rank's pool of `tier` if a compatible one exists, else creates
 // it; then publishes it in the instance's pool directory.
-Result<std::unique_ptr<HostPool>> open_or_create_pool(const ControlSegment& control, uint32_t rank,
-                                                      PoolTier tier);
+Result<std::unique_ptr<LocalPool>> open_or_create_pool(const ControlSegment& control, uint32_t rank,
+                                                       PoolTier tier);
 
 }  // namespace kvrelay::worker

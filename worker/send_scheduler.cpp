@@ -13,6 +13,16 @@ namespace kvrelay::worker {
 using records::ReportKind;
 using records::SignalKind;
 
+namespace {
+
+// The cause first: a report's message has a bounded length, and the peer's
+// name (long instance names) must not push the cause out of it.
+std::string transfer_failure(const std::string& cause, uint32_t layer, const Destination& dest) {
+  return fmt::format("{} (layer {}, to {})", cause, layer, dest.peer());
+}
+
+}  // namespace
+
 struct SendScheduler::Request {
   uint64_t handle = 0;
   std::string id;
@@ -28,17 +38,23 @@ struct SendScheduler::Request {
   std::vector<uint32_t> dst;
   uint32_t prefix = 0;  // blocks the decode side already holds
   std::shared_ptr<Destination> destination;
-  std::vector<uint32_t> sent;  // per layer: blocks [0, sent[l]) are there
+  std::vector<uint32_t> sent;  // per layer: blocks [0, sent[l]) are handed to the transport
+  uint64_t serial = 0;         // tells this binding of the handle from an earlier one
+  uint32_t in_flight = 0;      // transfers handed to the transport and not completed
+  // Ended (failed, cancelled) with transfers in flight: reported when they complete.
+  bool ending = false;
+  records::ReportKind end_kind = records::ReportKind::kFailed;
+  std::string end_message;
   uint64_t bytes = 0;
   uint64_t first_copy_ns = 0;  // when its first copy began (dispatch latency, Completion)
 };
 
-SendScheduler::SendScheduler(uint32_t rank, const PoolGeometry& local,
-                             DestinationResolver& resolver, Reporter reporter)
+SendScheduler::SendScheduler(uint32_t rank, const PoolGeometry& local, Transport& transport,
+                             Reporter reporter)
     : rank_(rank),
       local_(local),
       layers_(local.total_layers()),
-      resolver_(resolver),
+      transport_(transport),
       report_(std::move(reporter)),
       slots_(kMaxSlots) {}
 
@@ -49,6 +65,7 @@ void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task,
   if (requests_.count(handle) != 0) return;  // already bound (a repeated dispatch)
   auto r = std::make_unique<Request>();
   r->handle = handle;
+  r->serial = ++request_serial_;
   r->id = task.getRequestId().cStr();
   r->src = messages::to_vector(task.getSrcBlockIds());
   r->need_tokens = task.getNeedPrefillTokens();
@@ -140,13 +157,13 @@ void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest) {
     return;
   }
   Request& r = *it->second;
-  if (r.has_dest) return;
+  if (r.has_dest || r.ending) return;
   const auto ids = dest.getDestBlockIds();
   if (ids.size() > r.src.size()) {
     end(r, ReportKind::kFailed, "more destination blocks than source blocks");
     return;
   }
-  Result<std::shared_ptr<Destination>> target = resolver_.resolve(dest);
+  Result<std::shared_ptr<Destination>> target = transport_.resolve(dest);
   if (!target) {
     end(r, ReportKind::kFailed, target.error().message);
     return;
@@ -158,6 +175,7 @@ void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest) {
   r.has_dest = true;
   spdlog::debug("dest '{}': {} blocks, prefix {}", r.id, r.dst.size(), r.prefix);
   advance(r, mono_now_ns());  // catch up on everything already prefilled
+  poll_transfers();
 }
 
 void SendScheduler::on_cancel(uint64_t handle) {
@@ -168,6 +186,7 @@ void SendScheduler::on_cancel(uint64_t handle) {
     report_(handle, ReportKind::kCancelled, 0, "", 0);
     return;
   }
+  if (it->second->ending) return;  // it reports once its transfers complete
   end(*it->second, ReportKind::kCancelled, "");
 }
 
@@ -211,6 +230,7 @@ void SendScheduler::on_signal(const records::LayerSignal& signal, uint64_t index
         it = requests_.find(touched_[i]);
         if (it != requests_.end()) release_slot_if_done(*it->second);
       }
+      poll_transfers();
       return;
     }
     case SignalKind::kLegacyLayerDone: {
@@ -230,6 +250,7 @@ void SendScheduler::on_signal(const records::LayerSignal& signal, uint64_t index
         auto it = requests_.find(h);
         if (it != requests_.end()) advance(*it->second, now);
       }
+      poll_transfers();
       return;
     }
   }
@@ -353,8 +374,7 @@ uint32_t SendScheduler::computed_blocks(const Request& r, uint32_t layer) const 
 }
 
 void SendScheduler::advance(Request& r, uint64_t signal_ns) {
-  if (!r.has_dest) return;
-  const auto all = static_cast<uint32_t>(r.src.size());
+  if (!r.has_dest || r.ending) return;
   for (uint32_t layer = 0; layer < layers_; ++layer) {
     const uint32_t from = r.sent[layer];
     const uint32_t to = computed_blocks(r, layer);
@@ -367,26 +387,67 @@ void SendScheduler::advance(Request& r, uint64_t signal_ns) {
       end(r, ReportKind::kFailed, runs.error().message);
       return;
     }
-    const uint64_t copy_start = mono_now_ns();
-    if (r.first_copy_ns == 0) r.first_copy_ns = copy_start;
-    Result<uint64_t> moved = r.destination->copy_layer(layer, *runs);
-    if (!moved) {
-      end(r, ReportKind::kFailed, moved.error().message);
+    TransferTicket ticket;
+    ticket.handle = r.handle;
+    ticket.request_serial = r.serial;
+    ticket.layer = layer;
+    ticket.signal_ns = signal_ns;
+    ticket.submit_ns = mono_now_ns();
+    if (r.first_copy_ns == 0) r.first_copy_ns = ticket.submit_ns;
+    if (Status s = r.destination->submit_layer(ticket, layer, *runs); !s) {
+      end(r, ReportKind::kFailed, transfer_failure(s.error().message, layer, *r.destination));
       return;
     }
     r.sent[layer] = to;
-    r.bytes += *moved;
-    counters_.bytes += *moved;
-    ++counters_.layer_copies;
-    if (latency_) {
-      const uint64_t done = mono_now_ns();
-      latency_(layer, done - signal_ns, done - copy_start, *moved);
-    }
+    ++r.in_flight;
+    ++transfers_in_flight_;
   }
-  if (!prefill_complete(r)) return;
+  finish_if_done(r);
+}
+
+void SendScheduler::poll_transfers() {
+  completions_.clear();
+  transport_.poll(completions_);
+  for (const TransferCompletion& c : completions_)
+    on_transfer_done(c);
+}
+
+void SendScheduler::on_transfer_done(const TransferCompletion& c) {
+  auto it = requests_.find(c.ticket.handle);
+  if (it == requests_.end() || it->second->serial != c.ticket.request_serial) return;
+  Request& r = *it->second;
+  --r.in_flight;
+  --transfers_in_flight_;
+  if (!c.status) {
+    if (r.ending) {
+      end(r, r.end_kind, r.end_message);  // the first reason to end stands
+    } else {
+      end(r, ReportKind::kFailed,
+          transfer_failure(c.status.error().message, c.ticket.layer, *r.destination));
+    }
+    return;
+  }
+  r.bytes += c.bytes;
+  counters_.bytes += c.bytes;
+  ++counters_.layer_copies;
+  if (latency_) {
+    const uint64_t done = mono_now_ns();
+    latency_(c.ticket.layer, done - c.ticket.signal_ns, done - c.ticket.submit_ns, c.bytes);
+  }
+  if (r.ending) {
+    end(r, r.end_kind, r.end_message);
+    return;
+  }
+  finish_if_done(r);
+}
+
+// Finished: the prefill is complete and every block of every layer is
+// applied at the destination. May destroy `r`.
+void SendScheduler::finish_if_done(Request& r) {
+  if (r.in_flight != 0 || !prefill_complete(r)) return;
+  const auto all = static_cast<uint32_t>(r.src.size());
   for (uint32_t s : r.sent)
     if (s != all) return;
-  r.destination->fence();
   end(r, ReportKind::kFinished, "");
 }
 
@@ -401,6 +462,18 @@ void SendScheduler::release_slot_if_done(Request& r) {
 }
 
 void SendScheduler::end(Request& r, ReportKind kind, const std::string& message) {
+  unbind(r);
+  if (r.legacy) std::erase(legacy_requests_, r.handle);
+  if (r.in_flight != 0) {
+    // Its transfers may still write the destination blocks: the report waits
+    // for them (on_transfer_done), and the first reason to end is kept.
+    if (!r.ending) {
+      r.ending = true;
+      r.end_kind = kind;
+      r.end_message = message;
+    }
+    return;
+  }
   spdlog::debug("end '{}' (handle {}): kind {} {}", r.id, r.handle, static_cast<uint32_t>(kind),
                 message);
   switch (kind) {
@@ -412,8 +485,6 @@ void SendScheduler::end(Request& r, ReportKind kind, const std::string& message)
       break;
   }
   report_(r.handle, kind, r.bytes, message, r.first_copy_ns);
-  unbind(r);
-  if (r.legacy) std::erase(legacy_requests_, r.handle);
   requests_.erase(r.handle);  // destroys r
 }
 

@@ -8,10 +8,19 @@
 //                 need_prefill_tokens, else prefilled_tokens / block_size
 //   sent(l)     = blocks of layer l already copied (starts at the prefix the
 //                 decode side holds: len(src) - len(dest))
-//   on every signal, and when the decode half arrives (late or not), copy
-//   layer l's blocks [sent(l), computed(l)) and advance sent(l).
-//   The request is finished when the prefill is complete and sent(l) reaches
-//   len(src) for every layer; the rank then fences and reports.
+//   on every signal, and when the decode half arrives (late or not), hand
+//   layer l's blocks [sent(l), computed(l)) to the transport and advance
+//   sent(l).
+//   The request is finished when the prefill is complete, sent(l) reaches
+//   len(src) for every layer, and the transport has reported every one of
+//   its transfers applied at the destination; the rank then reports.
+//
+// Transfers are asynchronous (worker/transport.h): each (request, layer)
+// transfer in flight is counted, and a request never reports while one is in
+// flight. A transfer that fails fails its request only, naming the rank, the
+// layer and the peer; a request that ends early (failure, cancel) with
+// transfers in flight reports when the last of them has completed, so that
+// nothing writes its destination blocks after its report.
 //
 // Signals name a slot and, normally, a request tag (records::request_tag of
 // the request id). Signals for a (slot, tag) that no bound request claims yet
@@ -50,7 +59,7 @@
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "shm/pool_geometry.h"
-#include "worker/destination.h"
+#include "worker/transport.h"
 
 namespace kvrelay::worker {
 
@@ -79,7 +88,7 @@ class SendScheduler {
   using LatencyObserver = std::function<void(uint32_t layer, uint64_t signal_to_done_ns,
                                              uint64_t copy_ns, uint64_t bytes)>;
 
-  SendScheduler(uint32_t rank, const PoolGeometry& local, DestinationResolver& resolver,
+  SendScheduler(uint32_t rank, const PoolGeometry& local, Transport& transport,
                 Reporter reporter);
   ~SendScheduler();
   SendScheduler(const SendScheduler&) = delete;
@@ -95,9 +104,14 @@ class SendScheduler {
   void on_signal(const records::LayerSignal& signal, uint64_t index = 0);
   // Engine session `session` died: forget the pending signals it pushed.
   void on_session_ended(uint32_t session);
+  // Takes the transport's completions: finishes or fails the requests whose
+  // transfers they end. The worker calls it when the transport has some.
+  void poll_transfers();
   void set_latency_observer(LatencyObserver o) { latency_ = std::move(o); }
 
   size_t live_requests() const { return requests_.size(); }
+  // (request, layer) transfers handed to the transport and not completed.
+  size_t transfers_in_flight() const { return transfers_in_flight_; }
   const SchedulerCounters& counters() const { return counters_; }
 
  private:
@@ -128,7 +142,10 @@ class SendScheduler {
   Progress* progress_for(uint32_t slot, uint32_t tag, Request** owner);
   Session& pending_session(Slot& slot, uint32_t tag, uint32_t offset, uint64_t index);
   void adopt_pending(Request& req, Slot& slot, std::optional<uint64_t> watermark);
+  // Submits every layer the request may send now; may end (destroy) `r`.
   void advance(Request& r, uint64_t signal_ns);
+  void on_transfer_done(const TransferCompletion& c);
+  void finish_if_done(Request& r);
   bool prefill_complete(const Request& r) const;
   uint32_t computed_blocks(const Request& r, uint32_t layer) const;
   void end(Request& r, records::ReportKind kind, const std::string& message);
@@ -138,7 +155,7 @@ class SendScheduler {
   uint32_t rank_;
   PoolGeometry local_;
   uint32_t layers_;
-  DestinationResolver& resolver_;
+  Transport& transport_;
   Reporter report_;
   LatencyObserver latency_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
@@ -157,6 +174,9 @@ class SendScheduler {
   std::vector<BatchItem> batch_;
   std::vector<uint64_t> touched_;   // reused per layer record: no allocation on the hot path
   std::vector<uint64_t> moved_on_;  // reused per batch entry
+  std::vector<TransferCompletion> completions_;  // reused per poll
+  uint64_t request_serial_ = 0;
+  size_t transfers_in_flight_ = 0;
   // Legacy mode: newest (step, layer) signalled; valid once legacy_seen_.
   bool legacy_seen_ = false;
   uint64_t legacy_step_ = 0;

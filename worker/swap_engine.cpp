@@ -3,15 +3,20 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "kernels/block_copy.h"
 #include "schemas/codec.h"
 #include "worker/copy_plan.h"
 
 namespace kvrelay::worker {
 
-SwapEngine::SwapEngine(uint32_t rank, const HostPool& device, const HostPool& host,
-                       SwapProgressTable* progress, WaitEvent& doorbell)
-    : rank_(rank), device_(device), host_(host), progress_(progress), doorbell_(doorbell) {
+SwapEngine::SwapEngine(uint32_t rank, const LocalPool& device, const LocalPool& host,
+                       std::unique_ptr<kernels::CopyEngine> engine, SwapProgressTable* progress,
+                       WaitEvent& doorbell)
+    : rank_(rank),
+      device_(device),
+      host_(host),
+      engine_(std::move(engine)),
+      progress_(progress),
+      doorbell_(doorbell) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -105,8 +110,8 @@ void SwapEngine::run() {
 
 std::string SwapEngine::copy_layer(Op& op) {
   const uint32_t layer = op.first_layer + op.next_layer;
-  const HostPool& from = op.load ? host_ : device_;
-  const HostPool& to = op.load ? device_ : host_;
+  const LocalPool& from = op.load ? host_ : device_;
+  const LocalPool& to = op.load ? device_ : host_;
   const auto& from_ids = op.load ? op.host_ids : op.device_ids;
   const auto& to_ids = op.load ? op.device_ids : op.host_ids;
   Result<std::vector<BlockRun>> runs =
@@ -114,18 +119,12 @@ std::string SwapEngine::copy_layer(Op& op) {
                       to.geometry().blocks_in_layer(layer), rank_, layer);
   if (!runs) return runs.error().message;
   if (op.first_copy_ns == 0) op.first_copy_ns = mono_now_ns();
-  const PoolGeometry& g = device_.geometry();
-  for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
-    const auto tensor = static_cast<PoolTensor>(t);
-    const std::byte* src = from.tensor(layer, tensor);
-    std::byte* dst = to.tensor(layer, tensor);
-    if (src == nullptr || dst == nullptr) return fmt::format("layer {} does not exist", layer);
-    to_byte_runs(*runs, g.block_bytes(tensor), scratch_);
-    kernels::copy_runs_host(src, dst, scratch_);
-    op.bytes += kernels::run_bytes(scratch_);
-  }
-  for (const HostPool* pool : {&from, &to})
-    if (Status s = pool->check_intact(); !s) return s.error().message;
+  Result<StartedLayerCopy> copy = start_layer_copy(*engine_, from, to, layer, *runs, scratch_);
+  if (!copy) return copy.error().message;
+  // One layer at a time: its progress is published only once it has landed.
+  engine_->wait(copy->ticket);
+  if (Status s = check_both_intact(from, to); !s) return s.error().message;
+  op.bytes += copy->bytes;
   ++op.next_layer;
   return {};
 }

@@ -24,13 +24,14 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/block_copy.h"
+#include "kernels/copy_engine.h"
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "shm/instance_status.h"
-#include "shm/pool_segment.h"
 #include "shm/swap_progress.h"
 #include "shm/wait_event.h"
+#include "worker/layer_copy.h"
+#include "worker/local_pool.h"
 
 namespace kvrelay::worker {
 
@@ -45,8 +46,10 @@ struct SwapReport {
 class SwapEngine {
  public:
   // `doorbell` is rung whenever a report is ready for take_reports().
-  SwapEngine(uint32_t rank, const HostPool& device, const HostPool& host,
-             SwapProgressTable* progress, WaitEvent& doorbell);
+  // Layers move through `engine`, on the swap thread only.
+  SwapEngine(uint32_t rank, const LocalPool& device, const LocalPool& host,
+             std::unique_ptr<kernels::CopyEngine> engine, SwapProgressTable* progress,
+             WaitEvent& doorbell);
   ~SwapEngine();
   SwapEngine(const SwapEngine&) = delete;
   SwapEngine& operator=(const SwapEngine&) = delete;
@@ -82,8 +85,9 @@ class SwapEngine {
   void report(const Op& op, records::ReportKind kind, const std::string& message);
 
   uint32_t rank_;
-  const HostPool& device_;
-  const HostPool& host_;
+  const LocalPool& device_;
+  const LocalPool& host_;
+  std::unique_ptr<kernels::CopyEngine> engine_;
   SwapProgressTable* progress_;
   WaitEvent& doorbell_;
   mutable std::mutex mu_;
@@ -94,7 +98,7 @@ class SwapEngine {
   std::atomic<uint32_t> reports_ready_{0};
   bool stop_ = false;
   std::thread thread_;
-  std::vector<kernels::CopyRun> scratch_;
+  LayerCopyScratch scratch_;
 };
 
 }  // namespace kvrelay::worker

@@ -17,10 +17,10 @@
 #include "shm/liveness.h"
 #include "shm/pool_segment.h"
 #include "shm/process_logging.h"
-#include "worker/host_destination.h"
 #include "worker/pools.h"
 #include "worker/send_scheduler.h"
 #include "worker/swap_engine.h"
+#include "worker/transports.h"
 #include "worker/worker_counters.h"
 
 namespace kvrelay::worker {
@@ -77,12 +77,12 @@ class Worker {
                      {"layer_copy_bytes", "bytes"},
                      {"layer_copy_rate", "MB/s"}});
     register_self(slot_, SlotState::kStarting);
-    Result<std::unique_ptr<HostPool>> device =
+    Result<std::unique_ptr<LocalPool>> device =
         open_or_create_pool(control_, rank_, PoolTier::kDevice);
     if (!device) return device.error();
     device_pool_ = std::move(device).value();
     if (config_.host_blocks > 0) {
-      Result<std::unique_ptr<HostPool>> host =
+      Result<std::unique_ptr<LocalPool>> host =
           open_or_create_pool(control_, rank_, PoolTier::kHost);
       if (!host) return host.error();
       host_pool_ = std::move(host).value();
@@ -118,10 +118,14 @@ class Worker {
       heartbeat(slot_);
       bool busy = drain_signals();
       busy = drain_tasks() || busy;
+      if (transports_->has_completions()) {
+        scheduler_->poll_transfers();
+        busy = true;
+      }
       drain_swap_reports();
       flush_reports();
       mirror_counters();
-      for (const HostPool* pool : {device_pool_.get(), host_pool_.get()}) {
+      for (const LocalPool* pool : {device_pool_.get(), host_pool_.get()}) {
         if (pool != nullptr && pool->truncated())
           return give_up(control_, rank_, kExitUnusable,
                          fmt::format("its pool /{} was truncated by another process; exiting so "
@@ -153,7 +157,8 @@ class Worker {
             doorbell_,
             [&] {
               return task_ring_.readable() || signal_ring_.readable() ||
-                     (swap_ && swap_->has_reports()) || g_stop != 0;
+                     transports_->has_completions() || (swap_ && swap_->has_reports()) ||
+                     g_stop != 0;
             },
             Deadline::after(50ms));
       }
@@ -218,7 +223,7 @@ class Worker {
         if (!(swap_ && swap_->cancel(h))) scheduler_->on_cancel(h);
         break;
       case schema::WorkerTask::CONNECT: {
-        Status s = resolver_->check_connect(t.getConnect());
+        Status s = transports_->check_connect(t.getConnect());
         report(h, s ? ReportKind::kConnected : ReportKind::kConnectFailed, 0,
                s ? "" : s.error().message);
         break;
@@ -241,9 +246,10 @@ class Worker {
   }
 
   void use_device_pool() {
-    resolver_ = std::make_unique<HostDestinationResolver>(rank_, *device_pool_);
+    scheduler_.reset();  // it refers to the transports
+    transports_ = std::make_unique<Transports>(rank_, *device_pool_);
     scheduler_ = std::make_unique<SendScheduler>(
-        rank_, device_pool_->geometry(), *resolver_,
+        rank_, device_pool_->geometry(), *transports_,
         [this](uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
                uint64_t first_copy_ns) { report(handle, kind, bytes, message, first_copy_ns); });
     scheduler_->set_latency_observer(
@@ -260,6 +266,7 @@ class Worker {
     swap_.reset();
     if (host_pool_)
       swap_ = std::make_unique<SwapEngine>(rank_, *device_pool_, *host_pool_,
+                                           kernels::make_host_copy_engine(),
                                            &control_.swap_progress(), doorbell_);
   }
 
@@ -289,7 +296,7 @@ class Worker {
       return;
     }
     publish_pool(control_, rank_, tier, pool->name(), pool->bytes(), false);
-    auto owned = std::make_unique<HostPool>(std::move(pool).value());
+    auto owned = std::make_unique<HostSegmentPool>(std::move(pool).value());
     swap_.reset();  // it holds the old pools
     if (tier == PoolTier::kDevice) {
       device_pool_ = std::move(owned);
@@ -363,10 +370,10 @@ class Worker {
   WaitEvent& doorbell_;
   WaitEvent& coordinator_doorbell_;
   CachedPeerJudge coordinator_;
-  std::unique_ptr<HostPool> device_pool_;
-  std::unique_ptr<HostPool> host_pool_;
-  std::unique_ptr<HostDestinationResolver> resolver_;
-  std::unique_ptr<SendScheduler> scheduler_;
+  std::unique_ptr<LocalPool> device_pool_;
+  std::unique_ptr<LocalPool> host_pool_;
+  std::unique_ptr<Transports> transports_;     // after the pools: it refers to them
+  std::unique_ptr<SendScheduler> scheduler_;  // after the transports
   std::unique_ptr<SwapEngine> swap_;  // after the pools: it refers to them
   std::deque<WorkerReport> pending_reports_;
   LayerSignal signals_[kSignalBatch] = {};

@@ -5,6 +5,8 @@
 #include <capnp/message.h>
 #include <gtest/gtest.h>
 
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,11 +20,18 @@ using records::LayerSignal;
 using records::ReportKind;
 using records::SignalKind;
 
-// Records every (layer, dst block) written.
+// Records every (layer, dst block) handed over, and completes each transfer
+// through `sink` (at once, or when the test says: see FakeTransport).
 class RecordingDestination : public Destination {
  public:
+  explicit RecordingDestination(std::function<void(TransferCompletion)> sink)
+      : sink_(std::move(sink)) {}
   uint32_t blocks_in_layer(uint32_t) const override { return 1024; }
-  Result<uint64_t> copy_layer(uint32_t layer, std::span<const BlockRun> runs) override {
+  const std::string& peer() const override { return name_; }
+  Status submit_layer(const TransferTicket& ticket, uint32_t layer,
+                      std::span<const BlockRun> runs) override {
+    if (refuse_layer && *refuse_layer == layer)
+      return make_error(Errc::kInvalidArgument, "refused by the test");
     uint64_t n = 0;
     for (const BlockRun& r : runs)
       for (uint32_t i = 0; i < r.count; ++i) {
@@ -30,21 +39,57 @@ class RecordingDestination : public Destination {
         ++n;
       }
     ++copies;
-    return n * 100;
+    sink_(TransferCompletion{ticket, n * 100, {}});
+    return {};
   }
-  void fence() override { ++fences; }
   std::set<std::pair<uint32_t, uint32_t>> written;
   int copies = 0;
-  int fences = 0;
+  std::optional<uint32_t> refuse_layer;
+
+ private:
+  std::function<void(TransferCompletion)> sink_;
+  std::string name_ = "the fake peer";
 };
 
-class Resolver : public DestinationResolver {
+// Completes transfers at once, or, when `deferred`, only when release() says
+// so: the scheduler then sees what an asynchronous transport does.
+class FakeTransport : public Transport {
  public:
   Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader) override {
     return std::shared_ptr<Destination>(dest);
   }
   Status check_connect(schema::ConnectTask::Reader) override { return {}; }
-  std::shared_ptr<RecordingDestination> dest = std::make_shared<RecordingDestination>();
+  void poll(std::vector<TransferCompletion>& out) override {
+    out.insert(out.end(), ready.begin(), ready.end());
+    ready.clear();
+  }
+  bool has_completions() const override { return !ready.empty(); }
+  // Completes the held transfers `which` selects (all by default), with the
+  // status `outcome` gives each.
+  void release(const std::function<bool(const TransferTicket&)>& which = nullptr,
+               const std::function<Status(const TransferTicket&)>& outcome = nullptr) {
+    std::deque<TransferCompletion> keep;
+    for (TransferCompletion& c : held) {
+      if (which && !which(c.ticket)) {
+        keep.push_back(c);
+        continue;
+      }
+      if (outcome) c.status = outcome(c.ticket);
+      ready.push_back(c);
+    }
+    held = std::move(keep);
+  }
+  bool deferred = false;
+  std::deque<TransferCompletion> held;
+  std::vector<TransferCompletion> ready;
+  std::shared_ptr<RecordingDestination> dest =
+      std::make_shared<RecordingDestination>([this](TransferCompletion c) {
+        if (deferred) {
+          held.push_back(std::move(c));
+        } else {
+          ready.push_back(std::move(c));
+        }
+      });
 };
 
 struct Report {
@@ -66,9 +111,9 @@ class SchedulerTest : public ::testing::Test {
     g.head_dim = 8;
     return g;
   }
-  Resolver resolver;
+  FakeTransport transport;
   std::vector<Report> reports;
-  SendScheduler s{0, geometry(), resolver,
+  SendScheduler s{0, geometry(), transport,
                   [this](uint64_t h, ReportKind k, uint64_t, const std::string& m, uint64_t) {
                     reports.push_back({h, k, m});
                   }};
@@ -117,7 +162,7 @@ class SchedulerTest : public ::testing::Test {
     for (uint32_t l = 0; l < kLayers; ++l)
       layer(step, l);
   }
-  bool written(uint32_t l, uint32_t block) { return resolver.dest->written.count({l, block}) != 0; }
+  bool written(uint32_t l, uint32_t block) { return transport.dest->written.count({l, block}) != 0; }
 };
 
 TEST_F(SchedulerTest, EachLayerMovesWhenSignalled) {
@@ -131,7 +176,7 @@ TEST_F(SchedulerTest, EachLayerMovesWhenSignalled) {
   layer(1, 2);
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0].kind, ReportKind::kFinished);
-  EXPECT_EQ(resolver.dest->fences, 1);
+  EXPECT_EQ(s.transfers_in_flight(), 0u);
 }
 
 TEST_F(SchedulerTest, ChunkEndsExcludeThePartialBlockUntilTheLastChunk) {
@@ -153,7 +198,7 @@ TEST_F(SchedulerTest, PrefixHeldByTheDecodeSideIsNeverSent) {
   dest(1, {30});  // decode already holds blocks 0..2
   batch(1, {{0, 0, 64}});
   all_layers(1);
-  EXPECT_EQ(resolver.dest->written.size(), size_t{kLayers});
+  EXPECT_EQ(transport.dest->written.size(), size_t{kLayers});
   for (uint32_t l = 0; l < kLayers; ++l)
     EXPECT_TRUE(written(l, 30));
   EXPECT_EQ(reports.at(0).kind, ReportKind::kFinished);
@@ -165,7 +210,7 @@ TEST_F(SchedulerTest, FullyPrefixCachedRequestSendsNothingAndFinishesAfterPrefil
   EXPECT_TRUE(reports.empty());
   batch(1, {{0, 0, 32}});
   all_layers(1);
-  EXPECT_TRUE(resolver.dest->written.empty());
+  EXPECT_TRUE(transport.dest->written.empty());
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0].kind, ReportKind::kFinished);
 }
@@ -260,7 +305,7 @@ TEST_F(SchedulerTest, ConsecutiveIdsCoalesceIntoOneCopyPerLayer) {
   dest(1, {20, 21, 22, 23});
   batch(1, {{0, 0, 64}});
   all_layers(1);
-  EXPECT_EQ(resolver.dest->copies, static_cast<int>(kLayers));
+  EXPECT_EQ(transport.dest->copies, static_cast<int>(kLayers));
 }
 
 TEST_F(SchedulerTest, OutOfRangeSourceBlockFailsTheRequestWithTheLimit) {
@@ -290,7 +335,7 @@ TEST_F(SchedulerTest, LegacyModeSendsLayersAsTheStepAndLayerPassThem) {
   sig.step = 6;
   sig.layer = 2;
   s.on_signal(sig);
-  EXPECT_TRUE(resolver.dest->written.empty()) << "step 6 is before the request's step";
+  EXPECT_TRUE(transport.dest->written.empty()) << "step 6 is before the request's step";
   sig.step = 7;
   sig.layer = 1;
   s.on_signal(sig);
@@ -329,7 +374,7 @@ TEST_P(LeftoverSignals, AnEndedRequestsUntaggedSignalsAreNeverAdoptedByTheNextOn
   all_layers(7);
   bind(2, {12, 13, 14}, 48, 5, pushed);  // B, submitted after A's signals
   dest(2, {22, 23, 24});
-  EXPECT_TRUE(resolver.dest->written.empty()) << "B has computed nothing yet";
+  EXPECT_TRUE(transport.dest->written.empty()) << "B has computed nothing yet";
   batch(8, {{5, 0, 16, b_tag}});
   all_layers(8);
   EXPECT_TRUE(written(0, 22));
@@ -393,10 +438,110 @@ TEST_F(SchedulerTest, SignalsOfAnEngineSessionThatDiedAreForgotten) {
   EXPECT_EQ(s.counters().stale_sessions, 1u);
   bind(1, {10, 11}, 32, 0);
   dest(1, {20, 21});
-  EXPECT_TRUE(resolver.dest->written.empty()) << "nothing of the dead engine's signals is used";
+  EXPECT_TRUE(transport.dest->written.empty()) << "nothing of the dead engine's signals is used";
   batch(2, {{0, 0, 32, tag}}, records::session_id(4, 1));
   all_layers(2);
   EXPECT_EQ(reports.at(0).kind, ReportKind::kFinished);
+}
+
+// The data plane is asynchronous: a transfer's completion, not its
+// submission, is what lets a request finish.
+TEST_F(SchedulerTest, ARequestFinishesOnlyWhenEveryLayerIsAppliedAtTheDestination) {
+  transport.deferred = true;
+  bind(1, {10, 11, 12}, 48, 0);
+  dest(1, {20, 21, 22});
+  batch(1, {{0, 0, 48}});
+  all_layers(1);
+  EXPECT_TRUE(reports.empty()) << "every layer is submitted, none applied";
+  EXPECT_EQ(s.transfers_in_flight(), 3u);
+  transport.release([](const TransferTicket& t) { return t.layer < 2; });
+  s.poll_transfers();
+  EXPECT_TRUE(reports.empty()) << "layer 2 is still in flight";
+  EXPECT_EQ(s.transfers_in_flight(), 1u);
+  transport.release();
+  s.poll_transfers();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFinished);
+  EXPECT_EQ(s.counters().bytes, 3u * 3u * 100u) << "the bytes of the completions, once each";
+  s.poll_transfers();
+  EXPECT_EQ(reports.size(), 1u);
+}
+
+TEST_F(SchedulerTest, AFailedTransferFailsOnlyItsRequestNamingTheLayerAndThePeer) {
+  transport.deferred = true;
+  bind(1, {10, 11}, 32, 0);
+  bind(2, {12, 13}, 32, 1);
+  dest(1, {20, 21});
+  dest(2, {22, 23});
+  batch(1, {{0, 0, 32}, {1, 0, 32}});
+  all_layers(1);
+  transport.release(nullptr, [](const TransferTicket& t) -> Status {
+    if (t.handle == 1 && t.layer == 1) return make_error(Errc::kSystem, "connection reset");
+    return {};
+  });
+  s.poll_transfers();
+  ASSERT_EQ(reports.size(), 2u);
+  std::map<uint64_t, Report> by_handle;
+  for (const Report& r : reports)
+    by_handle[r.handle] = r;
+  EXPECT_EQ(by_handle[1].kind, ReportKind::kFailed);
+  EXPECT_EQ(by_handle[1].message, "connection reset (layer 1, to the fake peer)");
+  EXPECT_EQ(by_handle[2].kind, ReportKind::kFinished) << "the other request is unaffected";
+  EXPECT_EQ(s.live_requests(), 0u);
+}
+
+// A request must not be reported while a transfer may still write its
+// destination blocks: the decode side would reuse them under the write.
+TEST_F(SchedulerTest, ACancelWithTransfersInFlightIsReportedOnlyWhenTheyHaveCompleted) {
+  transport.deferred = true;
+  bind(1, {10, 11}, 32, 0);
+  dest(1, {20, 21});
+  batch(1, {{0, 0, 32}});
+  layer(1, 0);
+  s.on_cancel(1);
+  EXPECT_TRUE(reports.empty());
+  EXPECT_EQ(s.live_requests(), 1u);
+  s.on_cancel(1);  // a second cancel changes nothing
+  layer(1, 1);     // nor does a later signal: nothing more is submitted
+  EXPECT_EQ(transport.dest->copies, 1);
+  transport.release();
+  s.poll_transfers();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kCancelled);
+  EXPECT_EQ(s.live_requests(), 0u);
+}
+
+TEST_F(SchedulerTest, ARefusedSubmissionFailsTheRequestAndSubmitsNothingAfterIt) {
+  transport.dest->refuse_layer = 1;
+  bind(1, {10, 11}, 32, 0);
+  dest(1, {20, 21});
+  batch(1, {{0, 0, 32}});
+  all_layers(1);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFailed);
+  EXPECT_EQ(reports[0].message, "refused by the test (layer 1, to the fake peer)");
+  EXPECT_FALSE(written(2, 20)) << "nothing is submitted after the refusal";
+}
+
+// A completion of a request that has ended and whose handle was bound again
+// belongs to the old binding: it neither counts for nor ends the new one.
+TEST_F(SchedulerTest, ACompletionOfAnEarlierBindingOfTheHandleIsIgnored) {
+  transport.deferred = true;
+  bind(1, {10}, 16, 0);
+  dest(1, {20});
+  batch(1, {{0, 0, 16}});
+  layer(1, 0);
+  const TransferCompletion old = transport.held.front();
+  transport.release();
+  s.poll_transfers();
+  s.on_cancel(1);
+  ASSERT_EQ(reports.size(), 1u) << "cancelled";
+  bind(1, {11}, 16, 1);
+  dest(1, {21});
+  transport.ready.push_back(old);  // the old binding's completion, again
+  s.poll_transfers();
+  EXPECT_EQ(reports.size(), 1u);
+  EXPECT_EQ(s.live_requests(), 1u);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// Layer copy bandwidth: the worker's own path (plan_block_runs + the host
-// ipc destination's copy_layer, between two shared-memory pools) against
-// memcpy of the same number of bytes, in the same run.
+// Layer copy bandwidth: the worker's own path (plan_block_runs, then the ipc
+// transport: submit a layer, poll its completion, between two shared-memory
+// pools) against memcpy of the same number of bytes, in the same run.
 //
 //   contiguous: block ids 0..n-1 on both sides (one run per tensor)
 //   scattered:  a random permutation on both sides (one memcpy per block)
@@ -18,7 +18,7 @@
 #include "bench_support.h"
 #include "shm/pool_segment.h"
 #include "worker/copy_plan.h"
-#include "worker/host_destination.h"
+#include "worker/ipc_transport.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -49,8 +49,12 @@ double measure(const Case& c, uint64_t layer_bytes, int trials, double* memcpy_g
                src ? dst.error().message : src.error().message);
     std::exit(1);
   }
-  auto peer = std::make_shared<const HostPool>(std::move(dst).value());
-  worker::HostIpcDestination destination(*src, peer);
+  const worker::HostSegmentPool local(std::move(src).value());
+  auto peer = std::make_shared<const worker::HostSegmentPool>(std::move(dst).value());
+  worker::IpcTransport transport(0, local, kernels::make_host_copy_engine());
+  const std::shared_ptr<worker::Destination> destination =
+      transport.destination_for(peer, "the bench's peer pool");
+  std::vector<worker::TransferCompletion> completions;
 
   std::vector<uint32_t> src_ids(g.num_blocks), dst_ids(g.num_blocks);
   std::iota(src_ids.begin(), src_ids.end(), 0);
@@ -62,7 +66,7 @@ double measure(const Case& c, uint64_t layer_bytes, int trials, double* memcpy_g
   }
   // Touch everything once so page faults are not measured.
   for (uint32_t t = 0; t < 2; ++t) {
-    std::memset(src->tensor(0, static_cast<PoolTensor>(t)), 1,
+    std::memset(local.tensor(0, static_cast<PoolTensor>(t)), 1,
                 g.tensor_bytes(0, static_cast<PoolTensor>(t)));
     std::memset(peer->tensor(0, static_cast<PoolTensor>(t)), 0,
                 g.tensor_bytes(0, static_cast<PoolTensor>(t)));
@@ -72,19 +76,22 @@ double measure(const Case& c, uint64_t layer_bytes, int trials, double* memcpy_g
   for (int i = 0; i < trials; ++i) {
     const uint64_t t0 = mono_now_ns();
     auto runs = worker::plan_block_runs(src_ids, dst_ids, g.num_blocks, g.num_blocks, 0, 0);
-    auto moved = destination.copy_layer(0, *runs);
+    if (!destination->submit_layer(worker::TransferTicket{}, 0, *runs)) std::exit(1);
+    completions.clear();
+    while (completions.empty())
+      transport.poll(completions);
     const uint64_t t1 = mono_now_ns();
-    if (!moved || *moved != bytes) std::exit(1);
+    if (!completions[0].status || completions[0].bytes != bytes) std::exit(1);
     ours.push_back(static_cast<double>(bytes) / static_cast<double>(t1 - t0));
     const uint64_t t2 = mono_now_ns();
     for (uint32_t t = 0; t < 2; ++t)
       std::memcpy(peer->tensor(0, static_cast<PoolTensor>(t)),
-                  src->tensor(0, static_cast<PoolTensor>(t)), bytes / 2);
+                  local.tensor(0, static_cast<PoolTensor>(t)), bytes / 2);
     const uint64_t t3 = mono_now_ns();
     base.push_back(static_cast<double>(bytes) / static_cast<double>(t3 - t2));
   }
-  (void)src->unlink();
-  (void)peer->unlink();
+  (void)local.segment().unlink();
+  (void)peer->segment().unlink();
   *memcpy_gbps = median(base);
   return median(ours);
 }

@@ -1,0 +1,33 @@
+#include "kernels/copy_engine.h"
+
+namespace kvrelay::kernels {
+
+const char* memory_kind_name(MemoryKind kind) {
+  return kind == MemoryKind::kHost ? "host" : "cuda";
+}
+
+namespace {
+
+class HostCopyEngine final : public CopyEngine {
+ public:
+  const char* name() const override { return "host memcpy"; }
+  bool reaches(MemoryKind kind) const override { return kind == MemoryKind::kHost; }
+  CopyTicket submit(std::span<const TensorCopy> batch) override {
+    for (const TensorCopy& c : batch)
+      copy_runs_host(c.src, c.dst, c.runs);
+    return ++submitted_;
+  }
+  bool done(CopyTicket) override { return true; }
+  void wait(CopyTicket) override {}
+
+ private:
+  CopyTicket submitted_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<CopyEngine> make_host_copy_engine() {
+  return std::make_unique<HostCopyEngine>();
+}
+
+}  // namespace kvrelay::kernels

@@ -1,0 +1,133 @@
+#include "worker/ipc_transport.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+
+#include "worker/pool_compatibility.h"
+
+namespace kvrelay::worker {
+
+class IpcTransport::PoolDestination final : public Destination {
+ public:
+  PoolDestination(IpcTransport& transport, std::shared_ptr<const LocalPool> peer, std::string name)
+      : transport_(transport), peer_(std::move(peer)), name_(std::move(name)) {}
+  uint32_t blocks_in_layer(uint32_t layer) const override {
+    return peer_->geometry().blocks_in_layer(layer);
+  }
+  const std::string& peer() const override { return name_; }
+  Status submit_layer(const TransferTicket& ticket, uint32_t layer,
+                      std::span<const BlockRun> runs) override {
+    return transport_.submit(ticket, layer, runs, peer_);
+  }
+
+ private:
+  IpcTransport& transport_;
+  std::shared_ptr<const LocalPool> peer_;
+  std::string name_;
+};
+
+IpcTransport::IpcTransport(uint32_t rank, const LocalPool& local,
+                           std::unique_ptr<kernels::CopyEngine> engine)
+    : rank_(rank), local_(local), engine_(std::move(engine)) {}
+
+IpcTransport::~IpcTransport() {
+  // The engine may still read the scratch runs and write the peer pools.
+  for (InFlight& f : in_flight_)
+    engine_->wait(f.copy);
+}
+
+Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
+                            std::span<const BlockRun> runs,
+                            const std::shared_ptr<const LocalPool>& peer) {
+  std::unique_ptr<LayerCopyScratch> scratch;
+  if (spare_scratch_.empty()) {
+    scratch = std::make_unique<LayerCopyScratch>();
+  } else {
+    scratch = std::move(spare_scratch_.back());
+    spare_scratch_.pop_back();
+  }
+  Result<StartedLayerCopy> started = start_layer_copy(*engine_, local_, *peer, layer, runs, *scratch);
+  if (!started) {
+    spare_scratch_.push_back(std::move(scratch));
+    return started.error();
+  }
+  in_flight_.push_back(InFlight{ticket, started->ticket, started->bytes, peer, std::move(scratch)});
+  return {};
+}
+
+void IpcTransport::poll(std::vector<TransferCompletion>& out) {
+  bool fenced = false;
+  while (!in_flight_.empty() && engine_->done(in_flight_.front().copy)) {
+    InFlight& f = in_flight_.front();
+    if (!fenced) {
+      // Order the copies before the report that publishes them.
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      fenced = true;
+    }
+    TransferCompletion c;
+    c.ticket = f.ticket;
+    c.bytes = f.bytes;
+    c.status = check_both_intact(local_, *f.peer);
+    out.push_back(std::move(c));
+    spare_scratch_.push_back(std::move(f.scratch));
+    in_flight_.pop_front();
+  }
+}
+
+Result<std::shared_ptr<const LocalPool>> IpcTransport::peer_pool(const std::string& peer_instance,
+                                                                 uint32_t peer_rank) {
+  Result<const ControlSegment*> control = peers_.get(peer_instance);
+  if (!control) return control.error();
+  const std::string key = fmt::format("{}/{}", peer_instance, peer_rank);
+  auto it = pools_.find(key);
+  // Keep the mapping while the peer's segment is the same (re-mapping a pool
+  // costs a populate of every page); a restarted peer has a new one.
+  if (it != pools_.end() && it->second.control == *control && !it->second.pool->truncated())
+    return it->second.pool;
+  const InstanceConfig& peer = (*control)->config();
+  if (peer.role != static_cast<uint32_t>(Role::kDecode))
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("peer instance '{}' has role {}; only a decode instance accepts "
+                                  "transfers",
+                                  peer_instance, role_name(static_cast<Role>(peer.role))));
+  if (peer_rank >= peer.tp_size)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("decode rank {} does not exist: peer instance '{}' has {} ranks",
+                                  peer_rank, peer_instance, peer.tp_size));
+  Result<std::string> name = find_pool(**control, peer_rank, PoolTier::kDevice);
+  if (!name) return name.error();
+  Result<HostPool> pool = HostPool::open(*name, nullptr);
+  if (!pool) return pool.error();
+  if (Status s = check_compatible(local_.geometry(), pool->geometry()); !s)
+    return make_error(s.code(),
+                      fmt::format("peer instance '{}': {}", peer_instance, s.error().message));
+  auto shared = std::make_shared<const HostSegmentPool>(std::move(pool).value());
+  pools_[key] = Mapped{*control, shared};
+  return std::shared_ptr<const LocalPool>(shared);
+}
+
+std::shared_ptr<Destination> IpcTransport::destination_for(std::shared_ptr<const LocalPool> peer,
+                                                           std::string peer_name) {
+  return std::make_shared<PoolDestination>(*this, std::move(peer), std::move(peer_name));
+}
+
+Result<std::shared_ptr<Destination>> IpcTransport::resolve(schema::CacheDest::Reader dest) {
+  const auto devices = dest.getDeviceIds();
+  if (rank_ >= devices.size())
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("device_ids has no entry for rank {}", rank_));
+  const std::string instance = dest.getPeerInstance().cStr();
+  Result<std::shared_ptr<const LocalPool>> pool = peer_pool(instance, devices[rank_]);
+  if (!pool) return pool.error();
+  return destination_for(*pool, fmt::format("decode instance '{}' rank {} over ipc", instance,
+                                            devices[rank_]));
+}
+
+Status IpcTransport::check_connect(schema::ConnectTask::Reader connect) {
+  Result<std::shared_ptr<const LocalPool>> pool =
+      peer_pool(connect.getPeerInstance().cStr(), rank_);
+  return pool ? Status{} : Status(pool.error());
+}
+
+}  // namespace kvrelay::worker

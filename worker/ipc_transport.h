@@ -1,0 +1,68 @@
+// The `ipc` transport: the decode instance runs on this host, so the pool of
+// the decode rank this rank sends to (the CacheDest's device_ids[rank]) is
+// mapped into this worker, found through the decode instance's control
+// segment and pool directory, and each layer moves through this transport's
+// copy engine from the local pool into it. A transfer is complete when the
+// engine says its copies landed; the completion follows a release fence, so
+// a reader that learns of it (through the report, the coordinator and the
+// completion ring) sees the bytes.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "shm/control_segment.h"
+#include "shm/peer_instances.h"
+#include "worker/layer_copy.h"
+#include "worker/local_pool.h"
+#include "worker/transport.h"
+
+namespace kvrelay::worker {
+
+class IpcTransport final : public Transport {
+ public:
+  IpcTransport(uint32_t rank, const LocalPool& local, std::unique_ptr<kernels::CopyEngine> engine);
+  ~IpcTransport() override;
+
+  Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) override;
+  Status check_connect(schema::ConnectTask::Reader connect) override;
+  void poll(std::vector<TransferCompletion>& out) override;
+  bool has_completions() const override { return !in_flight_.empty(); }
+
+  // Decode rank `peer_rank`'s pool of `peer_instance`, mapped (cached while
+  // the peer's coordinator lives).
+  Result<std::shared_ptr<const LocalPool>> peer_pool(const std::string& peer_instance,
+                                                     uint32_t peer_rank);
+  // A destination for an already mapped pool (benchmarks, tests).
+  std::shared_ptr<Destination> destination_for(std::shared_ptr<const LocalPool> peer,
+                                               std::string peer_name);
+
+ private:
+  class PoolDestination;
+  struct InFlight {
+    TransferTicket ticket;
+    kernels::CopyTicket copy;
+    uint64_t bytes;
+    std::shared_ptr<const LocalPool> peer;
+    std::unique_ptr<LayerCopyScratch> scratch;  // the runs the engine reads until done
+  };
+  Status submit(const TransferTicket& ticket, uint32_t layer, std::span<const BlockRun> runs,
+                const std::shared_ptr<const LocalPool>& peer);
+  struct Mapped {
+    const ControlSegment* control;  // the peer segment it was found through
+    std::shared_ptr<const LocalPool> pool;
+  };
+
+  uint32_t rank_;
+  const LocalPool& local_;
+  std::unique_ptr<kernels::CopyEngine> engine_;
+  PeerInstances peers_;
+  std::unordered_map<std::string, Mapped> pools_;  // by "<instance>/<rank>"
+  std::deque<InFlight> in_flight_;
+  std::vector<std::unique_ptr<LayerCopyScratch>> spare_scratch_;  // no allocation per layer
+};
+
+}  // namespace kvrelay::worker

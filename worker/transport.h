@@ -1,0 +1,66 @@
+// The data plane's seam (DESIGN.md section 6): the send scheduler decides
+// which layer of which blocks moves, and a transport moves them. Submission
+// and completion are apart: submit_layer() starts a layer's transfer and
+// returns at once; the transfer's completion, polled later, says that its
+// bytes are applied at the destination (readable there, not merely handed to
+// a socket), or why they are not. The ipc transport copies between pools of
+// one host; the tcp and rdma transports (their issues) plug in here.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "schemas/kvrelay.capnp.h"
+#include "shm/result.h"
+#include "worker/copy_plan.h"
+
+namespace kvrelay::worker {
+
+// Which layer of which request a transfer carries; its completion hands it
+// back unchanged.
+struct TransferTicket {
+  uint64_t handle = 0;          // the request
+  uint64_t request_serial = 0;  // which binding of that handle (the scheduler's count)
+  uint32_t layer = 0;
+  uint64_t signal_ns = 0;  // when the signal that let this layer go was read
+  uint64_t submit_ns = 0;
+};
+
+struct TransferCompletion {
+  TransferTicket ticket;
+  uint64_t bytes = 0;  // applied at the destination
+  Status status;       // an error names the peer and the cause
+};
+
+// Where one request's blocks go from this rank: resolved once per request.
+class Destination {
+ public:
+  virtual ~Destination() = default;
+  // Blocks the destination pool holds in `layer` (for the range check).
+  virtual uint32_t blocks_in_layer(uint32_t layer) const = 0;
+  // The peer, for messages: "decode instance 'd0' rank 1 over ipc".
+  virtual const std::string& peer() const = 0;
+  // Starts moving every tensor of `layer` (K, V and scales) for `runs` from
+  // the local pool; exactly one completion with `ticket` follows. An error
+  // here means nothing was started and no completion follows.
+  virtual Status submit_layer(const TransferTicket& ticket, uint32_t layer,
+                              std::span<const BlockRun> runs) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) = 0;
+  // For ConnectTask: can this rank reach the peer? ok or why not.
+  virtual Status check_connect(schema::ConnectTask::Reader connect) = 0;
+  // Appends the completions of transfers finished since the last call, each
+  // once, in the order they finished.
+  virtual void poll(std::vector<TransferCompletion>& out) = 0;
+  // Whether poll() has something to return (the worker's wait predicate).
+  virtual bool has_completions() const = 0;
+};
+
+}  // namespace kvrelay::worker
