@@ -7,10 +7,13 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <filesystem>
+#include <boost/asio/ip/address.hpp>
 
 #include "shm/names.h"
 #include "shm/pool_geometry.h"
 #include "shm/pool_segment.h"
+#include "worker/tcp/auth_key.h"
 
 namespace kvrelay::coordinator {
 
@@ -99,6 +102,37 @@ Status apply_speculative(const std::string& json, InstanceConfig& c) {
   return {};
 }
 
+// The tcp transport's flags, checked here so that a mistake stops the
+// coordinator with a message instead of every worker failing to start.
+Status network_options(const InstanceConfig& c, const std::string& listen_address,
+                       const std::string& key_file, uint32_t lanes,
+                       std::vector<std::string>& worker_args) {
+  boost::system::error_code ec;
+  boost::asio::ip::make_address(listen_address, ec);
+  if (ec)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("--listen-address '{}' is not an IP address", listen_address));
+  if (lanes < 1 || lanes > 8)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("--tcp-lanes {} must be in [1, 8]", lanes));
+  const bool listens =
+      c.role != static_cast<uint32_t>(Role::kPrefill) &&
+      std::any_of(std::begin(c.tcp_ports), std::end(c.tcp_ports), [](uint16_t p) { return p != 0; });
+  if (key_file.empty()) {
+    if (listens)
+      return make_error(Errc::kInvalidArgument,
+                        "--tcp-ports needs --auth-key-file: a tcp listener must authenticate "
+                        "its peers (README: Cross-host transfer)");
+    return {};
+  }
+  const std::string absolute = std::filesystem::absolute(key_file).string();
+  Result<worker::tcp::AuthKey> key = worker::tcp::AuthKey::load(absolute);
+  if (!key) return make_error(key.code(), "--auth-key-file: " + key.error().message);
+  worker_args = {"--listen-address", listen_address, "--auth-key-file", absolute, "--tcp-lanes",
+                 std::to_string(lanes)};
+  return {};
+}
+
 }  // namespace
 
 uint64_t pool_bytes_per_rank(const InstanceConfig& c) {
@@ -151,6 +185,16 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   app.add_option("--rdma-ports", rdma_ports,
                  "per-rank RDMA handshake ports, comma-separated (original: --rdma_port)");
   app.add_option("--tcp-ports", tcp_ports, "per-rank TCP transport ports, comma-separated");
+  std::string listen_address = "127.0.0.1", auth_key_file;
+  uint32_t tcp_lanes = 2;
+  app.add_option("--listen-address", listen_address,
+                 "address the decode ranks' tcp listeners bind (with --tcp-ports)")
+      ->capture_default_str();
+  app.add_option("--auth-key-file", auth_key_file,
+                 "pre-shared key for tcp transfers, both roles: a 0600 file of >= 16 random "
+                 "bytes (README: Cross-host transfer)");
+  app.add_option("--tcp-lanes", tcp_lanes, "parallel tcp connections per decode rank, 1-8")
+      ->capture_default_str();
   app.add_option(
       "--speculative-config", speculative,
       "the original's JSON: {\"num_extra_cache_layer\": N, \"num_gpu_block_expand_ratio\": R} "
@@ -233,6 +277,8 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   c.protocols = *p;
   if (Status s = parse_ports(rdma_ports, tp, c.rdma_ports, "--rdma-ports"); !s) return s.error();
   if (Status s = parse_ports(tcp_ports, tp, c.tcp_ports, "--tcp-ports"); !s) return s.error();
+  if (Status s = network_options(c, listen_address, auth_key_file, tcp_lanes, o.worker_args); !s)
+    return s.error();
   if (Status s = apply_speculative(speculative, c); !s) return s.error();
   if (extra_layers_flag != 0) c.extra_layers = extra_layers_flag;
   if (extra_blocks_flag != 0) c.extra_layer_blocks = extra_blocks_flag;

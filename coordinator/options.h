@@ -21,6 +21,9 @@ struct CoordinatorOptions {
   bool group_access = false;  // segments 0660 instead of 0600
   std::chrono::milliseconds startup_timeout{60'000};
   std::chrono::milliseconds drain_timeout{10'000};
+  // Passed to every worker this coordinator starts: the tcp transport's
+  // --listen-address, --auth-key-file (absolute) and --tcp-lanes.
+  std::vector<std::string> worker_args;
 };
 
 // Parses argv. On --help or a bad flag, returns an error whose message is

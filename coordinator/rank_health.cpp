@@ -21,7 +21,7 @@ RankHealth::RankHealth(const ControlSegment& control, const CoordinatorOptions& 
   if (!options_.external_workers)
     supervisor_ = std::make_unique<Supervisor>(
         options_.worker_binary.empty() ? default_worker_binary() : options_.worker_binary,
-        control_.instance(), tp_, options_.log_dir, options_.log_level);
+        control_.instance(), tp_, options_.log_dir, options_.log_level, options_.worker_args);
 }
 
 Status RankHealth::start() {

@@ -29,11 +29,13 @@ std::string default_worker_binary() {
 }
 
 Supervisor::Supervisor(std::string worker_binary, std::string instance, uint32_t tp_size,
-                       std::string log_dir, std::string log_level)
+                       std::string log_dir, std::string log_level,
+                       std::vector<std::string> worker_args)
     : worker_binary_(std::move(worker_binary)),
       instance_(std::move(instance)),
       log_dir_(std::move(log_dir)),
       log_level_(std::move(log_level)),
+      worker_args_(std::move(worker_args)),
       ranks_(tp_size) {}
 
 Supervisor::~Supervisor() {
@@ -47,6 +49,7 @@ Status Supervisor::spawn(uint32_t rank) {
     args.push_back("--log-dir");
     args.push_back(log_dir_);
   }
+  args.insert(args.end(), worker_args_.begin(), worker_args_.end());
   SpawnOptions spawn;
   spawn.die_with_parent = true;
   Result<pid_t> pid = spawn_process(args, spawn);

@@ -37,8 +37,9 @@ struct WorkerExit {
 
 class Supervisor {
  public:
+  // `worker_args` are appended to every worker's command line.
   Supervisor(std::string worker_binary, std::string instance, uint32_t tp_size, std::string log_dir,
-             std::string log_level);
+             std::string log_level, std::vector<std::string> worker_args = {});
   // Consecutive identical failures, each within a short run, after which a
   // worker is given up.
   static constexpr uint32_t kGiveUpAfter = 5;
@@ -77,6 +78,7 @@ class Supervisor {
   std::string instance_;
   std::string log_dir_;
   std::string log_level_;
+  std::vector<std::string> worker_args_;
   std::vector<Rank> ranks_;
   PidfdWatcher watcher_;
   bool stopping_ = false;

@@ -22,6 +22,7 @@ const char* message_type_name(schema::MessageType type) {
     case schema::MessageType::RDMA_MEMORY_REGIONS: return "RdmaMemoryRegions";
     case schema::MessageType::TCP_FRAME_HEADER: return "TcpFrameHeader";
     case schema::MessageType::SESSION_HELLO: return "SessionHello";
+    case schema::MessageType::TCP_ENVELOPE: return "TcpEnvelope";
   }
   return "unknown";
 }

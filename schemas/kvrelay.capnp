@@ -39,6 +39,7 @@ enum MessageType {
   rdmaMemoryRegions @12;
   tcpFrameHeader @13;
   sessionHello @14;
+  tcpEnvelope @15;
 }
 
 enum TransferProtocol {
@@ -379,6 +380,9 @@ struct TransportHello {
   # The connecting side's TP geometry (mismatched TP maps blocks by rank).
   pool @4 :PoolDescriptor;
   # The connecting side's pool geometry: the peer checks block sizes agree.
+  expectedInstance @5 :Text;
+  # The instance the connecting side means to reach (CacheDest.peerInstance);
+  # the peer refuses if it is another one. Empty: any.
 }
 
 struct TransportHelloAck {
@@ -387,6 +391,12 @@ struct TransportHelloAck {
   # Why not, when refused.
   pool @2 :PoolDescriptor;
   # The accepting side's pool geometry.
+  epoch @4 :UInt64;
+  # The accepting worker's incarnation (CLOCK_REALTIME ns at its start): a
+  # new value means the peer restarted and holds a new pool.
+  proof @3 :Data;
+  # tcp: the accepting side's proof that it holds the key too:
+  # HMAC-SHA256(key, "kvrelay-tcp-accept" || client nonce || server nonce).
 }
 
 struct RdmaQpInfo {
@@ -420,5 +430,46 @@ struct TcpFrameHeader {
   # Byte offset in the destination tensor.
   bytes @4 :UInt64;
   last @5 :Bool;
-  # The request's final frame: the receiver acks after writing it.
+  # The transfer's final frame: the receiver acks the transfer after its
+  # payload is in the pool.
+  transfer @6 :UInt64;
+  # The sender's id of the transfer (one layer of one request) the frame
+  # belongs to, echoed in the TcpAck.
+}
+
+struct TcpAuthChallenge {
+  # The accepting side's first message on a tcp connection.
+  nonce @0 :Data;  # 32 random bytes
+}
+
+struct TcpAuthProof {
+  # The connecting side's answer: it holds the pre-shared key.
+  nonce @0 :Data;  # 32 random bytes of its own
+  mac @1 :Data;
+  # HMAC-SHA256(key, "kvrelay-tcp-connect" || server nonce || this nonce).
+}
+
+struct TcpAck {
+  # The receiver's answer to a transfer: every byte of it is in the pool
+  # (ok), or why it was refused (and none of its later frames are written).
+  transfer @0 :UInt64;
+  ok @1 :Bool;
+  reason @2 :Text;
+}
+
+struct TcpEnvelope {
+  # Every message on a tcp transport stream: a little-endian UInt32 length,
+  # then this struct (Cap'n Proto flat array, length bytes); a frame's
+  # payload follows its envelope.
+  #   accepting side: challenge, helloAck, ack, heartbeat
+  #   connecting side: proof, hello, frame, heartbeat
+  union {
+    challenge @0 :TcpAuthChallenge;
+    proof @1 :TcpAuthProof;
+    hello @2 :TransportHello;
+    helloAck @3 :TransportHelloAck;
+    frame @4 :TcpFrameHeader;
+    ack @5 :TcpAck;
+    heartbeat @6 :Void;
+  }
 }

@@ -10,11 +10,13 @@ packages=(
   # libraries (DESIGN.md section 2)
   libboost-dev capnproto libcapnp-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-  libibverbs-dev librdmacm-dev nlohmann-json3-dev
+  libibverbs-dev librdmacm-dev nlohmann-json3-dev libssl-dev
   # Python bindings and their tests
   python3 python3-dev pybind11-dev python3-pytest python3-numpy
   # tools used by tests and benchmarks: setpriv (util-linux), procps, gnuplot for plots
   util-linux procps gnuplot-nox
+  # ip netns and veth pairs: the tcp transport's two-host tests
+  iproute2
 )
 
 missing=()

@@ -20,6 +20,13 @@ int main(int argc, char** argv) {
   int64_t attach_ms = o.attach_timeout.count();
   app.add_option("--attach-timeout-ms", attach_ms, "how long to wait for the coordinator's segment")
       ->capture_default_str();
+  app.add_option("--listen-address", o.network.listen_address,
+                 "address the rank's tcp listener binds (decode role, --tcp-ports)")
+      ->capture_default_str();
+  app.add_option("--auth-key-file", o.network.auth_key_file,
+                 "pre-shared key for tcp transfers: a 0600 file of >= 16 random bytes");
+  app.add_option("--tcp-lanes", o.network.lanes, "parallel tcp connections per decode rank (1-8)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   o.attach_timeout = std::chrono::milliseconds(attach_ms);
   return kvrelay::worker::run_worker(o);

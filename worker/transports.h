@@ -1,28 +1,64 @@
 // The transports of one worker, chosen per request by the CacheDest's
-// protocol (ConnectTask's, for connects). ipc moves data between instances
-// of one host; tcp and rdma are refused with a reason until their transports
-// exist (a tcp ConnectTask still probes the port, as before).
+// protocol (ConnectTask's, for connects): ipc between instances of one host,
+// tcp across hosts (worker/tcp/); rdma is refused with a reason until its
+// transport exists.
+//
+// With a key file (--auth-key-file) the worker runs a network thread: it
+// sends over tcp, and, when its instance gives this rank a tcp port and is
+// not prefill-only, it listens there for senders. A port without a key is
+// refused: a listener that writes into the KV cache must authenticate.
 #pragma once
 
 #include <memory>
+#include <string>
 
+#include "shm/instance_config.h"
+#include "shm/wait_event.h"
 #include "worker/ipc_transport.h"
+#include "worker/tcp/auth_key.h"
+#include "worker/tcp/net_thread.h"
+#include "worker/tcp/tcp_receiver.h"
+#include "worker/tcp/tcp_transport.h"
 #include "worker/transport.h"
 
 namespace kvrelay::worker {
 
+struct NetworkOptions {
+  std::string listen_address = "127.0.0.1";
+  std::string auth_key_file;  // empty: no tcp
+  uint32_t lanes = 2;         // parallel connections per decode rank
+};
+
 class Transports final : public Transport {
  public:
-  Transports(uint32_t rank, const LocalPool& local);
+  // `doorbell`: rung when a network completion is ready.
+  static Result<std::unique_ptr<Transports>> create(const InstanceConfig& config, uint32_t rank,
+                                                    const LocalPool& local,
+                                                    const NetworkOptions& network,
+                                                    WaitEvent* doorbell);
+  ~Transports() override;
 
   Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) override;
   Status check_connect(schema::ConnectTask::Reader connect) override;
-  void poll(std::vector<TransferCompletion>& out) override { ipc_.poll(out); }
-  bool has_completions() const override { return ipc_.has_completions(); }
+  void poll(std::vector<TransferCompletion>& out) override;
+  bool has_completions() const override;
+
+  // The tcp listener, if this rank has one.
+  const tcp::TcpReceiver* receiver() const { return receiver_.get(); }
 
  private:
+  Transports(uint32_t rank, const LocalPool& local);
+
   uint32_t rank_;
   IpcTransport ipc_;
+  std::unique_ptr<tcp::AuthKey> key_;
+  std::unique_ptr<tcp::NetThread> net_;         // before the users of its thread
+  std::unique_ptr<tcp::TcpTransport> tcp_;      // destroyed before the thread
+  std::unique_ptr<tcp::TcpReceiver> receiver_;  // destroyed before the thread
 };
+
+// The tcp timing from the instance's: heartbeats at its interval, a peer
+// silent for most of its peer timeout is gone.
+tcp::Timing tcp_timing(const InstanceConfig& config);
 
 }  // namespace kvrelay::worker

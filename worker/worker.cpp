@@ -53,9 +53,11 @@ int give_up(const ControlSegment& control, uint32_t rank, int code, const std::s
 
 class Worker {
  public:
-  Worker(ControlSegment control, uint32_t rank, SpscProducer<WorkerReport> reports)
+  Worker(ControlSegment control, uint32_t rank, SpscProducer<WorkerReport> reports,
+         NetworkOptions network)
       : control_(std::move(control)),
         rank_(rank),
+        network_(std::move(network)),
         config_(control_.config()),
         slot_(control_.worker_slot(rank)),
         counters_(control_.counters(worker_counters_index(rank))),
@@ -87,7 +89,7 @@ class Worker {
       if (!host) return host.error();
       host_pool_ = std::move(host).value();
     }
-    use_device_pool();
+    if (Status s = use_device_pool(); !s) return s;
     start_swap_engine();
     return {};
   }
@@ -116,6 +118,9 @@ class Worker {
     uint64_t next_check = 0;
     while (g_stop == 0 && !shutdown_) {
       heartbeat(slot_);
+      if (!broken_.empty())
+        return give_up(control_, rank_, kExitError,
+                       fmt::format("cannot serve the registered pool: {}", broken_));
       bool busy = drain_signals();
       busy = drain_tasks() || busy;
       if (transports_->has_completions()) {
@@ -245,9 +250,12 @@ class Worker {
     return {};
   }
 
-  void use_device_pool() {
-    scheduler_.reset();  // it refers to the transports
-    transports_ = std::make_unique<Transports>(rank_, *device_pool_);
+  // Builds the transports and the scheduler over the device pool.
+  Status use_device_pool() {
+    Result<std::unique_ptr<Transports>> transports =
+        Transports::create(config_, rank_, *device_pool_, network_, &doorbell_);
+    if (!transports) return transports.error();
+    transports_ = std::move(transports).value();
     scheduler_ = std::make_unique<SendScheduler>(
         rank_, device_pool_->geometry(), *transports_,
         [this](uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
@@ -260,6 +268,7 @@ class Worker {
           w.record(kLayerCopyBytes, bytes);
           if (copy > 0) w.record(kLayerCopyMBps, bytes * 1000 / copy);
         });
+    return {};
   }
 
   void start_swap_engine() {
@@ -299,8 +308,16 @@ class Worker {
     auto owned = std::make_unique<HostSegmentPool>(std::move(pool).value());
     swap_.reset();  // it holds the old pools
     if (tier == PoolTier::kDevice) {
+      // The scheduler and transports (a tcp listener writes into the pool
+      // from the network thread) go before the pool they refer to.
+      scheduler_.reset();
+      transports_.reset();
       device_pool_ = std::move(owned);
-      use_device_pool();
+      if (Status s = use_device_pool(); !s) {
+        report(handle, ReportKind::kPoolRejected, 0, s.error().message);
+        broken_ = s.error().message;
+        return;
+      }
     } else {
       host_pool_ = std::move(owned);
     }
@@ -361,6 +378,7 @@ class Worker {
 
   ControlSegment control_;
   uint32_t rank_;
+  NetworkOptions network_;
   InstanceConfig config_;
   LivenessSlot& slot_;
   CountersBlock& counters_;
@@ -378,6 +396,7 @@ class Worker {
   std::deque<WorkerReport> pending_reports_;
   LayerSignal signals_[kSignalBatch] = {};
   bool shutdown_ = false;
+  std::string broken_;  // why the worker cannot go on (it exits, and is restarted)
 };
 
 Result<ControlSegment> attach_with_retry(const WorkerOptions& o) {
@@ -428,7 +447,7 @@ int run_worker(const WorkerOptions& o) {
   if (!reports)
     return give_up(*control, o.rank, kExitRefused,
                    fmt::format("its report ring: {}", reports.error().message));
-  Worker worker(std::move(control).value(), o.rank, std::move(reports).value());
+  Worker worker(std::move(control).value(), o.rank, std::move(reports).value(), o.network);
   if (Status s = worker.set_up(); !s) {
     const bool permanent = s.code() == Errc::kPermissionDenied || s.code() == Errc::kBusy;
     return give_up(worker.control(), o.rank, permanent ? kExitRefused : kExitError,

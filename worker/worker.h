@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "worker/transports.h"
+
 namespace kvrelay::worker {
 
 struct WorkerOptions {
@@ -18,6 +20,7 @@ struct WorkerOptions {
   std::string log_level = "info";
   // How long to keep trying to attach while the coordinator starts.
   std::chrono::milliseconds attach_timeout{30'000};
+  NetworkOptions network;  // tcp: listen address, key file, lanes
 };
 
 // Runs the worker; returns the process exit code (0 on a clean exit).

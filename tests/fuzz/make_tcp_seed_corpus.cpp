@@ -1,0 +1,76 @@
+// Writes the checked-in seed corpus of tcp_wire_fuzzer: streams a real peer
+// writes (the handshake, frames with payloads, acks, heartbeats).
+// Run: make_tcp_seed_corpus <dir>.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "worker/tcp/wire.h"
+
+using namespace kvrelay;
+using namespace kvrelay::worker::tcp;
+
+namespace {
+
+void write(const std::string& path, const std::vector<std::byte>& bytes) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return;
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_tcp_seed_corpus <dir>\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  Nonce nonce{};
+  Mac mac{};
+  for (size_t i = 0; i < nonce.size(); ++i)
+    nonce[i] = static_cast<uint8_t>(i);
+  std::vector<std::byte> handshake;
+  encode_challenge(nonce, handshake);
+  encode_proof(nonce, mac, handshake);
+  Hello hello;
+  hello.version = kWireVersion;
+  hello.instance = "prefill";
+  hello.expected_instance = "fuzz";
+  hello.pool.num_layers = 4;
+  hello.pool.extra_layers = 1;
+  hello.pool.num_blocks = 64;
+  hello.pool.extra_layer_blocks = 16;
+  hello.pool.kv_heads = 2;
+  hello.pool.block_size = 16;
+  hello.pool.head_dim = 64;
+  hello.pool.has_scales = 1;
+  encode_hello(hello, handshake);
+  HelloAck ack;
+  ack.accepted = true;
+  ack.pool = hello.pool;
+  ack.proof.assign(mac.begin(), mac.end());
+  encode_hello_ack(ack, handshake);
+  write(dir + "/handshake", handshake);
+
+  std::vector<std::byte> frames;
+  const uint64_t block = 2 * 16 * 64 * 2;
+  for (uint32_t t = 0; t < 2; ++t) {
+    FrameHeader f;
+    f.transfer = 1;
+    f.handle = 7;
+    f.layer = 1;
+    f.tensor = t;
+    f.dst_offset = 3 * block;
+    f.bytes = block;
+    f.last = t == 1;
+    encode_frame(f, frames);
+    frames.resize(frames.size() + block, std::byte{0x5a});
+  }
+  encode_heartbeat(frames);
+  encode_ack(1, true, "", frames);
+  encode_ack(2, false, "refused", frames);
+  write(dir + "/frames", frames);
+  return 0;
+}

@@ -1,0 +1,367 @@
+// The tcp transport over loopback, in one process: a receiver on a pool and
+// a sender on another, each on the network thread, as two workers run them.
+// What arrives byte for byte, what is refused (a wrong key, a silent client,
+// a frame out of range, a pool of another shape), and how a peer that goes
+// away fails the transfers it had and is reached again afterwards.
+#include "worker/tcp/tcp_transport.h"
+
+#include <capnp/message.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <cstring>
+#include <thread>
+
+#include "worker/tcp/tcp_receiver.h"
+
+namespace kvrelay::worker::tcp {
+namespace {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+PoolGeometry geometry(uint32_t head_dim = 64) {
+  PoolGeometry g;
+  g.num_layers = 3;
+  g.num_blocks = 32;
+  g.kv_heads = 2;
+  g.block_size = 16;
+  g.head_dim = head_dim;
+  g.dtype = static_cast<uint32_t>(CacheDtype::kBf16);
+  return g;
+}
+
+std::unique_ptr<HostSegmentPool> make_pool(const std::string& tag, const PoolGeometry& g) {
+  const std::string name = fmt::format("kvrelay-tcptest-{}-{}", getpid(), tag);
+  (void)SharedSegment::unlink(name);
+  Result<HostPool> pool = HostPool::create(name, 0, PoolTier::kDevice, g);
+  if (!pool) ADD_FAILURE() << pool.error().message;
+  return std::make_unique<HostSegmentPool>(std::move(pool).value());
+}
+
+// Every byte of (layer, tensor, block) gets a value of its own.
+std::byte pattern(uint32_t layer, uint32_t tensor, uint32_t block, uint64_t i) {
+  return static_cast<std::byte>((layer * 131 + tensor * 31 + block * 7 + i) % 251 + 1);
+}
+
+void fill(const LocalPool& pool) {
+  const PoolGeometry& g = pool.geometry();
+  for (uint32_t l = 0; l < g.total_layers(); ++l)
+    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
+      const auto tensor = static_cast<PoolTensor>(t);
+      const uint64_t bb = g.block_bytes(tensor);
+      for (uint32_t b = 0; b < g.blocks_in_layer(l); ++b)
+        for (uint64_t i = 0; i < bb; ++i)
+          pool.tensor(l, tensor)[b * bb + i] = pattern(l, t, b, i);
+    }
+}
+
+// Bytes of the destination that differ from what src[k] -> dst[k] should have
+// put there; every other block must still be zero.
+uint64_t wrong_bytes(const LocalPool& dst, const std::vector<uint32_t>& src_ids,
+                     const std::vector<uint32_t>& dst_ids) {
+  const PoolGeometry& g = dst.geometry();
+  uint64_t wrong = 0;
+  for (uint32_t l = 0; l < g.total_layers(); ++l)
+    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
+      const auto tensor = static_cast<PoolTensor>(t);
+      const uint64_t bb = g.block_bytes(tensor);
+      for (uint32_t b = 0; b < g.blocks_in_layer(l); ++b) {
+        const auto k = std::find(dst_ids.begin(), dst_ids.end(), b);
+        for (uint64_t i = 0; i < bb; ++i) {
+          const std::byte want =
+              k == dst_ids.end() ? std::byte{0}
+                                 : pattern(l, t, src_ids[static_cast<size_t>(k - dst_ids.begin())], i);
+          if (dst.tensor(l, tensor)[b * bb + i] != want) ++wrong;
+        }
+      }
+    }
+  return wrong;
+}
+
+class TcpTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    src = make_pool("src", geometry());
+    dst = make_pool("dst", geometry());
+    fill(*src);
+  }
+  void TearDown() override {
+    sender.reset();
+    receiver.reset();
+    for (auto* p : {src.get(), dst.get()})
+      if (p != nullptr) (void)p->segment().unlink();
+  }
+
+  Timing timing() {
+    Timing t;
+    t.heartbeat = 20ms;
+    t.peer_timeout = 300ms;
+    return t;
+  }
+  void listen(const LocalPool& pool, uint16_t port = 0) {
+    ReceiverOptions o;
+    o.port = port;
+    o.instance = "d";
+    o.timing = timing();
+    o.handshake_timeout = 500ms;
+    Result<std::unique_ptr<TcpReceiver>> r = TcpReceiver::start(net, pool, key, o);
+    ASSERT_TRUE(r) << r.error().message;
+    receiver = std::move(r).value();
+  }
+  void connect_with(const AuthKey& k) {
+    SenderOptions o;
+    o.instance = "p";
+    o.lanes = 2;
+    o.timing = timing();
+    o.connect_timeout = 1000ms;
+    sender = std::make_unique<TcpTransport>(net, *src, &k, o, nullptr);
+  }
+  std::shared_ptr<Destination> destination(uint16_t port) {
+    capnp::MallocMessageBuilder m;
+    auto d = m.initRoot<schema::CacheDest>();
+    d.setProtocol(schema::TransferProtocol::TCP);
+    d.setPeerAddress("127.0.0.1");
+    d.setPeerInstance("d");
+    d.initTcpPorts(1).set(0, port);
+    Result<std::shared_ptr<Destination>> dest = sender->resolve(d.asReader());
+    EXPECT_TRUE(dest) << dest.error().message;
+    return dest ? *dest : nullptr;
+  }
+  // Sends every layer of src_ids -> dst_ids as request `handle`; returns the
+  // completions (one per layer), or fewer if they do not come within 5 s.
+  std::vector<TransferCompletion> send_all_layers(Destination& dest, uint64_t handle,
+                                                  const std::vector<uint32_t>& src_ids,
+                                                  const std::vector<uint32_t>& dst_ids) {
+    Result<std::vector<BlockRun>> runs = plan_block_runs(src_ids, dst_ids, 32, 32, 0, 0);
+    EXPECT_TRUE(runs);
+    const uint32_t layers = src->geometry().total_layers();
+    for (uint32_t l = 0; l < layers; ++l) {
+      TransferTicket t;
+      t.handle = handle;
+      t.layer = l;
+      EXPECT_TRUE(dest.submit_layer(t, l, *runs));
+    }
+    return wait_for(layers);
+  }
+  std::vector<TransferCompletion> wait_for(size_t n, std::chrono::milliseconds within = 5s) {
+    std::vector<TransferCompletion> got;
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (got.size() < n && std::chrono::steady_clock::now() < until) {
+      sender->poll(got);
+      std::this_thread::sleep_for(1ms);
+    }
+    return got;
+  }
+
+  AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
+  std::unique_ptr<HostSegmentPool> src, dst;
+  NetThread net;
+  std::unique_ptr<TcpReceiver> receiver;
+  std::unique_ptr<TcpTransport> sender;
+};
+
+TEST_F(TcpTransportTest, ScatteredBlocksArriveByteForByteAndNothingElseIsTouched) {
+  listen(*dst);
+  connect_with(key);
+  auto dest = destination(receiver->port());
+  ASSERT_TRUE(dest);
+  const std::vector<uint32_t> src_ids = {3, 4, 5, 9, 1, 20};
+  const std::vector<uint32_t> dst_ids = {10, 11, 12, 2, 30, 31};
+  const auto done = send_all_layers(*dest, 1, src_ids, dst_ids);
+  ASSERT_EQ(done.size(), 3u);
+  for (const TransferCompletion& c : done) {
+    EXPECT_TRUE(c.status) << c.status.error().message;
+    EXPECT_EQ(c.bytes, src_ids.size() * 2 * geometry().block_bytes(PoolTensor::kKey));
+  }
+  EXPECT_EQ(wrong_bytes(*dst, src_ids, dst_ids), 0u);
+  EXPECT_EQ(receiver->stats().accepted.load(), 2u) << "two lanes";
+  EXPECT_EQ(receiver->stats().refused.load(), 0u);
+}
+
+TEST_F(TcpTransportTest, AWrongKeyIsRefusedAndNoPoolByteIsTouched) {
+  listen(*dst);
+  const AuthKey wrong = AuthKey::from_bytes(std::vector<uint8_t>(32, 8));
+  connect_with(wrong);
+  auto dest = destination(receiver->port());
+  ASSERT_TRUE(dest);
+  const auto done = send_all_layers(*dest, 1, {1, 2}, {3, 4});
+  ASSERT_EQ(done.size(), 3u);
+  for (const TransferCompletion& c : done) {
+    ASSERT_FALSE(c.status);
+    EXPECT_NE(c.status.error().message.find("authentication failed"), std::string::npos)
+        << c.status.error().message;
+  }
+  EXPECT_GE(receiver->stats().refused.load(), 1u);
+  EXPECT_EQ(receiver->stats().frames.load(), 0u);
+  EXPECT_EQ(wrong_bytes(*dst, {}, {}), 0u);
+}
+
+TEST_F(TcpTransportTest, APoolOfAnotherShapeIsRefusedNamingTheField) {
+  auto other = make_pool("other", geometry(128));
+  listen(*other);
+  connect_with(key);
+  auto dest = destination(receiver->port());
+  const auto done = send_all_layers(*dest, 1, {1}, {1});
+  ASSERT_EQ(done.size(), 3u);
+  ASSERT_FALSE(done[0].status);
+  EXPECT_NE(done[0].status.error().message.find("pools differ in head_dim: 128 here, 64 at the peer"),
+            std::string::npos)
+      << done[0].status.error().message;
+  receiver.reset();
+  (void)other->segment().unlink();
+}
+
+TEST_F(TcpTransportTest, APeerThatGoesAwayIsReachedAgainForTheNextRequests) {
+  listen(*dst);
+  const uint16_t port = receiver->port();
+  connect_with(key);
+  auto dest = destination(port);
+  ASSERT_TRUE(send_all_layers(*dest, 1, {1}, {1}).at(0).status);
+  receiver.reset();  // the decode worker is gone
+  auto failed = send_all_layers(*dest, 2, {2}, {2});
+  ASSERT_EQ(failed.size(), 3u);
+  for (const TransferCompletion& c : failed) ASSERT_FALSE(c.status);
+  // Lost on a lane that had not yet seen the close, or refused on a new one.
+  const std::string& why = failed[0].status.error().message;
+  EXPECT_TRUE(why.find("cannot reach it") != std::string::npos ||
+              why.find("connection lost") != std::string::npos)
+      << why;
+  listen(*dst, port);  // it is back
+  bool sent = false;
+  for (int attempt = 0; attempt < 100 && !sent; ++attempt) {
+    auto done = send_all_layers(*dest, 3 + attempt, {5}, {6});
+    sent = done.size() == 3 && done[0].status && done[1].status && done[2].status;
+    if (!sent) std::this_thread::sleep_for(50ms);  // the backoff
+  }
+  EXPECT_TRUE(sent);
+}
+
+// A client that speaks the protocol by hand, to send what a sender never does.
+class RawClient {
+ public:
+  RawClient(uint16_t port) : socket_(io_) {
+    socket_.connect({asio::ip::make_address("127.0.0.1"), port});
+  }
+  // The next message other than a heartbeat.
+  Result<Inbound> read() {
+    Result<Inbound> in = read_any();
+    while (in && in->kind == schema::TcpEnvelope::HEARTBEAT)
+      in = read_any();
+    return in;
+  }
+  Result<Inbound> read_any() {
+    uint8_t p[4];
+    boost::system::error_code ec;
+    asio::read(socket_, asio::buffer(p), ec);
+    if (ec) return make_error(Errc::kSystem, ec.message());
+    Result<uint32_t> len = parse_length(std::span<const uint8_t, 4>(p, 4));
+    if (!len) return len.error();
+    std::vector<uint64_t> body(*len / 8);
+    asio::read(socket_, asio::buffer(body.data(), *len), ec);
+    if (ec) return make_error(Errc::kSystem, ec.message());
+    return decode_envelope(
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(body.data()), *len));
+  }
+  void write(const std::vector<std::byte>& bytes) { asio::write(socket_, asio::buffer(bytes)); }
+  // Answers the challenge with `key` and says hello as instance "raw".
+  Result<Inbound> authenticate(const AuthKey& key) {
+    Result<Inbound> challenge = read();
+    if (!challenge) return challenge;
+    const Nonce mine = random_nonce();
+    std::vector<std::byte> out;
+    encode_proof(mine, key.mac(kConnectLabel, challenge->nonce, mine), out);
+    Hello h;
+    h.version = kWireVersion;
+    h.instance = "raw";
+    h.pool = geometry();
+    encode_hello(h, out);
+    write(out);
+    return read();
+  }
+
+ private:
+  asio::io_context io_;
+  asio::ip::tcp::socket socket_;
+};
+
+TEST_F(TcpTransportTest, AClientThatSaysNothingIsClosedAndTouchesNothing) {
+  listen(*dst);
+  RawClient silent(receiver->port());
+  ASSERT_TRUE(silent.read()) << "the challenge";
+  const auto t0 = std::chrono::steady_clock::now();
+  // Heartbeats, perhaps a refusal, then the end of the stream.
+  Result<Inbound> next = silent.read();
+  while (next)
+    next = silent.read();
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, 3s);
+  // Counted on the network thread just after the socket closed.
+  for (int i = 0; i < 100 && receiver->stats().refused.load() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(receiver->stats().refused.load(), 1u);
+  EXPECT_EQ(receiver->stats().accepted.load(), 0u);
+  EXPECT_EQ(wrong_bytes(*dst, {}, {}), 0u);
+}
+
+TEST_F(TcpTransportTest, AFrameOutOfRangeFailsOnlyItsTransferAndTheConnectionLivesOn) {
+  listen(*dst);
+  RawClient client(receiver->port());
+  Result<Inbound> ack = client.authenticate(key);
+  ASSERT_TRUE(ack && ack->hello_ack.accepted) << (ack ? ack->hello_ack.reason : ack.error().message);
+  const uint64_t block = geometry().block_bytes(PoolTensor::kKey);
+  std::vector<std::byte> out;
+  FrameHeader bad;
+  bad.transfer = 1;
+  bad.layer = 0;
+  bad.dst_offset = 31 * block;
+  bad.bytes = 2 * block;  // blocks 31..32 of 32
+  bad.last = true;
+  encode_frame(bad, out);
+  out.resize(out.size() + bad.bytes, std::byte{0x77});
+  FrameHeader good;
+  good.transfer = 2;
+  good.layer = 1;
+  good.tensor = 1;
+  good.dst_offset = 4 * block;
+  good.bytes = block;
+  good.last = true;
+  encode_frame(good, out);
+  out.resize(out.size() + good.bytes, std::byte{0x66});
+  client.write(out);
+  Result<Inbound> first = client.read();
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->kind, schema::TcpEnvelope::ACK);
+  EXPECT_EQ(first->ack_transfer, 1u);
+  EXPECT_FALSE(first->ack_ok);
+  EXPECT_EQ(first->ack_reason,
+            "frame writes destination blocks 31..32 of layer 0, but the pool has 32 blocks there");
+  Result<Inbound> second = client.read();
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->ack_transfer, 2u);
+  EXPECT_TRUE(second->ack_ok);
+  const std::byte* v = dst->tensor(1, PoolTensor::kValue) + 4 * block;
+  EXPECT_EQ(v[0], std::byte{0x66});
+  EXPECT_EQ(dst->tensor(0, PoolTensor::kKey)[31 * block], std::byte{0}) << "nothing written";
+  EXPECT_EQ(receiver->stats().refused_frames.load(), 1u);
+}
+
+TEST_F(TcpTransportTest, WithoutAKeyTcpIsRefusedSayingWhichFlagIsMissing) {
+  SenderOptions o;
+  sender = std::make_unique<TcpTransport>(net, *src, nullptr, o, nullptr);
+  capnp::MallocMessageBuilder m;
+  auto d = m.initRoot<schema::CacheDest>();
+  d.setProtocol(schema::TransferProtocol::TCP);
+  d.setPeerAddress("127.0.0.1");
+  d.initTcpPorts(1).set(0, 9);
+  Result<std::shared_ptr<Destination>> dest = sender->resolve(d.asReader());
+  ASSERT_FALSE(dest);
+  EXPECT_NE(dest.error().message.find("--auth-key-file"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvrelay::worker::tcp

@@ -1,0 +1,176 @@
+// The tcp transport's wire format and key: what is accepted, what is refused
+// and how the refusal reads.
+#include "worker/tcp/wire.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "worker/tcp/auth_key.h"
+
+namespace kvrelay::worker::tcp {
+namespace {
+
+PoolGeometry geometry() {
+  PoolGeometry g;
+  g.num_layers = 4;
+  g.num_blocks = 64;
+  g.kv_heads = 2;
+  g.block_size = 16;
+  g.head_dim = 64;
+  g.dtype = static_cast<uint32_t>(CacheDtype::kBf16);
+  return g;
+}
+
+constexpr uint64_t kBlock = 2 * 16 * 64 * 2;  // bytes of one block of K (or V)
+
+// Decodes the first message of `stream`.
+Result<Inbound> first_message(const std::vector<std::byte>& stream) {
+  uint8_t prefix[4];
+  std::memcpy(prefix, stream.data(), 4);
+  Result<uint32_t> len = parse_length(std::span<const uint8_t, 4>(prefix, 4));
+  if (!len) return len.error();
+  std::vector<uint64_t> body(*len / 8);
+  std::memcpy(body.data(), stream.data() + 4, *len);
+  return decode_envelope(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(body.data()), *len));
+}
+
+TEST(TcpWire, AFrameHeaderSurvivesTheRoundTrip) {
+  FrameHeader f;
+  f.transfer = 9;
+  f.handle = 1234567890123ull;
+  f.layer = 3;
+  f.tensor = 1;
+  f.dst_offset = 5 * kBlock;
+  f.bytes = 2 * kBlock;
+  f.last = true;
+  std::vector<std::byte> out;
+  encode_frame(f, out);
+  Result<Inbound> in = first_message(out);
+  ASSERT_TRUE(in) << in.error().message;
+  ASSERT_EQ(in->kind, schema::TcpEnvelope::FRAME);
+  EXPECT_EQ(in->frame.transfer, 9u);
+  EXPECT_EQ(in->frame.handle, 1234567890123ull);
+  EXPECT_EQ(in->frame.layer, 3u);
+  EXPECT_EQ(in->frame.tensor, 1u);
+  EXPECT_EQ(in->frame.dst_offset, 5 * kBlock);
+  EXPECT_EQ(in->frame.bytes, 2 * kBlock);
+  EXPECT_TRUE(in->frame.last);
+}
+
+TEST(TcpWire, ALengthThatIsNoEnvelopeIsRefused) {
+  for (uint32_t len : {0u, 7u, 12u, kMaxEnvelopeBytes + 8}) {
+    const uint8_t p[4] = {static_cast<uint8_t>(len), static_cast<uint8_t>(len >> 8),
+                          static_cast<uint8_t>(len >> 16), static_cast<uint8_t>(len >> 24)};
+    EXPECT_FALSE(parse_length(std::span<const uint8_t, 4>(p, 4))) << len;
+  }
+  const std::string http = "GET / HTTP/1.1\r\n";  // someone else's protocol on the port
+  EXPECT_FALSE(parse_length(std::span<const uint8_t, 4>(
+      reinterpret_cast<const uint8_t*>(http.data()), 4)));
+}
+
+TEST(TcpWire, GarbageEnvelopesAreErrorsNotCrashes) {
+  std::vector<uint64_t> words(4, 0xffffffffffffffffull);
+  EXPECT_FALSE(decode_envelope(std::span<const std::byte>(
+      reinterpret_cast<const std::byte*>(words.data()), words.size() * 8)));
+}
+
+TEST(TcpWire, FramesInsideThePoolInWholeBlocksAreAccepted) {
+  FrameHeader f;
+  f.layer = 3;
+  f.tensor = 1;
+  f.dst_offset = 62 * kBlock;
+  f.bytes = 2 * kBlock;
+  EXPECT_TRUE(check_frame(f, geometry()));
+}
+
+TEST(TcpWire, EveryFrameCheckNamesWhatIsWrong) {
+  const PoolGeometry g = geometry();
+  FrameHeader f;
+  f.bytes = kBlock;
+  f.layer = 4;
+  EXPECT_EQ(check_frame(f, g).error().message, "frame for layer 4, but the pool has 4 layers");
+  f.layer = 0;
+  f.tensor = 2;  // no scales in a bf16 pool
+  EXPECT_EQ(check_frame(f, g).error().message,
+            "frame for tensor 2, but the pool has 2 tensors per layer");
+  f.tensor = 0;
+  f.dst_offset = 100;
+  EXPECT_EQ(check_frame(f, g).error().message,
+            "frame of 4096 bytes at offset 100 is not whole blocks of 4096 bytes");
+  f.dst_offset = 63 * kBlock;
+  f.bytes = 2 * kBlock;
+  EXPECT_EQ(check_frame(f, g).error().message,
+            "frame writes destination blocks 63..64 of layer 0, but the pool has 64 blocks there");
+  f.dst_offset = 0;
+  f.bytes = ~uint64_t{0} - kBlock + 1;  // offset + bytes would wrap
+  EXPECT_FALSE(check_frame(f, g));
+  f.bytes = 0;
+  EXPECT_FALSE(check_frame(f, g));
+}
+
+TEST(TcpWire, AHelloIsRefusedNamingTheFieldThatDiffers) {
+  Hello h;
+  h.version = kWireVersion;
+  h.pool = geometry();
+  EXPECT_TRUE(check_hello(h, "d0", geometry()));
+  h.pool.head_dim = 128;
+  EXPECT_EQ(check_hello(h, "d0", geometry()).error().message,
+            "pools differ in head_dim: 64 here, 128 at the peer");
+  h.pool = geometry();
+  h.expected_instance = "d1";
+  EXPECT_EQ(check_hello(h, "d0", geometry()).error().message, "this is instance 'd0', not 'd1'");
+  h.expected_instance.clear();
+  h.version = kWireVersion + 1;
+  EXPECT_EQ(check_hello(h, "d0", geometry()).code(), Errc::kVersionMismatch);
+}
+
+class KeyFile : public ::testing::Test {
+ protected:
+  std::string path = ::testing::TempDir() + "kvrelay-test-key-" + std::to_string(getpid());
+  void write(const std::string& bytes, mode_t mode) {
+    ::unlink(path.c_str());
+    std::ofstream(path) << bytes;
+    ::chmod(path.c_str(), mode);
+  }
+  void TearDown() override { ::unlink(path.c_str()); }
+};
+
+TEST_F(KeyFile, AnOwnerOnlyFileOfEnoughBytesIsAKey) {
+  write(std::string(32, 'k'), 0600);
+  Result<AuthKey> key = AuthKey::load(path);
+  ASSERT_TRUE(key) << key.error().message;
+  const Nonce a = random_nonce(), b = random_nonce();
+  const Mac mac = key->mac(kConnectLabel, a, b);
+  EXPECT_TRUE(key->verify(kConnectLabel, a, b, mac));
+  EXPECT_FALSE(key->verify(kAcceptLabel, a, b, mac)) << "labels keep the two proofs apart";
+  EXPECT_FALSE(key->verify(kConnectLabel, b, a, mac));
+  const AuthKey other = AuthKey::from_bytes(std::vector<uint8_t>(32, 'x'));
+  EXPECT_FALSE(other.verify(kConnectLabel, a, b, mac));
+}
+
+TEST_F(KeyFile, AKeyOthersCanReadIsRefusedSayingHowToFixIt) {
+  write(std::string(32, 'k'), 0644);
+  Result<AuthKey> key = AuthKey::load(path);
+  ASSERT_FALSE(key);
+  EXPECT_NE(key.error().message.find("chmod 600"), std::string::npos) << key.error().message;
+}
+
+TEST_F(KeyFile, AShortKeyIsRefused) {
+  write("short", 0600);
+  Result<AuthKey> key = AuthKey::load(path);
+  ASSERT_FALSE(key);
+  EXPECT_NE(key.error().message.find("head -c 32 /dev/urandom"), std::string::npos);
+}
+
+TEST_F(KeyFile, AMissingFileIsRefused) {
+  EXPECT_FALSE(AuthKey::load(path + "-missing"));
+}
+
+}  // namespace
+}  // namespace kvrelay::worker::tcp

@@ -1,0 +1,59 @@
+// The pre-shared key that tcp connections authenticate with (challenge and
+// response, both ways), so that a listener writing into an engine's KV cache
+// accepts writes only from a peer that holds the key, and a sender sends KV
+// data only to such a peer.
+//
+// The key is a file of 32 or more random bytes that only its owner may read
+// (mode 0600 or stricter), e.g. `head -c 32 /dev/urandom > kvrelay.key &&
+// chmod 600 kvrelay.key`, copied to every host of the deployment (README:
+// "Cross-host transfer"). The whole content is the key.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shm/result.h"
+
+namespace kvrelay::worker::tcp {
+
+inline constexpr size_t kNonceBytes = 32;
+inline constexpr size_t kMacBytes = 32;  // HMAC-SHA256
+inline constexpr size_t kMinKeyBytes = 16;
+inline constexpr size_t kMaxKeyBytes = 4096;
+
+using Nonce = std::array<uint8_t, kNonceBytes>;
+using Mac = std::array<uint8_t, kMacBytes>;
+
+// What each side proves it can compute: the labels keep a connecting side's
+// proof from being replayed as an accepting side's.
+inline constexpr std::string_view kConnectLabel = "kvrelay-tcp-connect";
+inline constexpr std::string_view kAcceptLabel = "kvrelay-tcp-accept";
+
+class AuthKey {
+ public:
+  // Reads a key file. Refuses (naming the file and what to do) one that is
+  // not a regular file, belongs to another user, can be read by group or
+  // others, or is shorter than kMinKeyBytes.
+  static Result<AuthKey> load(const std::string& path);
+  static AuthKey from_bytes(std::vector<uint8_t> bytes) { return AuthKey(std::move(bytes)); }
+
+  // HMAC-SHA256(key, label || first || second).
+  Mac mac(std::string_view label, std::span<const uint8_t> first,
+          std::span<const uint8_t> second) const;
+  // Whether `proof` is that MAC; compares in constant time.
+  bool verify(std::string_view label, std::span<const uint8_t> first,
+              std::span<const uint8_t> second, std::span<const uint8_t> proof) const;
+
+ private:
+  explicit AuthKey(std::vector<uint8_t> bytes) : key_(std::move(bytes)) {}
+  std::vector<uint8_t> key_;
+};
+
+// Random bytes from the system's CSPRNG.
+Nonce random_nonce();
+
+}  // namespace kvrelay::worker::tcp

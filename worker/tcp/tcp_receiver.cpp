@@ -1,0 +1,258 @@
+#include "worker/tcp/tcp_receiver.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/post.hpp>
+#include <chrono>
+#include <future>
+#include <unordered_set>
+
+namespace kvrelay::worker::tcp {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+// What every connection of the listener shares; lives as long as one of them.
+struct TcpReceiver::Shared {
+  Shared(asio::io_context& io, const LocalPool& p, const AuthKey& k, ReceiverOptions o,
+         std::shared_ptr<ReceiverStats> s)
+      : acceptor(io), pool(p), key(k), options(std::move(o)), stats(std::move(s)) {}
+  tcp::acceptor acceptor;
+  const LocalPool& pool;
+  const AuthKey& key;
+  ReceiverOptions options;
+  std::shared_ptr<ReceiverStats> stats;
+  uint64_t epoch = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  std::vector<std::weak_ptr<Channel>> connections;
+  bool stopped = false;
+};
+
+namespace {
+
+class Connection final : public Channel {
+ public:
+  Connection(tcp::socket socket, std::string peer, std::shared_ptr<TcpReceiver::Shared> shared)
+      : Channel(std::move(socket), shared->options.timing, std::move(peer)),
+        shared_(std::move(shared)),
+        handshake_(socket_.get_executor()) {}
+
+  void start() {
+    nonce_ = random_nonce();
+    Outgoing challenge;
+    encode_challenge(nonce_, challenge.owned);
+    send(std::move(challenge));
+    handshake_.expires_after(shared_->options.handshake_timeout);
+    handshake_.async_wait([self = std::static_pointer_cast<Connection>(shared_from_this())](
+                              const boost::system::error_code& ec) {
+      if (ec || self->state_ == State::kServing) return;
+      if (self->refusing_) return self->close("refused");
+      self->refuse("did not complete the handshake in time");
+    });
+    start_channel();
+  }
+
+ private:
+  enum class State { kAwaitProof, kAwaitHello, kServing };
+
+  // Says why (a refusing helloAck, which proves nothing), then closes once
+  // it is written; the handshake timer closes it anyway if the write stalls.
+  void refuse(const std::string& why) {
+    if (refusing_) return;
+    refusing_ = true;
+    ++shared_->stats->refused;
+    spdlog::warn("rank {}: tcp connection from {} refused: {}", shared_->options.rank,
+                 peer_name(), why);
+    HelloAck no;
+    no.accepted = false;
+    no.reason = why;
+    no.pool = shared_->pool.geometry();
+    Outgoing reply;
+    encode_hello_ack(no, reply.owned);
+    reply.written = [self = std::static_pointer_cast<Connection>(shared_from_this()), why] {
+      self->close(why);
+    };
+    send(std::move(reply));
+  }
+
+  void on_message(Inbound in) override {
+    if (refusing_) return;  // nothing more is read from a refused peer
+    switch (state_) {
+      case State::kAwaitProof:
+        if (in.kind != schema::TcpEnvelope::PROOF) return refuse("it sent no authentication");
+        if (in.nonce.size() != kNonceBytes ||
+            !shared_->key.verify(kConnectLabel, nonce_, in.nonce, in.mac))
+          return refuse("authentication failed (wrong or missing key)");
+        peer_nonce_ = in.nonce;
+        state_ = State::kAwaitHello;
+        return read_next();
+      case State::kAwaitHello: {
+        if (in.kind != schema::TcpEnvelope::HELLO) return refuse("it sent no hello");
+        HelloAck ack;
+        ack.pool = shared_->pool.geometry();
+        ack.epoch = shared_->epoch;
+        const Mac proof = shared_->key.mac(kAcceptLabel, peer_nonce_, nonce_);
+        ack.proof.assign(proof.begin(), proof.end());
+        Status ok = check_hello(in.hello, shared_->options.instance, shared_->pool.geometry());
+        ack.accepted = ok.ok();
+        if (!ok) ack.reason = ok.error().message;
+        if (!ok) return refuse(ack.reason);
+        Outgoing reply;
+        encode_hello_ack(ack, reply.owned);
+        send(std::move(reply));
+        state_ = State::kServing;
+        handshake_.cancel();
+        ++shared_->stats->accepted;
+        spdlog::info("rank {}: tcp connection from {} (instance '{}' rank {})",
+                     shared_->options.rank, peer_name(), in.hello.instance, in.hello.rank);
+        return read_next();
+      }
+      case State::kServing: break;
+    }
+    switch (in.kind) {
+      case schema::TcpEnvelope::HEARTBEAT: return read_next();
+      case schema::TcpEnvelope::FRAME: return on_frame(in.frame);
+      default: return close(fmt::format("unexpected message (kind {}) after the handshake",
+                                        static_cast<int>(in.kind)));
+    }
+  }
+
+  void on_frame(const FrameHeader& f) {
+    auto self = std::static_pointer_cast<Connection>(shared_from_this());
+    auto after = [self, f] {
+      if (f.last) self->finish_transfer(f.transfer);
+      self->read_next();
+    };
+    if (refused_.count(f.transfer) != 0) return drop(f, after);
+    Status ok = check_frame(f, shared_->pool.geometry());
+    std::byte* base =
+        ok ? shared_->pool.tensor(f.layer, static_cast<PoolTensor>(f.tensor)) : nullptr;
+    if (ok && base == nullptr)
+      ok = make_error(Errc::kInvalidArgument, fmt::format("layer {} tensor {} does not exist",
+                                                          f.layer, f.tensor));
+    if (!ok) {
+      ++shared_->stats->refused_frames;
+      spdlog::warn("rank {}: refused a frame from {} (transfer {}): {}", shared_->options.rank,
+                   peer_name(), f.transfer, ok.error().message);
+      refused_.insert(f.transfer);
+      Outgoing nack;
+      encode_ack(f.transfer, false, ok.error().message, nack.owned);
+      send(std::move(nack));
+      return drop(f, after);
+    }
+    ++shared_->stats->frames;
+    shared_->stats->bytes += f.bytes;
+    read_payload(base + f.dst_offset, f.bytes, after);
+  }
+
+  // A refused frame's payload is read and dropped, unless it is too large
+  // to be one of ours: then the stream is closed.
+  void drop(const FrameHeader& f, std::function<void()> after) {
+    constexpr uint64_t kMaxDrop = 1ull << 32;
+    if (f.bytes > kMaxDrop)
+      return close(fmt::format("a refused frame of {} bytes; closing rather than reading it",
+                               f.bytes));
+    discard_payload(f.bytes, std::move(after));
+  }
+
+  void finish_transfer(uint64_t transfer) {
+    if (refused_.erase(transfer) != 0) return;  // already answered
+    Status intact = shared_->pool.check_intact();
+    Outgoing ack;
+    encode_ack(transfer, intact.ok(), intact ? "" : intact.error().message, ack.owned);
+    send(std::move(ack));
+  }
+
+  void on_closed(const std::string& reason) override {
+    handshake_.cancel();
+    if (state_ == State::kServing) {
+      spdlog::info("rank {}: tcp connection from {} closed: {}", shared_->options.rank,
+                   peer_name(), reason);
+    } else if (!refusing_) {  // gone (or silent) before it authenticated
+      ++shared_->stats->refused;
+      spdlog::warn("rank {}: tcp connection from {} refused: {}", shared_->options.rank,
+                   peer_name(), reason);
+    }
+  }
+
+  std::shared_ptr<TcpReceiver::Shared> shared_;
+  asio::steady_timer handshake_;
+  State state_ = State::kAwaitProof;
+  bool refusing_ = false;
+  Nonce nonce_{};
+  std::vector<uint8_t> peer_nonce_;
+  std::unordered_set<uint64_t> refused_;  // transfers refused, until their last frame
+};
+
+void accept_next(const std::shared_ptr<TcpReceiver::Shared>& shared) {
+  shared->acceptor.async_accept([shared](const boost::system::error_code& ec, tcp::socket socket) {
+    if (shared->stopped) return;
+    if (!ec) {
+      boost::system::error_code ignored;
+      const auto remote = socket.remote_endpoint(ignored);
+      tune_socket(socket, shared->options.timing.peer_timeout);
+      auto c = std::make_shared<Connection>(
+          std::move(socket), fmt::format("{}:{}", remote.address().to_string(), remote.port()),
+          shared);
+      std::erase_if(shared->connections, [](const auto& w) { return w.expired(); });
+      shared->connections.push_back(c);
+      c->start();
+    } else if (ec == asio::error::operation_aborted) {
+      return;
+    } else {
+      spdlog::warn("rank {}: accept failed: {}", shared->options.rank, ec.message());
+    }
+    accept_next(shared);
+  });
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TcpReceiver>> TcpReceiver::start(NetThread& net, const LocalPool& pool,
+                                                        const AuthKey& key,
+                                                        ReceiverOptions options) {
+  auto stats = std::make_shared<ReceiverStats>();
+  auto shared = std::make_shared<Shared>(net.io(), pool, key, options, stats);
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(options.address, ec);
+  if (ec)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("--listen-address '{}' is not an IP address", options.address));
+  const tcp::endpoint endpoint(address, options.port);
+  auto& a = shared->acceptor;
+  if (a.open(endpoint.protocol(), ec); !ec) a.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) a.bind(endpoint, ec);
+  if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec)
+    return make_error(Errc::kSystem, fmt::format("cannot listen on {}:{} for tcp transfers: {}",
+                                                 options.address, options.port, ec.message()));
+  const uint16_t port = a.local_endpoint(ec).port();
+  asio::post(net.io(), [shared] { accept_next(shared); });
+  std::unique_ptr<TcpReceiver> r(new TcpReceiver(net, std::move(shared), port));
+  r->stats_ = std::move(stats);
+  spdlog::info("rank {}: accepting tcp transfers on {}:{}", options.rank, options.address, port);
+  return r;
+}
+
+TcpReceiver::TcpReceiver(NetThread& net, std::shared_ptr<Shared> shared, uint16_t port)
+    : net_(net), shared_(std::move(shared)), port_(port) {}
+
+TcpReceiver::~TcpReceiver() {
+  // Stop accepting and close every connection, on the network thread, and
+  // wait: after this no handler writes into the pool.
+  std::promise<void> done;
+  asio::post(net_.io(), [shared = shared_, &done] {
+    shared->stopped = true;
+    boost::system::error_code ignored;
+    shared->acceptor.close(ignored);
+    for (auto& w : shared->connections)
+      if (auto c = w.lock()) c->close("the receiver is stopping");
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+}  // namespace kvrelay::worker::tcp

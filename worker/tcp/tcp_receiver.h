@@ -1,0 +1,62 @@
+// The accepting side of the tcp transport (a decode-role worker): listens on
+// its rank's port, authenticates each connection (auth_key.h), checks the
+// peer's hello against this rank's pool, then reads each frame's payload
+// straight into the pool and acks a transfer once its last payload is there.
+//
+// A frame that fails its checks (wire.h, check_frame) is not written: its
+// payload is read and dropped, its transfer is refused with the reason (the
+// sender fails that request only), and the rest of the transfer is dropped
+// too. A stream that loses its framing (a bad length or envelope) is closed.
+// A connection that does not authenticate within the handshake timeout, or
+// fails to, is closed and logged, and has touched no pool byte.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <memory>
+#include <string>
+
+#include "worker/local_pool.h"
+#include "worker/tcp/auth_key.h"
+#include "worker/tcp/channel.h"
+#include "worker/tcp/net_thread.h"
+
+namespace kvrelay::worker::tcp {
+
+struct ReceiverOptions {
+  std::string address = "127.0.0.1";
+  uint16_t port = 0;
+  std::string instance;  // this instance's name (hello's expected instance)
+  uint32_t rank = 0;
+  Timing timing;
+  std::chrono::milliseconds handshake_timeout{2000};
+};
+
+struct ReceiverStats {
+  std::atomic<uint64_t> accepted{0};
+  std::atomic<uint64_t> refused{0};  // failed authentication or hello
+  std::atomic<uint64_t> frames{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> refused_frames{0};
+};
+
+class TcpReceiver {
+ public:
+  // Binds now (the error names the address and port); accepts on `net`.
+  static Result<std::unique_ptr<TcpReceiver>> start(NetThread& net, const LocalPool& pool,
+                                                    const AuthKey& key, ReceiverOptions options);
+  ~TcpReceiver();
+  const ReceiverStats& stats() const { return *stats_; }
+  uint16_t port() const { return port_; }
+
+  struct Shared;  // what the listener's connections share (tcp_receiver.cpp)
+
+ private:
+  TcpReceiver(NetThread& net, std::shared_ptr<Shared> shared, uint16_t port);
+  NetThread& net_;
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<ReceiverStats> stats_;
+  uint16_t port_;
+};
+
+}  // namespace kvrelay::worker::tcp

@@ -1,0 +1,87 @@
+// The connecting side of the tcp transport (a prefill-role worker): for each
+// decode (address, port) it sends to, a Peer with `lanes` parallel
+// connections, each authenticated (auth_key.h) and handshaken (wire.h). A
+// layer's transfer goes whole on one lane, round-robin: its frames are
+// gather-written from the pool (no staging copy), and its completion comes
+// when the receiver acks that its last payload is in the pool.
+//
+// Failure: a lane that resets (the peer died: noticed at once) or goes silent
+// (a partition: heartbeats stop, noticed after the peer timeout) fails the
+// transfers it carried, and only those; the scheduler fails their requests
+// with the peer's name. The next transfer reconnects, with a backoff (100 ms
+// doubling to 5 s) while the peer stays unreachable, during which transfers
+// fail at once with the last reason.
+//
+// submit_layer and resolve run on the worker's thread; the lanes live on the
+// network thread; completions cross over through a locked list and wake the
+// worker through its doorbell.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "shm/wait_event.h"
+#include "worker/local_pool.h"
+#include "worker/tcp/auth_key.h"
+#include "worker/tcp/channel.h"
+#include "worker/tcp/net_thread.h"
+#include "worker/transport.h"
+
+namespace kvrelay::worker::tcp {
+
+struct SenderOptions {
+  std::string instance;  // this instance's name, for the peer's logs
+  uint32_t rank = 0;
+  uint32_t tp_size = 1;
+  uint32_t lanes = 2;
+  Timing timing;
+  std::chrono::milliseconds connect_timeout{2000};  // connect and handshake
+};
+
+// Completions on their way from the network thread to the worker's.
+class CompletionSink {
+ public:
+  explicit CompletionSink(WaitEvent* doorbell) : doorbell_(doorbell) {}
+  void push(TransferCompletion c);
+  void take(std::vector<TransferCompletion>& out);
+  bool any() const { return any_.load(std::memory_order_acquire); }
+
+ private:
+  std::mutex mu_;
+  std::vector<TransferCompletion> ready_;
+  std::atomic<bool> any_{false};
+  WaitEvent* doorbell_;
+};
+
+class Peer;
+
+class TcpTransport final : public Transport {
+ public:
+  // `key` null: tcp is not configured here, and every tcp request is refused
+  // saying so.
+  TcpTransport(NetThread& net, const LocalPool& local, const AuthKey* key, SenderOptions options,
+               WaitEvent* doorbell);
+  ~TcpTransport() override;
+
+  Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) override;
+  Status check_connect(schema::ConnectTask::Reader connect) override;
+  void poll(std::vector<TransferCompletion>& out) override { sink_->take(out); }
+  bool has_completions() const override { return sink_->any(); }
+
+ private:
+  Result<std::shared_ptr<Peer>> peer_for(const std::string& host, uint16_t port,
+                                         uint32_t decode_rank, const std::string& instance);
+
+  NetThread& net_;
+  const LocalPool& local_;
+  const AuthKey* key_;
+  SenderOptions options_;
+  std::shared_ptr<CompletionSink> sink_;
+  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;  // "host:port/instance"
+};
+
+}  // namespace kvrelay::worker::tcp

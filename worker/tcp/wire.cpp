@@ -1,0 +1,245 @@
+#include "worker/tcp/wire.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "schemas/codec.h"
+#include "worker/pool_compatibility.h"
+
+namespace kvrelay::worker::tcp {
+
+namespace {
+
+constexpr size_t kMaxTextBytes = 1024;
+
+std::string capped(capnp::Text::Reader t) {
+  return std::string(t.cStr(), std::min<size_t>(t.size(), kMaxTextBytes));
+}
+
+std::vector<uint8_t> bytes_of(capnp::Data::Reader d, size_t max) {
+  if (d.size() > max) return {};
+  return std::vector<uint8_t>(d.begin(), d.end());
+}
+
+void append(capnp::MessageBuilder& message, std::vector<std::byte>& out) {
+  const size_t body = messages::encoded_bytes(message);
+  const size_t at = out.size();
+  out.resize(at + 4 + body);
+  const auto len = static_cast<uint32_t>(body);
+  const uint8_t prefix[4] = {static_cast<uint8_t>(len), static_cast<uint8_t>(len >> 8),
+                             static_cast<uint8_t>(len >> 16), static_cast<uint8_t>(len >> 24)};
+  std::memcpy(out.data() + at, prefix, 4);
+  messages::encode_into(message, std::span<std::byte>(out.data() + at + 4, body));
+}
+
+void put_geometry(const PoolGeometry& g, schema::PoolDescriptor::Builder d) {
+  d.setNumLayers(g.num_layers);
+  d.setExtraLayers(g.extra_layers);
+  d.setNumBlocks(g.num_blocks);
+  d.setExtraLayerBlocks(g.extra_layer_blocks);
+  d.setKvHeads(g.kv_heads);
+  d.setBlockSize(g.block_size);
+  d.setHeadDim(g.head_dim);
+  d.setDtype(static_cast<schema::CacheDtype>(g.dtype));
+  d.setHasScales(g.has_scales != 0);
+}
+
+PoolGeometry get_geometry(schema::PoolDescriptor::Reader d) {
+  PoolGeometry g;
+  g.num_layers = d.getNumLayers();
+  g.extra_layers = d.getExtraLayers();
+  g.num_blocks = d.getNumBlocks();
+  g.extra_layer_blocks = d.getExtraLayerBlocks();
+  g.kv_heads = d.getKvHeads();
+  g.block_size = d.getBlockSize();
+  g.head_dim = d.getHeadDim();
+  g.dtype = static_cast<uint32_t>(d.getDtype());
+  g.has_scales = d.getHasScales() ? 1 : 0;
+  return g;
+}
+
+}  // namespace
+
+Result<uint32_t> parse_length(std::span<const uint8_t, 4> p) {
+  const uint32_t len = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
+                       uint32_t{p[3]} << 24;
+  if (len == 0 || len % 8 != 0 || len > kMaxEnvelopeBytes)
+    return make_error(Errc::kCorrupt,
+                      fmt::format("a message of {} bytes is not a kvrelay tcp envelope (whole "
+                                  "8-byte words, at most {} bytes)",
+                                  len, kMaxEnvelopeBytes));
+  return len;
+}
+
+Result<Inbound> decode_envelope(std::span<const std::byte> body) {
+  messages::ReadLimits limits;
+  limits.traversal_words = kMaxEnvelopeBytes / 8;
+  limits.nesting = 8;
+  return messages::with_message<schema::TcpEnvelope>(
+      body,
+      [&](schema::TcpEnvelope::Reader e) -> Result<Inbound> {
+        Inbound in;
+        in.kind = e.which();
+        switch (in.kind) {
+          case schema::TcpEnvelope::CHALLENGE:
+            in.nonce = bytes_of(e.getChallenge().getNonce(), kNonceBytes);
+            break;
+          case schema::TcpEnvelope::PROOF:
+            in.nonce = bytes_of(e.getProof().getNonce(), kNonceBytes);
+            in.mac = bytes_of(e.getProof().getMac(), kMacBytes);
+            break;
+          case schema::TcpEnvelope::HELLO: {
+            const auto h = e.getHello();
+            in.hello.version = h.getProtocolVersion();
+            in.hello.instance = capped(h.getInstance());
+            in.hello.expected_instance = capped(h.getExpectedInstance());
+            in.hello.rank = h.getRank();
+            in.hello.tp_size = h.getTpSize();
+            in.hello.pool = get_geometry(h.getPool());
+            break;
+          }
+          case schema::TcpEnvelope::HELLO_ACK: {
+            const auto a = e.getHelloAck();
+            in.hello_ack.accepted = a.getAccepted();
+            in.hello_ack.reason = capped(a.getReason());
+            in.hello_ack.pool = get_geometry(a.getPool());
+            in.hello_ack.epoch = a.getEpoch();
+            in.hello_ack.proof = bytes_of(a.getProof(), kMacBytes);
+            break;
+          }
+          case schema::TcpEnvelope::FRAME: {
+            const auto f = e.getFrame();
+            in.frame.transfer = f.getTransfer();
+            in.frame.handle = f.getHandle();
+            in.frame.layer = f.getLayer();
+            in.frame.tensor = f.getTensor();
+            in.frame.dst_offset = f.getDstOffset();
+            in.frame.bytes = f.getBytes();
+            in.frame.last = f.getLast();
+            break;
+          }
+          case schema::TcpEnvelope::ACK: {
+            const auto a = e.getAck();
+            in.ack_transfer = a.getTransfer();
+            in.ack_ok = a.getOk();
+            in.ack_reason = capped(a.getReason());
+            break;
+          }
+          case schema::TcpEnvelope::HEARTBEAT: break;
+          default:
+            return make_error(Errc::kCorrupt, "an envelope of a kind this version does not know");
+        }
+        return in;
+      },
+      limits);
+}
+
+void encode_challenge(const Nonce& nonce, std::vector<std::byte>& out) {
+  capnp::MallocMessageBuilder m(64);
+  m.initRoot<schema::TcpEnvelope>().initChallenge().setNonce(
+      kj::arrayPtr(nonce.data(), nonce.size()));
+  append(m, out);
+}
+
+void encode_proof(const Nonce& nonce, const Mac& mac, std::vector<std::byte>& out) {
+  capnp::MallocMessageBuilder m(64);
+  auto p = m.initRoot<schema::TcpEnvelope>().initProof();
+  p.setNonce(kj::arrayPtr(nonce.data(), nonce.size()));
+  p.setMac(kj::arrayPtr(mac.data(), mac.size()));
+  append(m, out);
+}
+
+void encode_hello(const Hello& hello, std::vector<std::byte>& out) {
+  capnp::MallocMessageBuilder m(128);
+  auto h = m.initRoot<schema::TcpEnvelope>().initHello();
+  h.setProtocolVersion(hello.version);
+  h.setInstance(hello.instance);
+  h.setExpectedInstance(hello.expected_instance);
+  h.setRank(hello.rank);
+  h.setTpSize(hello.tp_size);
+  put_geometry(hello.pool, h.initPool());
+  append(m, out);
+}
+
+void encode_hello_ack(const HelloAck& ack, std::vector<std::byte>& out) {
+  capnp::MallocMessageBuilder m(128);
+  auto a = m.initRoot<schema::TcpEnvelope>().initHelloAck();
+  a.setAccepted(ack.accepted);
+  a.setReason(ack.reason);
+  put_geometry(ack.pool, a.initPool());
+  a.setEpoch(ack.epoch);
+  a.setProof(kj::arrayPtr(ack.proof.data(), ack.proof.size()));
+  append(m, out);
+}
+
+void encode_frame(const FrameHeader& frame, std::vector<std::byte>& out) {
+  capnp::word scratch[16] = {};
+  capnp::MallocMessageBuilder m(kj::arrayPtr(scratch, 16));
+  auto f = m.initRoot<schema::TcpEnvelope>().initFrame();
+  f.setTransfer(frame.transfer);
+  f.setHandle(frame.handle);
+  f.setLayer(frame.layer);
+  f.setTensor(frame.tensor);
+  f.setDstOffset(frame.dst_offset);
+  f.setBytes(frame.bytes);
+  f.setLast(frame.last);
+  append(m, out);
+}
+
+void encode_ack(uint64_t transfer, bool ok, const std::string& reason,
+                std::vector<std::byte>& out) {
+  capnp::MallocMessageBuilder m(64);
+  auto a = m.initRoot<schema::TcpEnvelope>().initAck();
+  a.setTransfer(transfer);
+  a.setOk(ok);
+  a.setReason(reason.substr(0, kMaxTextBytes));
+  append(m, out);
+}
+
+void encode_heartbeat(std::vector<std::byte>& out) {
+  capnp::word scratch[4] = {};
+  capnp::MallocMessageBuilder m(kj::arrayPtr(scratch, 4));
+  m.initRoot<schema::TcpEnvelope>().setHeartbeat();
+  append(m, out);
+}
+
+Status check_frame(const FrameHeader& f, const PoolGeometry& g) {
+  if (f.layer >= g.total_layers())
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("frame for layer {}, but the pool has {} layers", f.layer,
+                                  g.total_layers()));
+  if (f.tensor >= g.tensors_per_layer())
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("frame for tensor {}, but the pool has {} tensors per layer",
+                                  f.tensor, g.tensors_per_layer()));
+  const auto tensor = static_cast<PoolTensor>(f.tensor);
+  const uint64_t block = g.block_bytes(tensor);
+  const uint64_t size = g.tensor_bytes(f.layer, tensor);
+  if (f.bytes == 0 || block == 0 || f.dst_offset % block != 0 || f.bytes % block != 0)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("frame of {} bytes at offset {} is not whole blocks of {} bytes",
+                                  f.bytes, f.dst_offset, block));
+  if (f.dst_offset > size || f.bytes > size - f.dst_offset)
+    return make_error(
+        Errc::kInvalidArgument,
+        fmt::format("frame writes destination blocks {}..{} of layer {}, but the pool has {} "
+                    "blocks there",
+                    f.dst_offset / block, (f.dst_offset + f.bytes) / block - 1, f.layer,
+                    g.blocks_in_layer(f.layer)));
+  return {};
+}
+
+Status check_hello(const Hello& hello, const std::string& instance, const PoolGeometry& local) {
+  if (hello.version != kWireVersion)
+    return make_error(Errc::kVersionMismatch,
+                      fmt::format("wire protocol version {} here, {} at the peer", kWireVersion,
+                                  hello.version));
+  if (!hello.expected_instance.empty() && hello.expected_instance != instance)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("this is instance '{}', not '{}'", instance,
+                                  hello.expected_instance));
+  return check_compatible(local, hello.pool);
+}
+
+}  // namespace kvrelay::worker::tcp

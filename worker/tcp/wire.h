@@ -1,0 +1,100 @@
+// The tcp transport's stream (schemas/kvrelay.capnp, TcpEnvelope): every
+// message is a little-endian UInt32 length and a Cap'n Proto TcpEnvelope of
+// that many bytes; a frame's payload follows its envelope. Everything here is
+// a plain function of bytes, so the fuzzer drives exactly what a socket does.
+//
+// The connection, from the accepting (decode) side's view:
+//   -> challenge(nonce_s)
+//   <- proof(nonce_c, HMAC(key, connect-label, nonce_s, nonce_c))   refused: closed, logged
+//   <- hello(version, instance, rank, tp, pool geometry, instance expected)
+//   -> helloAck(accepted | reason, pool geometry, epoch,
+//               HMAC(key, accept-label, nonce_c, nonce_s))
+//   <- frame(transfer, handle, layer, tensor, offset, bytes, last) + payload ...
+//   -> ack(transfer, ok | reason)           after the transfer's last payload is in the pool
+//   <> heartbeat                            both ways, whenever the line is quiet
+#pragma once
+
+#include <capnp/message.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "schemas/kvrelay.capnp.h"
+#include "shm/pool_geometry.h"
+#include "shm/result.h"
+#include "worker/tcp/auth_key.h"
+
+namespace kvrelay::worker::tcp {
+
+inline constexpr uint32_t kWireVersion = 1;
+// No control message comes near this; a larger length means the stream is
+// not a kvrelay peer's (or lost its framing).
+inline constexpr uint32_t kMaxEnvelopeBytes = 64 * 1024;
+
+struct FrameHeader {
+  uint64_t transfer = 0;
+  uint64_t handle = 0;
+  uint32_t layer = 0;
+  uint32_t tensor = 0;
+  uint64_t dst_offset = 0;
+  uint64_t bytes = 0;
+  bool last = false;
+};
+
+struct Hello {
+  uint32_t version = 0;
+  std::string instance;           // the connecting side's
+  std::string expected_instance;  // the instance it means to reach; empty: any
+  uint32_t rank = 0;
+  uint32_t tp_size = 0;
+  PoolGeometry pool;
+};
+
+struct HelloAck {
+  bool accepted = false;
+  std::string reason;
+  PoolGeometry pool;
+  uint64_t epoch = 0;
+  std::vector<uint8_t> proof;
+};
+
+// One decoded envelope, copied out of the message (whose buffer is reused).
+struct Inbound {
+  schema::TcpEnvelope::Which kind = schema::TcpEnvelope::HEARTBEAT;
+  std::vector<uint8_t> nonce;  // challenge, proof
+  std::vector<uint8_t> mac;    // proof
+  Hello hello;
+  HelloAck hello_ack;
+  FrameHeader frame;
+  uint64_t ack_transfer = 0;
+  bool ack_ok = false;
+  std::string ack_reason;
+};
+
+// The length prefix: ok, or why the stream cannot be a peer's.
+Result<uint32_t> parse_length(std::span<const uint8_t, 4> prefix);
+// Decodes an envelope body (8-byte aligned, `length` bytes) with tight
+// traversal and nesting limits; texts are capped.
+Result<Inbound> decode_envelope(std::span<const std::byte> body);
+
+// Encoders append one whole message (prefix and body) to `out`.
+void encode_challenge(const Nonce& nonce, std::vector<std::byte>& out);
+void encode_proof(const Nonce& nonce, const Mac& mac, std::vector<std::byte>& out);
+void encode_hello(const Hello& hello, std::vector<std::byte>& out);
+void encode_hello_ack(const HelloAck& ack, std::vector<std::byte>& out);
+void encode_frame(const FrameHeader& frame, std::vector<std::byte>& out);
+void encode_ack(uint64_t transfer, bool ok, const std::string& reason, std::vector<std::byte>& out);
+void encode_heartbeat(std::vector<std::byte>& out);
+
+// Whether a frame may be written into a pool of geometry `g`: its layer and
+// tensor exist, and its bytes are whole blocks inside the tensor. The error
+// says which check failed, with the frame's and the pool's values.
+Status check_frame(const FrameHeader& frame, const PoolGeometry& g);
+
+// Why a peer's hello cannot be served by this side, or ok: version, the
+// instance it expects, and the pool geometry (naming the field).
+Status check_hello(const Hello& hello, const std::string& instance, const PoolGeometry& local);
+
+}  // namespace kvrelay::worker::tcp
