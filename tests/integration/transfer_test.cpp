@@ -12,6 +12,7 @@
 #include <optional>
 #include <random>
 
+#include "integration/tcp_hosts.h"
 #include "integration/two_instances.h"
 #include "shm/control_layout.h"
 #include "shm/control_segment.h"
@@ -164,9 +165,13 @@ InstanceArgs args_of(const Scenario& s) {
 }
 
 // Runs a random schedule of `requests` requests on `slots` slots, checking the
-// decode pools against the model after every step.
-void run_random_schedule(const Scenario& s, uint64_t seed, uint32_t requests, uint32_t slots) {
-  TwoInstances env("diff" + std::to_string(seed), args_of(s));
+// decode pools against the model after every step; with `tcp`, the decode
+// instance is on another host and the blocks travel over tcp.
+void run_random_schedule(const Scenario& s, uint64_t seed, uint32_t requests, uint32_t slots,
+                         TcpHosts* tcp = nullptr) {
+  TwoInstances env("diff" + std::to_string(seed), args_of(s),
+                   tcp != nullptr ? tcp->placement() : Placement{});
+  if (tcp != nullptr) env.set_route(tcp->route());
   const PoolGeometry& g = env.src_pool(0).geometry();
   uint64_t layer_block_bytes = 0;
   for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
@@ -317,6 +322,25 @@ TEST(Transfer, SpeculativeExtraLayersAreSentLikeTheOthers) {
   Scenario s;
   s.extra_layers = 2;
   run_random_schedule(s, 102, 6, 2);
+}
+
+// The same model, the decode instance on another host, over tcp: chunked
+// prefill, prefix hits, late decode halves, scattered ids.
+class TcpDifferential : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(TcpDifferential, AcrossTwoHostsTheDecodePoolsMatchTheModelAfterEveryStep) {
+  TcpHosts hosts("tdiff", 2);
+  run_random_schedule(Scenario{}, 200 + GetParam(), 10, 3, &hosts);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, TcpDifferential, ::testing::Values(1u, 2u));
+
+TEST(TcpTransfer, Fp8ScalesAndExtraLayersTravelOverTcpToo) {
+  Scenario s;
+  s.dtype = "fp8";
+  s.extra_layers = 1;
+  TcpHosts hosts("tfp8", 2);
+  run_random_schedule(s, 210, 6, 2, &hosts);
 }
 
 TEST(Transfer, FourRanksEachMoveTheirOwnShard) {

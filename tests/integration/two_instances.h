@@ -19,14 +19,34 @@
 
 namespace kvrelay::testing {
 
+// Where each instance runs and with which extra flags (the tcp tests put
+// them in two network namespaces).
+struct Placement {
+  std::vector<std::string> decode_prefix, prefill_prefix;
+  std::vector<std::string> decode_extra, prefill_extra;
+};
+
+// How the prefill instance reaches the decode one: ipc (default) or tcp.
+struct Route {
+  Protocol protocol = Protocol::kIpc;
+  std::string address;          // tcp
+  std::vector<uint16_t> ports;  // tcp: per decode rank
+};
+
 class TwoInstances {
  public:
-  TwoInstances(const std::string& tag, InstanceArgs base) {
+  TwoInstances(const std::string& tag, InstanceArgs base, const Placement& where = {}) {
+    const std::vector<std::string> extra = base.extra;
     base.instance = unique_instance(tag + "-d");
     base.role = "decode";
+    base.prefix = where.decode_prefix;
+    base.extra.insert(base.extra.end(), where.decode_extra.begin(), where.decode_extra.end());
     decode_ = Instance::start(base);
     base.instance = unique_instance(tag + "-p");
     base.role = "prefill";
+    base.prefix = where.prefill_prefix;
+    base.extra = extra;
+    base.extra.insert(base.extra.end(), where.prefill_extra.begin(), where.prefill_extra.end());
     prefill_ = Instance::start(base);
     tp_ = base.tp;
     for (uint32_t r = 0; r < tp_; ++r) {
@@ -75,12 +95,16 @@ class TwoInstances {
     CacheDestSpec d;
     d.request_id = id;
     d.dest_block_ids = r.dst;
-    d.protocol = Protocol::kIpc;
+    d.protocol = route_.protocol;
     d.peer_instance = decode_->name();
+    d.peer_address = route_.address;
+    d.tcp_ports = route_.ports;
     for (uint32_t rank = 0; rank < tp_; ++rank)
       d.device_ids.push_back(rank);
     return engine().submit(d, Deadline::after(std::chrono::seconds(5)));
   }
+  void set_route(Route route) { route_ = std::move(route); }
+  const Route& route() const { return route_; }
   // One step on every rank: the batch, then every layer.
   void prefill_step(uint64_t step, const std::vector<BatchSlot>& batch, uint32_t layers) {
     for (uint32_t rank = 0; rank < tp_; ++rank) {
@@ -124,6 +148,7 @@ class TwoInstances {
   std::vector<std::unique_ptr<HostPool>> src_;
   std::vector<std::unique_ptr<HostPool>> dst_;
   std::multimap<std::string, Completion> seen_;
+  Route route_;
 };
 
 }  // namespace kvrelay::testing

@@ -100,6 +100,7 @@ std::unique_ptr<Instance> Instance::start(const InstanceArgs& a,
   }
   if (a.external_workers) argv.push_back("--external-workers");
   argv.insert(argv.end(), a.extra.begin(), a.extra.end());
+  argv.insert(argv.begin(), a.prefix.begin(), a.prefix.end());
   auto inst = std::unique_ptr<Instance>(new Instance());
   inst->name_ = a.instance;
   inst->pid_ = spawn_program(argv);

@@ -29,6 +29,9 @@ struct InstanceArgs {
   uint32_t deadline_ms = 30'000;
   bool external_workers = false;
   std::vector<std::string> extra;  // more flags
+  // Runs the coordinator under this command (e.g. `ip netns exec NS`, which
+  // execs it: the pid stays the coordinator's).
+  std::vector<std::string> prefix;
 };
 
 class Instance {

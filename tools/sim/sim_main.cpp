@@ -69,6 +69,15 @@ int main(int argc, char** argv) {
   app.add_option("--kill-every-ms", o.kill_every_ms,
                  "soak: SIGKILL a random worker this often (requests on its rank fail, naming it)");
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();
+  std::string protocol = "ipc", auth_key_file;
+  app.add_option("--protocol", protocol,
+                 "ipc (same host) or tcp (to the decode instance's --tcp-ports)")
+      ->check(CLI::IsMember({"ipc", "tcp"}))
+      ->capture_default_str();
+  app.add_option("--peer-address", o.peer_address, "tcp: the decode instance's listen address")
+      ->capture_default_str();
+  app.add_option("--auth-key-file", auth_key_file,
+                 "tcp with --start: the instances' key (default: a fresh temporary one)");
   int64_t timeout_s = o.timeout.count();
   app.add_option("--timeout-s", timeout_s, "give up after this long")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -99,6 +108,26 @@ int main(int argc, char** argv) {
     return r.ok() ? 0 : 1;
   }
   o.progress = isatty(2) != 0;
+  o.tcp = protocol == "tcp";
+
+  // With tcp, --start gives the decode instance a listener per rank and
+  // both instances one key.
+  sim::TemporaryKey temporary_key;
+  std::vector<std::string> decode_flags, prefill_flags;
+  if (start && o.tcp) {
+    if (auth_key_file.empty()) auth_key_file = temporary_key.path();
+    const std::vector<uint16_t> ports = sim::free_tcp_ports(g.tp, o.peer_address);
+    if (auth_key_file.empty() || ports.size() != g.tp) {
+      fmt::print(stderr, "kvrelay-sim: cannot make a key file or find {} free ports\n", g.tp);
+      return 2;
+    }
+    std::string list;
+    for (uint16_t p : ports)
+      list += (list.empty() ? "" : ",") + std::to_string(p);
+    decode_flags = {"--protocol", "ipc,tcp",        "--tcp-ports",     list,
+                    "--auth-key-file", auth_key_file, "--listen-address", o.peer_address};
+    prefill_flags = {"--protocol", "ipc,tcp", "--auth-key-file", auth_key_file};
+  }
 
   sim::ManagedInstance decode_instance, prefill_instance;
   if (start) {
@@ -106,11 +135,13 @@ int main(int argc, char** argv) {
         "starting instances '{}' (decode) and '{}' (prefill): tp {}, {} layers, {} blocks of {} "
         "tokens\n",
         decode, prefill, g.tp, g.layers + g.extra_layers, g.blocks, g.block_size);
-    if (Status s = decode_instance.start(decode, "decode", g, log_dir, log_level); !s) {
+    if (Status s = decode_instance.start(decode, "decode", g, log_dir, log_level, decode_flags);
+        !s) {
       fmt::print(stderr, "kvrelay-sim: {}\n", s.error().message);
       return 2;
     }
-    if (Status s = prefill_instance.start(prefill, "prefill", g, log_dir, log_level); !s) {
+    if (Status s = prefill_instance.start(prefill, "prefill", g, log_dir, log_level, prefill_flags);
+        !s) {
       fmt::print(stderr, "kvrelay-sim: {}\n", s.error().message);
       return 2;
     }
@@ -124,9 +155,10 @@ int main(int argc, char** argv) {
   }
   fmt::print(
       "simulating {} requests: batch {}, chunk {} tokens, prompts {}..{} tokens, {} us per layer, "
-      "{:.0f}% prefix hits, {:.0f}% late decode halves{}\n",
+      "{:.0f}% prefix hits, {:.0f}% late decode halves{}, over {}\n",
       o.requests, o.batch, o.chunk_tokens, o.min_tokens, o.max_tokens, o.layer_compute_us,
-      o.prefix_hit_rate * 100, o.late_dest_rate * 100, o.legacy ? ", legacy per-query mode" : "");
+      o.prefix_hit_rate * 100, o.late_dest_rate * 100, o.legacy ? ", legacy per-query mode" : "",
+      protocol);
   const sim::SimReport report =
       sim::run_simulation(o, *prefill_client, *decode_client, prefill, decode);
   fmt::print("\n{}", report.summary());

@@ -188,8 +188,12 @@ class Simulation {
   void connect() {
     ConnectSpec c;
     c.task_id = 1;
-    c.protocol = Protocol::kIpc;
+    c.protocol = o_.tcp ? Protocol::kTcp : Protocol::kIpc;
     c.peer_instance = decode_instance_;
+    if (o_.tcp) {
+      c.peer_address = o_.peer_address;
+      c.ports = decode_tcp_ports();
+    }
     submit(prefill_.submit(c, Deadline::after(10s)), "connect");
     Result<Completion> done = prefill_.wait(Deadline::after(60s));
     if (!done || done->status != CompletionStatus::kFinished) {
@@ -279,10 +283,14 @@ class Simulation {
     CacheDestSpec d;
     d.request_id = r.id;
     d.dest_block_ids = r.blocks.dst;
-    d.protocol = Protocol::kIpc;
+    d.protocol = o_.tcp ? Protocol::kTcp : Protocol::kIpc;
     d.peer_instance = decode_instance_;
     for (uint32_t rank = 0; rank < tp_; ++rank)
       d.device_ids.push_back(rank);
+    if (o_.tcp) {
+      d.peer_address = o_.peer_address;
+      d.tcp_ports = decode_tcp_ports();
+    }
     submit(prefill_.submit(d, Deadline::after(10s)), r.id);
     r.dest_sent = true;
   }
@@ -291,6 +299,11 @@ class Simulation {
     for (auto& [id, r] : requests_) {
       if (!r->dest_sent && r->prefill_done && r->dest_due_step <= step) send_dest(*r);
     }
+  }
+
+  std::vector<uint16_t> decode_tcp_ports() const {
+    const InstanceConfig& c = decode_.config();
+    return std::vector<uint16_t>(c.tcp_ports, c.tcp_ports + c.tp_size);
   }
 
   void submit(const Status& s, const std::string& id) {

@@ -42,6 +42,10 @@ struct SimOptions {
   std::chrono::seconds timeout{600};
   // Soak mode: SIGKILL a random worker (of either instance) this often; 0: never.
   uint32_t kill_every_ms = 0;
+  // How the blocks travel: ipc (same host), or tcp to the decode instance's
+  // listeners (its --tcp-ports, read from its configuration) at peer_address.
+  bool tcp = false;
+  std::string peer_address = "127.0.0.1";
 };
 
 struct SimReport {

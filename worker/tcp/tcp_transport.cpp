@@ -365,6 +365,7 @@ void Peer::lane_ready(Lane&, const HelloAck& ack) {
 }
 
 void Peer::lane_closed(Lane&, bool was_ready, const std::string& why) {
+  if (stopped_) return;  // the worker is going: nothing to say or retry
   if (was_ready) {
     spdlog::warn("rank {}: tcp lane to {} closed: {}", options_.rank, name_, why);
     return;  // the next transfer reconnects at once
