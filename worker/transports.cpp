@@ -41,7 +41,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   Result<tcp::AuthKey> key = tcp::AuthKey::load(network.auth_key_file);
   if (!key) return key.error();
   t->key_ = std::make_unique<tcp::AuthKey>(std::move(key).value());
-  t->net_ = std::make_unique<tcp::NetThread>();
+  t->net_ = std::make_unique<tcp::NetThread>(std::clamp<uint32_t>(network.lanes, 2, 8));
   tcp::SenderOptions sender;
   sender.instance = instance_of(config);
   sender.rank = rank;

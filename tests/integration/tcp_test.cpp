@@ -173,7 +173,7 @@ TEST_F(TcpFaults, APartitionIsNoticedWithinASecondAndTheLinkServesAgainOnceUp) {
 }
 
 TEST_F(TcpFaults, AWrongKeyIsRefusedAndNoDecodeByteChanges) {
-  KeyFileForTest other;
+  sim::TemporaryKey other;
   start(other.path());
   sim::RequestBlocks r = blocks(3);
   submit("wrong-key", r, 0);

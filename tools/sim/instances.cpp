@@ -1,11 +1,7 @@
 #include "instances.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,50 +66,6 @@ int ManagedInstance::stop() {
 
 ManagedInstance::~ManagedInstance() {
   stop();
-}
-
-TemporaryKey::TemporaryKey() {
-  char dir[] = "/tmp/kvrelay-sim-key-XXXXXX";
-  if (::mkdtemp(dir) == nullptr) return;
-  dir_ = dir;
-  const std::string path = dir_ + "/key";
-  const int out = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  const int in = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  unsigned char key[32];
-  const bool ok = out >= 0 && in >= 0 && ::read(in, key, sizeof(key)) == sizeof(key) &&
-                  ::write(out, key, sizeof(key)) == sizeof(key);
-  if (out >= 0) ::close(out);
-  if (in >= 0) ::close(in);
-  if (ok) path_ = path;
-}
-
-TemporaryKey::~TemporaryKey() {
-  if (!dir_.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-}
-
-std::vector<uint16_t> free_tcp_ports(uint32_t n, const std::string& address) {
-  std::vector<uint16_t> ports;
-  std::vector<int> held;
-  for (uint32_t i = 0; i < n; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    ::inet_pton(AF_INET, address.c_str(), &a.sin_addr);
-    socklen_t len = sizeof(a);
-    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      if (fd >= 0) ::close(fd);
-      break;
-    }
-    held.push_back(fd);  // held until all are chosen: no port twice
-    ports.push_back(ntohs(a.sin_port));
-  }
-  for (int fd : held)
-    ::close(fd);
-  return ports;
 }
 
 }  // namespace kvrelay::sim

@@ -43,20 +43,5 @@ class ManagedInstance {
 
 std::string binary_next_to_me(const std::string& program);
 
-// For --start with tcp: a fresh 0600 key file in a private temporary
-// folder (removed when the returned object goes), and free ports.
-class TemporaryKey {
- public:
-  TemporaryKey();
-  ~TemporaryKey();
-  TemporaryKey(const TemporaryKey&) = delete;
-  TemporaryKey& operator=(const TemporaryKey&) = delete;
-  const std::string& path() const { return path_; }  // empty when it could not be made
-
- private:
-  std::string dir_, path_;
-};
-// `n` TCP ports that were free on `address` a moment ago.
-std::vector<uint16_t> free_tcp_ports(uint32_t n, const std::string& address);
 
 }  // namespace kvrelay::sim

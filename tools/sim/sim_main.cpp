@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "instances.h"
+#include "two_hosts.h"
 #include "kvrelay/client.h"
 #include "simulator.h"
 #include "swap_scenario.h"

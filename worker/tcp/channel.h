@@ -5,11 +5,13 @@
 // peer timeout (a partition: no reset ever comes) or the socket fails (a
 // reset: noticed at once). Subclasses say what a message means.
 //
-// Lives on the network thread: every method is called there.
+// Lives on a strand (its socket's executor): every method runs there, except
+// closed(), which any thread may read.
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -17,6 +19,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <sys/uio.h>
 
 #include "worker/tcp/wire.h"
 
@@ -49,7 +53,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void send(Outgoing message);
   // Closes once: cancels everything and calls on_closed(reason).
   void close(const std::string& reason);
-  bool closed() const { return closed_; }
+  // From any thread: closes on the channel's strand; `then` runs after.
+  void close_soon(const std::string& reason, std::function<void()> then);
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+  boost::asio::any_io_executor executor() { return socket_.get_executor(); }
   const std::string& peer_name() const { return peer_name_; }
 
  protected:
@@ -70,17 +77,27 @@ class Channel : public std::enable_shared_from_this<Channel> {
 
  private:
   void write_next();
+  void write_some();
   void watch();
-  void read_some_into(std::byte* dst, uint64_t left, bool keep, std::function<void()> then);
+  bool parse_one();  // one envelope from rx_, or false when it is not all there yet
+  enum class Received { kSome, kNothingYet, kClosed };
+  Received receive(std::byte* dst, size_t n, size_t* got);
+  Received receive_into_rx();
+  void wait_readable(std::function<void()> then);
+  void take_payload(std::byte* dst, uint64_t left, std::function<void()> then);
 
   std::string peer_name_;
   boost::asio::steady_timer timer_;
   std::deque<Outgoing> outbox_;
   bool writing_ = false;
-  bool closed_ = false;
-  uint8_t prefix_[4] = {};
+  std::atomic<bool> closed_{false};
+  std::vector<iovec> iov_;  // the message being written
+  size_t iov_at_ = 0;
+  std::vector<std::byte> rx_;  // received, not yet parsed: [rx_begin_, rx_end_)
+  size_t rx_begin_ = 0, rx_end_ = 0;
+  bool in_read_next_ = false, read_again_ = false;
+  bool large_payloads_ = false;  // the last payload was read mostly straight into memory
   std::vector<uint64_t> body_;  // 8-byte aligned envelope buffer
-  std::vector<std::byte> discard_;
   std::chrono::steady_clock::time_point last_rx_;
   std::chrono::steady_clock::time_point last_tx_;
 };

@@ -2,26 +2,32 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 namespace kvrelay::worker::tcp {
 
-NetThread::NetThread() : work_(boost::asio::make_work_guard(io_)) {
-  thread_ = std::thread([this] {
-    for (;;) {
-      try {
-        io_.run();
-        return;
-      } catch (const std::exception& e) {
-        // A handler that throws must not take the worker down with it.
-        spdlog::error("network thread: {}", e.what());
+NetThread::NetThread(unsigned threads)
+    : io_(static_cast<int>(std::max(1u, threads))), work_(boost::asio::make_work_guard(io_)) {
+  for (unsigned i = 0; i < std::max(1u, threads); ++i) {
+    threads_.emplace_back([this] {
+      for (;;) {
+        try {
+          io_.run();
+          return;
+        } catch (const std::exception& e) {
+          // A handler that throws must not take the worker down with it.
+          spdlog::error("network thread: {}", e.what());
+        }
       }
-    }
-  });
+    });
+  }
 }
 
 NetThread::~NetThread() {
   work_.reset();
   io_.stop();
-  thread_.join();
+  for (std::thread& t : threads_)
+    t.join();
 }
 
 }  // namespace kvrelay::worker::tcp

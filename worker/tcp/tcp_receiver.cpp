@@ -3,9 +3,10 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
 #include <chrono>
-#include <future>
 #include <unordered_set>
 
 namespace kvrelay::worker::tcp {
@@ -15,10 +16,16 @@ using asio::ip::tcp;
 
 // What every connection of the listener shares; lives as long as one of them.
 struct TcpReceiver::Shared {
-  Shared(asio::io_context& io, const LocalPool& p, const AuthKey& k, ReceiverOptions o,
+  Shared(asio::io_context& context, const LocalPool& p, const AuthKey& k, ReceiverOptions o,
          std::shared_ptr<ReceiverStats> s)
-      : acceptor(io), pool(p), key(k), options(std::move(o)), stats(std::move(s)) {}
-  tcp::acceptor acceptor;
+      : io(context),
+        acceptor(asio::make_strand(context)),
+        pool(p),
+        key(k),
+        options(std::move(o)),
+        stats(std::move(s)) {}
+  asio::io_context& io;
+  tcp::acceptor acceptor;  // on a strand of its own, with `connections` and `stopped`
   const LocalPool& pool;
   const AuthKey& key;
   ReceiverOptions options;
@@ -188,7 +195,10 @@ class Connection final : public Channel {
 };
 
 void accept_next(const std::shared_ptr<TcpReceiver::Shared>& shared) {
-  shared->acceptor.async_accept([shared](const boost::system::error_code& ec, tcp::socket socket) {
+  // Each connection gets a strand of its own: lanes run in parallel.
+  shared->acceptor.async_accept(asio::make_strand(shared->io), [shared](
+                                                                   const boost::system::error_code& ec,
+                                                                   tcp::socket socket) {
     if (shared->stopped) return;
     if (!ec) {
       boost::system::error_code ignored;
@@ -199,7 +209,7 @@ void accept_next(const std::shared_ptr<TcpReceiver::Shared>& shared) {
           shared);
       std::erase_if(shared->connections, [](const auto& w) { return w.expired(); });
       shared->connections.push_back(c);
-      c->start();
+      asio::dispatch(c->executor(), [c] { c->start(); });
     } else if (ec == asio::error::operation_aborted) {
       return;
     } else {
@@ -230,29 +240,34 @@ Result<std::unique_ptr<TcpReceiver>> TcpReceiver::start(NetThread& net, const Lo
     return make_error(Errc::kSystem, fmt::format("cannot listen on {}:{} for tcp transfers: {}",
                                                  options.address, options.port, ec.message()));
   const uint16_t port = a.local_endpoint(ec).port();
-  asio::post(net.io(), [shared] { accept_next(shared); });
-  std::unique_ptr<TcpReceiver> r(new TcpReceiver(net, std::move(shared), port));
+  asio::post(shared->acceptor.get_executor(), [shared] { accept_next(shared); });
+  std::unique_ptr<TcpReceiver> r(new TcpReceiver(std::move(shared), port));
   r->stats_ = std::move(stats);
   spdlog::info("rank {}: accepting tcp transfers on {}:{}", options.rank, options.address, port);
   return r;
 }
 
-TcpReceiver::TcpReceiver(NetThread& net, std::shared_ptr<Shared> shared, uint16_t port)
-    : net_(net), shared_(std::move(shared)), port_(port) {}
+TcpReceiver::TcpReceiver(std::shared_ptr<Shared> shared, uint16_t port)
+    : shared_(std::move(shared)), port_(port) {}
 
 TcpReceiver::~TcpReceiver() {
-  // Stop accepting and close every connection, on the network thread, and
-  // wait: after this no handler writes into the pool.
-  std::promise<void> done;
-  asio::post(net_.io(), [shared = shared_, &done] {
+  // Stop accepting and close every connection, each on its strand, and wait:
+  // after this no handler writes into the pool.
+  auto closed = std::make_shared<WaitGroup>();
+  closed->add(1);
+  asio::post(shared_->acceptor.get_executor(), [shared = shared_, closed] {
     shared->stopped = true;
     boost::system::error_code ignored;
     shared->acceptor.close(ignored);
-    for (auto& w : shared->connections)
-      if (auto c = w.lock()) c->close("the receiver is stopping");
-    done.set_value();
+    for (auto& w : shared->connections) {
+      if (auto c = w.lock()) {
+        closed->add(1);
+        c->close_soon("the receiver is stopping", [closed] { closed->done(); });
+      }
+    }
+    closed->done();
   });
-  done.get_future().wait();
+  closed->wait();
 }
 
 }  // namespace kvrelay::worker::tcp

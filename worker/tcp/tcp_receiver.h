@@ -52,8 +52,7 @@ class TcpReceiver {
   struct Shared;  // what the listener's connections share (tcp_receiver.cpp)
 
  private:
-  TcpReceiver(NetThread& net, std::shared_ptr<Shared> shared, uint16_t port);
-  NetThread& net_;
+  TcpReceiver(std::shared_ptr<Shared> shared, uint16_t port);
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<ReceiverStats> stats_;
   uint16_t port_;

@@ -5,6 +5,7 @@
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
 #include <deque>
 #include <future>
 
@@ -59,6 +60,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
        std::string instance, const LocalPool& local, const AuthKey& key, SenderOptions options,
        std::shared_ptr<CompletionSink> sink)
       : io_(io),
+        strand_(asio::make_strand(io)),
         host_(std::move(host)),
         port_(port),
         expected_instance_(std::move(instance)),
@@ -75,15 +77,16 @@ class Peer : public std::enable_shared_from_this<Peer> {
     return layer < peer_layers_ ? peer_blocks_ : peer_extra_blocks_;
   }
 
-  // Network thread.
+  // On the peer's strand.
   void dispatch(Job job);
   void ensure_connected(std::function<void(Status)> done);
-  void close_all(const std::string& why);
+  void close_all(const std::string& why, const std::shared_ptr<WaitGroup>& closed);
   void fail(Job& job, const std::string& why) {
     sink_->push(TransferCompletion{job.ticket, 0, make_error(Errc::kAborted, why)});
   }
-  void lane_ready(Lane& lane, const HelloAck& ack);
-  void lane_closed(Lane& lane, bool was_ready, const std::string& why);
+  void lane_ready(const HelloAck& ack);
+  void lane_closed(bool was_ready, const std::string& why);
+  asio::strand<asio::io_context::executor_type>& strand() { return strand_; }
   void completed(const Job& job, Status status) {
     sink_->push(TransferCompletion{job.ticket, status ? job.bytes : 0, std::move(status)});
   }
@@ -97,8 +100,10 @@ class Peer : public std::enable_shared_from_this<Peer> {
 
  private:
   void open_lanes();
+  void submit_on(Lane& lane, Job job);
 
   asio::io_context& io_;
+  asio::strand<asio::io_context::executor_type> strand_;  // the peer's state below
   std::string host_;
   uint16_t port_;
   std::string expected_instance_;
@@ -124,19 +129,20 @@ class Peer : public std::enable_shared_from_this<Peer> {
 
 class Lane final : public Channel {
  public:
+  // On a strand of its own: lanes move bytes in parallel.
   Lane(asio::io_context& io, Peer& peer)
-      : Channel(tcp::socket(io), peer.options().timing, peer.name()),
+      : Channel(tcp::socket(asio::make_strand(io)), peer.options().timing, peer.name()),
         peer_(peer),
-        resolver_(io),
-        deadline_(io) {}
+        resolver_(socket_.get_executor()),
+        deadline_(socket_.get_executor()) {}
 
-  bool ready() const { return ready_; }
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
 
   void connect() {
     auto self = std::static_pointer_cast<Lane>(shared_from_this());
     deadline_.expires_after(peer_.options().connect_timeout);
     deadline_.async_wait([self](const boost::system::error_code& ec) {
-      if (!ec && !self->ready_)
+      if (!ec && !self->ready())
         self->close(fmt::format("no connection and handshake within {} ms",
                                 self->peer_.options().connect_timeout.count()));
     });
@@ -158,8 +164,8 @@ class Lane final : public Channel {
   }
 
   void submit(Job job) {
-    if (closed()) return peer_.fail(job, "connection lost before the transfer was sent");
-    if (!ready_) {
+    if (closed()) return peer_.fail(job, close_reason_);  // closed after it was chosen
+    if (!ready()) {
       waiting_.push_back(std::move(job));
       return;
     }
@@ -167,7 +173,7 @@ class Lane final : public Channel {
   }
 
   void on_message(Inbound in) override {
-    if (!ready_) return handshake(in);
+    if (!ready()) return handshake(in);
     switch (in.kind) {
       case schema::TcpEnvelope::HEARTBEAT: return read_next();
       case schema::TcpEnvelope::ACK: {
@@ -192,15 +198,19 @@ class Lane final : public Channel {
   void on_closed(const std::string& why) override {
     resolver_.cancel();
     deadline_.cancel();
-    const std::string reason =
-        ready_ ? fmt::format("connection lost: {}", why) : fmt::format("cannot reach it: {}", why);
+    const bool was_ready = ready();
+    const std::string reason = was_ready ? fmt::format("connection lost: {}", why)
+                                         : fmt::format("cannot reach it: {}", why);
+    close_reason_ = reason;
     for (Job& job : waiting_)
       peer_.fail(job, reason);
     for (auto& [id, job] : in_flight_)
       peer_.fail(job, reason);
     waiting_.clear();
     in_flight_.clear();
-    peer_.lane_closed(*this, ready_, why);
+    asio::post(peer_.strand(), [p = peer_.shared_from_this(), was_ready, why] {
+      p->lane_closed(was_ready, why);
+    });
   }
 
  private:
@@ -231,9 +241,11 @@ class Lane final : public Channel {
       return close(fmt::format("the receiver refused the connection: {}", in.hello_ack.reason));
     if (!peer_.key().verify(kAcceptLabel, nonce_, server_nonce_, in.hello_ack.proof))
       return close("the receiver could not prove it holds the key (a different key there?)");
-    ready_ = true;
+    ready_.store(true, std::memory_order_release);
     deadline_.cancel();
-    peer_.lane_ready(*this, in.hello_ack);
+    asio::post(peer_.strand(), [p = peer_.shared_from_this(), ack = in.hello_ack] {
+      p->lane_ready(ack);
+    });
     std::deque<Job> queued = std::move(waiting_);
     waiting_.clear();
     for (Job& job : queued)
@@ -296,7 +308,8 @@ class Lane final : public Channel {
   Peer& peer_;
   tcp::resolver resolver_;
   asio::steady_timer deadline_;
-  bool ready_ = false;
+  std::atomic<bool> ready_{false};
+  std::string close_reason_;  // what transfers handed to it after it closed are told
   bool challenged_ = false;
   std::vector<uint8_t> server_nonce_;
   std::vector<uint8_t> nonce_;
@@ -319,7 +332,7 @@ void Peer::dispatch(Job job) {
   }
   if (ready != nullptr) {
     if (lanes_.size() < options_.lanes) open_lanes();  // replace lanes that died
-    return ready->submit(std::move(job));
+    return submit_on(*ready, std::move(job));
   }
   if (lanes_.empty()) {
     const auto now = Clock::now();
@@ -330,14 +343,20 @@ void Peer::dispatch(Job job) {
                                        .count()));
     open_lanes();
   }
-  lanes_[next_lane_++ % lanes_.size()]->submit(std::move(job));
+  submit_on(*lanes_[next_lane_++ % lanes_.size()], std::move(job));
+}
+
+void Peer::submit_on(Lane& lane, Job job) {
+  asio::post(lane.executor(),
+             [l = std::static_pointer_cast<Lane>(lane.shared_from_this()),
+              job = std::move(job)]() mutable { l->submit(std::move(job)); });
 }
 
 void Peer::open_lanes() {
   while (lanes_.size() < options_.lanes) {
     auto lane = std::make_shared<Lane>(io_, *this);
     lanes_.push_back(lane);
-    lane->connect();
+    asio::post(lane->executor(), [lane] { lane->connect(); });
   }
 }
 
@@ -350,7 +369,7 @@ void Peer::ensure_connected(std::function<void(Status)> done) {
   if (lanes_.empty()) open_lanes();  // a ConnectTask tries now, backoff or not
 }
 
-void Peer::lane_ready(Lane&, const HelloAck& ack) {
+void Peer::lane_ready(const HelloAck& ack) {
   if (epoch_ != 0 && epoch_ != ack.epoch)
     spdlog::info("rank {}: {} restarted (a new pool there)", options_.rank, name_);
   epoch_ = ack.epoch;
@@ -364,30 +383,32 @@ void Peer::lane_ready(Lane&, const HelloAck& ack) {
     w({});
 }
 
-void Peer::lane_closed(Lane&, bool was_ready, const std::string& why) {
+void Peer::lane_closed(bool was_ready, const std::string& why) {
   if (stopped_) return;  // the worker is going: nothing to say or retry
   if (was_ready) {
     spdlog::warn("rank {}: tcp lane to {} closed: {}", options_.rank, name_, why);
     return;  // the next transfer reconnects at once
   }
   last_error_ = why;
-  backoff_ = std::clamp(backoff_ * 2, std::chrono::milliseconds(kMinBackoff),
-                        std::chrono::milliseconds(kMaxBackoff));
-  retry_at_ = Clock::now() + backoff_;
   bool any_open = false;
   for (const auto& l : lanes_)
     any_open = any_open || !l->closed();
-  if (any_open) return;
+  if (any_open) return;  // the attempt is not over yet
+  backoff_ = std::clamp(backoff_ * 2, std::chrono::milliseconds(kMinBackoff),
+                        std::chrono::milliseconds(kMaxBackoff));
+  retry_at_ = Clock::now() + backoff_;
   spdlog::warn("rank {}: cannot reach {}: {} (retrying after {} ms)", options_.rank, name_, why,
                backoff_.count());
   for (auto& w : std::exchange(connect_waiters_, {}))
     w(make_error(Errc::kTimeout, fmt::format("cannot reach {}: {}", name_, why)));
 }
 
-void Peer::close_all(const std::string& why) {
+void Peer::close_all(const std::string& why, const std::shared_ptr<WaitGroup>& closed) {
   stopped_ = true;
-  for (auto& l : std::vector<std::shared_ptr<Lane>>(lanes_))
-    l->close(why);
+  for (auto& l : lanes_) {
+    closed->add(1);
+    l->close_soon(why, [closed] { closed->done(); });
+  }
   lanes_.clear();
 }
 
@@ -395,8 +416,7 @@ namespace {
 
 class PeerDestination final : public Destination {
  public:
-  PeerDestination(asio::io_context& io, std::shared_ptr<Peer> peer)
-      : io_(io), peer_(std::move(peer)) {}
+  explicit PeerDestination(std::shared_ptr<Peer> peer) : peer_(std::move(peer)) {}
   uint32_t blocks_in_layer(uint32_t layer) const override { return peer_->blocks_in_layer(layer); }
   const std::string& peer() const override { return peer_->name(); }
   Status submit_layer(const TransferTicket& ticket, uint32_t,
@@ -404,14 +424,13 @@ class PeerDestination final : public Destination {
     Job job;
     job.ticket = ticket;
     job.runs.assign(runs.begin(), runs.end());
-    asio::post(io_, [peer = peer_, job = std::move(job)]() mutable {
+    asio::post(peer_->strand(), [peer = peer_, job = std::move(job)]() mutable {
       peer->dispatch(std::move(job));
     });
     return {};
   }
 
  private:
-  asio::io_context& io_;
   std::shared_ptr<Peer> peer_;
 };
 
@@ -426,15 +445,17 @@ TcpTransport::TcpTransport(NetThread& net, const LocalPool& local, const AuthKey
       sink_(std::make_shared<CompletionSink>(doorbell)) {}
 
 TcpTransport::~TcpTransport() {
-  // Close every lane on the network thread and wait: after this no handler
-  // reads the local pool. Their transfers complete with an error (unread).
-  std::promise<void> done;
-  asio::post(net_.io(), [this, &done] {
-    for (auto& [key, peer] : peers_)
-      peer->close_all("the transport is stopping");
-    done.set_value();
-  });
-  done.get_future().wait();
+  // Close every lane on its strand and wait: after this no handler reads the
+  // local pool. Their transfers complete with an error (unread).
+  auto closed = std::make_shared<WaitGroup>();
+  for (auto& [key, peer] : peers_) {
+    closed->add(1);
+    asio::post(peer->strand(), [p = peer, closed] {
+      p->close_all("the transport is stopping", closed);
+      closed->done();
+    });
+  }
+  closed->wait();
 }
 
 Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const std::string& host, uint16_t port,
@@ -467,7 +488,7 @@ Result<std::shared_ptr<Destination>> TcpTransport::resolve(schema::CacheDest::Re
   Result<std::shared_ptr<Peer>> peer = peer_for(dest.getPeerAddress().cStr(), ports[decode_rank],
                                                 decode_rank, dest.getPeerInstance().cStr());
   if (!peer) return peer.error();
-  return std::shared_ptr<Destination>(std::make_shared<PeerDestination>(net_.io(), *peer));
+  return std::shared_ptr<Destination>(std::make_shared<PeerDestination>(*peer));
 }
 
 Status TcpTransport::check_connect(schema::ConnectTask::Reader connect) {
@@ -480,7 +501,7 @@ Status TcpTransport::check_connect(schema::ConnectTask::Reader connect) {
   if (!peer) return peer.error();
   auto result = std::make_shared<std::promise<Status>>();
   std::future<Status> answer = result->get_future();
-  asio::post(net_.io(), [p = *peer, result] {
+  asio::post((*peer)->strand(), [p = *peer, result] {
     p->ensure_connected([result](Status s) { result->set_value(std::move(s)); });
   });
   if (answer.wait_for(options_.connect_timeout + std::chrono::milliseconds(500)) !=

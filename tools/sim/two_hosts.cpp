@@ -1,14 +1,23 @@
-#include "support/two_hosts.h"
+#include "two_hosts.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 
-#include "support/instance.h"
+#include <filesystem>
 
-namespace kvrelay::testing {
+#include "shm/spawn.h"
+
+namespace kvrelay::sim {
 
 namespace {
 
@@ -29,11 +38,25 @@ std::string ip_binary() {
 bool ip(const std::vector<std::string>& args, std::string* why) {
   std::vector<std::string> argv = {ip_binary()};
   argv.insert(argv.end(), args.begin(), args.end());
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+  SpawnOptions options;
+  options.output_fd = fds[1];
+  Result<pid_t> pid = spawn_process(argv, options);
+  ::close(fds[1]);
   std::string out;
-  const int rc = run_program(argv, &out, std::chrono::seconds(10));
-  if (rc != 0 && why != nullptr)
-    *why = fmt::format("`ip {}` failed ({}): {}", fmt::join(args, " "), rc, out);
-  return rc == 0;
+  char buf[512];
+  ssize_t n;
+  while (pid && (n = ::read(fds[0], buf, sizeof(buf))) > 0)
+    out.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  const bool ok = pid && ::waitpid(*pid, &status, 0) == *pid && WIFEXITED(status) &&
+                  WEXITSTATUS(status) == 0;
+  if (!ok && why != nullptr)
+    *why = fmt::format("`ip {}` failed: {}", fmt::join(args, " "),
+                       pid ? out : pid.error().message);
+  return ok;
 }
 
 }  // namespace
@@ -100,4 +123,60 @@ bool TwoHosts::set_link(bool up) {
   return ip({"-n", ns_a_, "link", "set", veth_a_, up ? "up" : "down"}, nullptr);
 }
 
-}  // namespace kvrelay::testing
+Status TwoHosts::enter(bool host_a) const {
+  if (!isolated_) return {};
+  const std::string path = "/var/run/netns/" + (host_a ? ns_a_ : ns_b_);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return make_error(Errc::kSystem, fmt::format("open {}: {}", path, errno));
+  const int rc = ::setns(fd, CLONE_NEWNET);
+  ::close(fd);
+  if (rc != 0) return make_error(Errc::kSystem, fmt::format("setns {}: errno {}", path, errno));
+  return {};
+}
+
+TemporaryKey::TemporaryKey() {
+  char dir[] = "/tmp/kvrelay-key-XXXXXX";
+  if (::mkdtemp(dir) == nullptr) return;
+  dir_ = dir;
+  const std::string path = dir_ + "/key";
+  const int out = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  const int in = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  unsigned char key[32];
+  const bool ok = out >= 0 && in >= 0 && ::read(in, key, sizeof(key)) == sizeof(key) &&
+                  ::write(out, key, sizeof(key)) == sizeof(key);
+  if (out >= 0) ::close(out);
+  if (in >= 0) ::close(in);
+  if (ok) path_ = path;
+}
+
+TemporaryKey::~TemporaryKey() {
+  if (!dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+}
+
+std::vector<uint16_t> free_tcp_ports(uint32_t n, const std::string& address) {
+  std::vector<uint16_t> ports;
+  std::vector<int> held;  // held until all are chosen: no port twice
+  for (uint32_t i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    ::inet_pton(AF_INET, address.c_str(), &a.sin_addr);
+    socklen_t len = sizeof(a);
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      if (fd >= 0) ::close(fd);
+      ports.clear();
+      break;
+    }
+    held.push_back(fd);
+    ports.push_back(ntohs(a.sin_port));
+  }
+  for (int fd : held)
+    ::close(fd);
+  return ports;
+}
+
+}  // namespace kvrelay::sim
