@@ -79,6 +79,8 @@ static_assert(static_cast<int>(CompletionStatus::kRejected) ==
               static_cast<int>(schema::Completion::Status::REJECTED));
 static_assert(static_cast<int>(CompletionKind::kCancel) ==
               static_cast<int>(schema::Completion::Kind::CANCEL));
+static_assert(static_cast<int>(CompletionKind::kArrived) ==
+              static_cast<int>(schema::Completion::Kind::ARRIVED));
 static_assert(static_cast<int>(Protocol::kRdma) ==
               static_cast<int>(schema::TransferProtocol::RDMA));
 
@@ -342,6 +344,18 @@ Status Client::submit(const SwapSpec& spec, Deadline deadline) {
   s.setDeadlineMs(spec.deadline_ms);
   if (Status v = messages::validate(s.asReader(), impl_->limits); !v) return v;
   return impl_->write(MessageType::SWAP_TASK, msg, deadline);
+}
+
+Status Client::submit(const ExpectSpec& spec, Deadline deadline) {
+  if (Status s = check_id("ExpectArrival", spec.request_id); !s) return s;
+  capnp::MallocMessageBuilder msg;
+  auto e = msg.initRoot<schema::ExpectArrival>();
+  e.setRequestId(spec.request_id);
+  set_u32_list(e.initDestBlockIds(static_cast<unsigned>(spec.dest_block_ids.size())),
+               spec.dest_block_ids);
+  e.setDeadlineMs(spec.deadline_ms);
+  if (Status v = messages::validate(e.asReader(), impl_->limits); !v) return v;
+  return impl_->write(MessageType::EXPECT_ARRIVAL, msg, deadline);
 }
 
 Status Client::submit(const ConnectSpec& spec, Deadline deadline) {

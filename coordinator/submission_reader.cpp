@@ -56,6 +56,10 @@ void dispatch_submission(const MpscRecord& rec, TaskTable& table, EngineSessions
       decode<schema::SwapTask>(rec, "SwapTask", table, stats, session, now_ns,
                                [&](auto r) { table.on_swap(r, now_ns, session); });
       return;
+    case MessageType::EXPECT_ARRIVAL:
+      decode<schema::ExpectArrival>(rec, "ExpectArrival", table, stats, session, now_ns,
+                                    [&](auto r) { table.on_expect(r, now_ns, session); });
+      return;
     case MessageType::CONNECT_TASK:
       decode<schema::ConnectTask>(rec, "ConnectTask", table, stats, session, now_ns,
                                   [&](auto r) { table.on_connect(r, now_ns, session); });

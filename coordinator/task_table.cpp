@@ -92,7 +92,8 @@ struct TaskTable::Request {
   // Whether the ranks may write into pools for it (a decode half was
   // dispatched, or it is a swap): then its end waits for them.
   bool can_write() const {
-    return kind == CompletionKind::SWAP || (kind == CompletionKind::CACHE && dest_sent);
+    return kind == CompletionKind::SWAP || kind == CompletionKind::ARRIVED ||
+           (kind == CompletionKind::CACHE && dest_sent);
   }
   std::string waiting_for() const {
     if (kind != CompletionKind::CACHE || dest_sent) return "the ranks were still working";
@@ -383,6 +384,36 @@ void TaskTable::on_swap(schema::SwapTask::Reader shared, uint64_t now_ns, uint32
         w.setProgressGeneration(r.progress_generation);
       },
       now_ns);
+}
+
+// The decode engine's word that a request's KV will arrive over tcp into
+// these blocks: every rank tracks it, and its completion (kind arrived)
+// comes when every rank has every byte.
+void TaskTable::on_expect(schema::ExpectArrival::Reader shared, uint64_t now_ns,
+                          uint32_t session) {
+  auto owned = copy_of(shared);
+  const auto expect = owned->getRoot<schema::ExpectArrival>().asReader();
+  if (Status s = messages::validate_request_id("ExpectArrival", expect.getRequestId()); !s) {
+    complete_unknown(printable_id(expect.getRequestId()), CompletionKind::ARRIVED,
+                     CompletionStatus::REJECTED, s.error().message, now_ns, session);
+    return;
+  }
+  const std::string id = text(expect.getRequestId());
+  if (find_live(id) != nullptr || tombstones_.find(id, now_ns)) {
+    complete_unknown(id, CompletionKind::ARRIVED, CompletionStatus::REJECTED,
+                     fmt::format("ExpectArrival '{}': duplicate request id", id), now_ns, session);
+    return;
+  }
+  if (!admit(id, CompletionKind::ARRIVED, now_ns, session)) return;
+  if (Status s = messages::validate(expect, limits_); !s) {
+    complete_unknown(id, CompletionKind::ARRIVED, CompletionStatus::ERROR, s.error().message,
+                     now_ns, session);
+    remember(id, Tombstones::Halves{true, true}, 0, now_ns);
+    return;
+  }
+  Request& r = create(id, CompletionKind::ARRIVED, now_ns, expect.getDeadlineMs(), session);
+  send_to_ranks(
+      r, [&](schema::WorkerTask::Builder w) { w.setExpect(expect); }, now_ns);
 }
 
 void TaskTable::on_connect(schema::ConnectTask::Reader shared, uint64_t now_ns, uint32_t session) {

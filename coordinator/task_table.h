@@ -142,6 +142,7 @@ class TaskTable {
   void on_cache_task(schema::CacheTask::Reader task, uint64_t now_ns, uint32_t session = 0);
   void on_cache_dest(schema::CacheDest::Reader dest, uint64_t now_ns, uint32_t session = 0);
   void on_swap(schema::SwapTask::Reader swap, uint64_t now_ns, uint32_t session = 0);
+  void on_expect(schema::ExpectArrival::Reader expect, uint64_t now_ns, uint32_t session = 0);
   void on_connect(schema::ConnectTask::Reader connect, uint64_t now_ns, uint32_t session = 0);
   void on_cancel(schema::Cancel::Reader cancel, uint64_t now_ns, uint32_t session = 0);
   void on_register_pool(schema::RegisterPool::Reader reg, uint64_t now_ns, uint32_t session = 0);

@@ -23,6 +23,7 @@ const char* message_type_name(schema::MessageType type) {
     case schema::MessageType::TCP_FRAME_HEADER: return "TcpFrameHeader";
     case schema::MessageType::SESSION_HELLO: return "SessionHello";
     case schema::MessageType::TCP_ENVELOPE: return "TcpEnvelope";
+    case schema::MessageType::EXPECT_ARRIVAL: return "ExpectArrival";
   }
   return "unknown";
 }

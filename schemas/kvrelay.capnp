@@ -40,6 +40,7 @@ enum MessageType {
   tcpFrameHeader @13;
   sessionHello @14;
   tcpEnvelope @15;
+  expectArrival @16;
 }
 
 enum TransferProtocol {
@@ -196,6 +197,25 @@ struct ConnectTask {
   # ipc: the peer instance name on this host.
 }
 
+struct ExpectArrival {
+  # Submitted by the decode engine to its own (decode) instance: a request's
+  # KV cache will arrive over tcp into these blocks. Every rank then accepts
+  # that request's frames only into them, refuses other requests' frames
+  # into them, and the instance completes it once, with kind `arrived`, when
+  # every byte of every layer has arrived on every rank (`timeout` at its
+  # deadline). Written by the engine.
+
+  requestId @0 :Text;
+  # The request's id, as the prefill engine submits it (CacheTask.requestId).
+
+  destBlockIds @1 :List(UInt32);
+  # Its blocks here: CacheDest.destBlockIds of the same request. No
+  # duplicates; each id below the pool's num_blocks.
+
+  deadlineMs @2 :UInt32;
+  # As CacheTask.deadlineMs.
+}
+
 struct Cancel {
   # Withdraw a request. Exactly one completion still arrives for it
   # (`cancelled`, unless it had already finished). Written by the engine.
@@ -294,6 +314,8 @@ struct WorkerTask {
     sessionEnded @10 :UInt32;
     # An engine session (its id: producer slot << 16 | generation & 0xffff)
     # died: forget the signals it pushed that no request has claimed yet.
+    expect @12 :ExpectArrival;
+    # Track the arrival of this request's frames (tcp receiver).
   }
 }
 
@@ -320,6 +342,7 @@ struct Completion {
     registerPool @3;
     other @4;  # a record that could not be decoded far enough to know
     cancel @5;  # the answer to a Cancel that was refused (rejected)
+    arrived @6;  # an ExpectArrival: every byte is in this instance's pools
   }
 
   status @2 :Status;
@@ -435,6 +458,9 @@ struct TcpFrameHeader {
   transfer @6 :UInt64;
   # The sender's id of the transfer (one layer of one request) the frame
   # belongs to, echoed in the TcpAck.
+  requestKey @7 :UInt64;
+  # FNV-1a 64 of the request id (never 0): matches the frame with the decode
+  # side's ExpectArrival of that request.
 }
 
 struct TcpAuthChallenge {

@@ -248,6 +248,23 @@ Status validate(schema::SwapTask::Reader swap, const Limits& limits) {
   return {};
 }
 
+Status validate(schema::ExpectArrival::Reader expect, const Limits& limits) {
+  if (Status s = validate_request_id("ExpectArrival", expect.getRequestId()); !s) return s;
+  const std::string w = who("ExpectArrival", expect.getRequestId());
+  if ((limits.protocols & kProtocolTcp) == 0)
+    return invalid(fmt::format("{}: this instance does not accept tcp (--protocol); arrivals are "
+                               "tracked for tcp transfers",
+                               w));
+  if (Status s = check_block_list(w, "dest_block_ids", expect.getDestBlockIds(), limits.num_blocks,
+                                  "pool", true);
+      !s)
+    return s;
+  if (expect.getDeadlineMs() > kMaxDeadlineMs)
+    return invalid(fmt::format("{}: deadline_ms {} exceeds the limit of {} (one hour)", w,
+                               expect.getDeadlineMs(), kMaxDeadlineMs));
+  return {};
+}
+
 Status validate(schema::ConnectTask::Reader connect, const Limits& limits) {
   const std::string w = fmt::format("ConnectTask {}", connect.getTaskId());
   const TransferProtocol p = connect.getProtocol();

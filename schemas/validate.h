@@ -57,6 +57,7 @@ Status validate(schema::CacheDest::Reader dest, const Limits& limits,
 // Rules that need both halves (the destination is not longer than the source).
 Status validate_pair(schema::CacheTask::Reader task, schema::CacheDest::Reader dest);
 Status validate(schema::SwapTask::Reader swap, const Limits& limits);
+Status validate(schema::ExpectArrival::Reader expect, const Limits& limits);
 Status validate(schema::ConnectTask::Reader connect, const Limits& limits);
 Status validate(schema::Cancel::Reader cancel, const Limits& limits);
 Status validate(schema::RegisterPool::Reader reg, const Limits& limits);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "schemas/codec.h"
+
 namespace kvrelay::worker {
 
 tcp::Timing tcp_timing(const InstanceConfig& config) {
@@ -56,6 +58,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
     receiver.instance = instance_of(config);
     receiver.rank = rank;
     receiver.timing = sender.timing;
+    receiver.doorbell = doorbell;
     Result<std::unique_ptr<tcp::TcpReceiver>> r =
         tcp::TcpReceiver::start(*t->net_, local, *t->key_, receiver);
     if (!r) return r.error();
@@ -96,6 +99,25 @@ Status Transports::check_connect(schema::ConnectTask::Reader connect) {
                         "tcp across hosts");
   }
   return make_error(Errc::kInvalidArgument, "unknown protocol");
+}
+
+Status Transports::expect(uint64_t handle, schema::ExpectArrival::Reader expect) {
+  if (!receiver_)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("rank {} has no tcp listener (--tcp-ports, --auth-key-file): "
+                                  "arrivals are tracked for tcp transfers",
+                                  rank_));
+  const std::vector<uint32_t> blocks = messages::to_vector(expect.getDestBlockIds());
+  return receiver_->arrivals().expect(handle, expect.getRequestId().cStr(), blocks);
+}
+
+bool Transports::withdraw(uint64_t handle) {
+  return receiver_ && receiver_->arrivals().withdraw(handle);
+}
+
+std::vector<tcp::ArrivalEvent> Transports::take_arrivals() {
+  if (!receiver_) return {};
+  return receiver_->arrivals().take();
 }
 
 void Transports::poll(std::vector<TransferCompletion>& out) {

@@ -46,6 +46,15 @@ class Transports final : public Transport {
   // The tcp listener, if this rank has one.
   const tcp::TcpReceiver* receiver() const { return receiver_.get(); }
 
+  // ExpectArrival: track request `handle`'s frames into its declared blocks
+  // (an error when this rank has no tcp listener, or the blocks are taken).
+  Status expect(uint64_t handle, schema::ExpectArrival::Reader expect);
+  // A cancel or timeout of an expected request: true when it was one (its
+  // answer comes through take_arrivals()).
+  bool withdraw(uint64_t handle);
+  bool has_arrivals() const { return receiver_ && receiver_->arrivals().any(); }
+  std::vector<tcp::ArrivalEvent> take_arrivals();
+
  private:
   Transports(uint32_t rank, const LocalPool& local);
 

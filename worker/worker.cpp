@@ -128,6 +128,7 @@ class Worker {
         busy = true;
       }
       drain_swap_reports();
+      drain_arrivals();
       flush_reports();
       mirror_counters();
       for (const LocalPool* pool : {device_pool_.get(), host_pool_.get()}) {
@@ -162,8 +163,8 @@ class Worker {
             doorbell_,
             [&] {
               return task_ring_.readable() || signal_ring_.readable() ||
-                     transports_->has_completions() || (swap_ && swap_->has_reports()) ||
-                     g_stop != 0;
+                     transports_->has_completions() || transports_->has_arrivals() ||
+                     (swap_ && swap_->has_reports()) || g_stop != 0;
             },
             Deadline::after(50ms));
       }
@@ -225,7 +226,12 @@ class Worker {
       }
       case schema::WorkerTask::DEST: scheduler_->on_dest(h, t.getDest()); break;
       case schema::WorkerTask::CANCEL:
+        if (transports_->withdraw(h)) break;  // answered once its writes in progress end
         if (!(swap_ && swap_->cancel(h))) scheduler_->on_cancel(h);
+        break;
+      case schema::WorkerTask::EXPECT:
+        if (Status s = transports_->expect(h, t.getExpect()); !s)
+          report(h, ReportKind::kFailed, 0, s.error().message);
         break;
       case schema::WorkerTask::CONNECT: {
         Status s = transports_->check_connect(t.getConnect());
@@ -283,6 +289,19 @@ class Worker {
     if (!swap_ || !swap_->has_reports()) return;
     for (const SwapReport& r : swap_->take_reports())
       report(r.handle, r.kind, r.bytes, r.message, r.first_copy_ns);
+  }
+
+  // Expected requests (tcp): arrived, failed (a frame broke its rules), or
+  // withdrawn (the answer to a cancel).
+  void drain_arrivals() {
+    if (!transports_->has_arrivals()) return;
+    for (const tcp::ArrivalEvent& e : transports_->take_arrivals()) {
+      switch (e.kind) {
+        case tcp::ArrivalEvent::kArrived: report(e.handle, ReportKind::kFinished, e.bytes, ""); break;
+        case tcp::ArrivalEvent::kFailed: report(e.handle, ReportKind::kFailed, e.bytes, e.message); break;
+        case tcp::ArrivalEvent::kWithdrawn: report(e.handle, ReportKind::kCancelled, e.bytes, ""); break;
+      }
+    }
   }
 
   void register_pool(uint64_t handle, schema::PoolDescriptor::Reader d) {

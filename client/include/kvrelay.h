@@ -78,7 +78,8 @@ typedef enum kvrelay_completion_kind {
   KVRELAY_KIND_CONNECT = 2,
   KVRELAY_KIND_REGISTER_POOL = 3,
   KVRELAY_KIND_OTHER = 4,
-  KVRELAY_KIND_CANCEL = 5 /* the answer to a refused cancel (rejected) */
+  KVRELAY_KIND_CANCEL = 5, /* the answer to a refused cancel (rejected) */
+  KVRELAY_KIND_ARRIVED = 6 /* an expected request's KV arrived (tcp, decode side) */
 } kvrelay_completion_kind;
 
 typedef struct kvrelay_completion {

@@ -23,6 +23,7 @@ const char* kind_name(CompletionKind k) {
     case CompletionKind::kRegisterPool: return "register_pool";
     case CompletionKind::kOther: return "other";
     case CompletionKind::kCancel: return "cancel";
+    case CompletionKind::kArrived: return "arrived";
   }
   return "other";
 }

@@ -218,5 +218,74 @@ TEST_F(TcpFaults, AConnectTaskShakesHandsOnEveryRank) {
       << wrong.message;
 }
 
+// ---- expected requests: the decode engine's own completion ----
+
+TEST_F(TcpFaults, TheDecodeEngineLearnsItsKvArrivedExactlyOnce) {
+  start();
+  sim::RequestBlocks r = blocks(4);
+  Client& decode_engine = env->decode().client();
+  ASSERT_TRUE(decode_engine.submit(ExpectSpec{"arrive", r.dst, 20'000}, Deadline::after(5s)));
+  submit("arrive", r, 0);
+  layers_done(0, kLayers);
+  const Completion sent = env->wait_for("arrive");
+  EXPECT_EQ(sent.status, CompletionStatus::kFinished) << sent.message;
+  Result<Completion> here = decode_engine.wait(Deadline::after(10s));
+  ASSERT_TRUE(here) << here.error().message;
+  EXPECT_EQ(here->request_id, "arrive");
+  EXPECT_EQ(here->kind, CompletionKind::kArrived);
+  EXPECT_EQ(here->status, CompletionStatus::kFinished) << here->message;
+  const uint64_t block = env->dst_pool(0).geometry().block_bytes(PoolTensor::kKey);
+  EXPECT_EQ(here->bytes_moved, r.dst.size() * kLayers * 2 * block * env->tp());
+  EXPECT_EQ(env->wrong_words(r), 0u);
+  EXPECT_EQ(decode_engine.wait(Deadline::after(300ms)).code(), Errc::kTimeout)
+      << "exactly one completion";
+}
+
+TEST_F(TcpFaults, AnExpectedRequestThatNeverComesTimesOut) {
+  start();
+  sim::RequestBlocks r = blocks(2);
+  Client& decode_engine = env->decode().client();
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(decode_engine.submit(ExpectSpec{"never", r.dst, 500}, Deadline::after(5s)));
+  Result<Completion> here = decode_engine.wait(Deadline::after(10s));
+  ASSERT_TRUE(here) << here.error().message;
+  EXPECT_EQ(here->kind, CompletionKind::kArrived);
+  EXPECT_EQ(here->status, CompletionStatus::kTimeout) << here->message;
+  EXPECT_LT(Clock::now() - t0, 5s);
+  // Its blocks are free again, and its own frames, late, are refused.
+  submit("never", r, 0);
+  layers_done(0, kLayers);
+  const Completion late = env->wait_for("never");
+  EXPECT_EQ(late.status, CompletionStatus::kError);
+  EXPECT_NE(late.message.find("withdrawn"), std::string::npos) << late.message;
+  EXPECT_EQ(stray_writes({}), 0u);
+}
+
+TEST_F(TcpFaults, FramesIntoBlocksAnotherRequestDeclaredAreRefusedAndThatRequestStillArrives) {
+  start();
+  sim::RequestBlocks owner = blocks(3);
+  sim::RequestBlocks intruder = blocks(3);
+  intruder.dst = owner.dst;  // a buggy engine sends another request into them
+  Client& decode_engine = env->decode().client();
+  ASSERT_TRUE(decode_engine.submit(ExpectSpec{"owner", owner.dst, 20'000}, Deadline::after(5s)));
+  submit("intruder", intruder, 0);
+  layers_done(0, kLayers);
+  const Completion refused = env->wait_for("intruder");
+  EXPECT_EQ(refused.status, CompletionStatus::kError);
+  EXPECT_NE(refused.message.find("which request 'owner' declared"), std::string::npos)
+      << refused.message;
+  for (uint32_t rank = 0; rank < env->tp(); ++rank)
+    for (uint32_t b : owner.dst)
+      EXPECT_TRUE(sim::block_is_poisoned(env->dst_pool(rank), 0, 0, b)) << "nothing written";
+  submit("owner", owner, 1);
+  layers_done(0, kLayers);
+  EXPECT_EQ(env->wait_for("owner").status, CompletionStatus::kFinished);
+  Result<Completion> here = decode_engine.wait(Deadline::after(10s));
+  ASSERT_TRUE(here) << here.error().message;
+  EXPECT_EQ(here->request_id, "owner");
+  EXPECT_EQ(here->status, CompletionStatus::kFinished) << here->message;
+  EXPECT_EQ(env->wrong_words(owner), 0u);
+}
+
 }  // namespace
 }  // namespace kvrelay::testing

@@ -23,13 +23,15 @@ struct TcpReceiver::Shared {
         pool(p),
         key(k),
         options(std::move(o)),
-        stats(std::move(s)) {}
+        stats(std::move(s)),
+        arrivals(p.geometry(), options.doorbell) {}
   asio::io_context& io;
   tcp::acceptor acceptor;  // on a strand of its own, with `connections` and `stopped`
   const LocalPool& pool;
   const AuthKey& key;
   ReceiverOptions options;
   std::shared_ptr<ReceiverStats> stats;
+  Arrivals arrivals;
   uint64_t epoch = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(
           std::chrono::system_clock::now().time_since_epoch())
@@ -140,6 +142,7 @@ class Connection final : public Channel {
     if (ok && base == nullptr)
       ok = make_error(Errc::kInvalidArgument, fmt::format("layer {} tensor {} does not exist",
                                                           f.layer, f.tensor));
+    if (ok) ok = shared_->arrivals.admit(f);  // the declared requests' blocks
     if (!ok) {
       ++shared_->stats->refused_frames;
       spdlog::warn("rank {}: refused a frame from {} (transfer {}): {}", shared_->options.rank,
@@ -152,7 +155,10 @@ class Connection final : public Channel {
     }
     ++shared_->stats->frames;
     shared_->stats->bytes += f.bytes;
-    read_payload(base + f.dst_offset, f.bytes, after);
+    read_payload(base + f.dst_offset, f.bytes, [self, f, after] {
+      self->shared_->arrivals.landed(f);
+      after();
+    });
   }
 
   // A refused frame's payload is read and dropped, unless it is too large
@@ -245,6 +251,10 @@ Result<std::unique_ptr<TcpReceiver>> TcpReceiver::start(NetThread& net, const Lo
   r->stats_ = std::move(stats);
   spdlog::info("rank {}: accepting tcp transfers on {}:{}", options.rank, options.address, port);
   return r;
+}
+
+Arrivals& TcpReceiver::arrivals() {
+  return shared_->arrivals;
 }
 
 TcpReceiver::TcpReceiver(std::shared_ptr<Shared> shared, uint16_t port)

@@ -283,6 +283,7 @@ class Lane final : public Channel {
       for (const kernels::CopyRun& r : byte_runs_) {
         FrameHeader f;
         f.transfer = job.transfer;
+        f.request_key = job.ticket.request_key;
         f.handle = job.ticket.handle;
         f.layer = layer;
         f.tensor = t;

@@ -61,6 +61,15 @@ PoolGeometry get_geometry(schema::PoolDescriptor::Reader d) {
 
 }  // namespace
 
+uint64_t request_key(std::string_view id) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : id) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
 Result<uint32_t> parse_length(std::span<const uint8_t, 4> p) {
   const uint32_t len = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
                        uint32_t{p[3]} << 24;
@@ -111,6 +120,7 @@ Result<Inbound> decode_envelope(std::span<const std::byte> body) {
           case schema::TcpEnvelope::FRAME: {
             const auto f = e.getFrame();
             in.frame.transfer = f.getTransfer();
+            in.frame.request_key = f.getRequestKey();
             in.frame.handle = f.getHandle();
             in.frame.layer = f.getLayer();
             in.frame.tensor = f.getTensor();
@@ -178,6 +188,7 @@ void encode_frame(const FrameHeader& frame, std::vector<std::byte>& out) {
   capnp::MallocMessageBuilder m(kj::arrayPtr(scratch, 16));
   auto f = m.initRoot<schema::TcpEnvelope>().initFrame();
   f.setTransfer(frame.transfer);
+  f.setRequestKey(frame.request_key);
   f.setHandle(frame.handle);
   f.setLayer(frame.layer);
   f.setTensor(frame.tensor);

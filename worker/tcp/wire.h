@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "schemas/kvrelay.capnp.h"
@@ -33,8 +34,12 @@ inline constexpr uint32_t kWireVersion = 1;
 // not a kvrelay peer's (or lost its framing).
 inline constexpr uint32_t kMaxEnvelopeBytes = 64 * 1024;
 
+// FNV-1a 64 of a request id, never 0: what a frame names its request by.
+uint64_t request_key(std::string_view request_id);
+
 struct FrameHeader {
   uint64_t transfer = 0;
+  uint64_t request_key = 0;  // request_key() of its request id; 0: unnamed
   uint64_t handle = 0;
   uint32_t layer = 0;
   uint32_t tensor = 0;

@@ -100,6 +100,18 @@ struct SwapSpec {
   uint32_t deadline_ms = 0;
 };
 
+// Submitted to a decode instance by its own engine: request `request_id`'s
+// KV will arrive over tcp into `dest_block_ids` (its CacheDest's). Its
+// completion, kind kArrived, says every byte is in every rank's pool, or
+// why not (error naming the rank, timeout at its deadline). Until then the
+// ranks accept that request's frames only into these blocks and nobody
+// else's frames into them.
+struct ExpectSpec {
+  std::string request_id;
+  std::vector<uint32_t> dest_block_ids;
+  uint32_t deadline_ms = 0;
+};
+
 struct ConnectSpec {
   uint64_t task_id = 0;  // the completion's id is "connect-<task_id>"
   Protocol protocol = Protocol::kIpc;
@@ -115,7 +127,15 @@ struct PoolSpec {
 };
 
 enum class CompletionStatus : uint16_t { kFinished, kError, kCancelled, kTimeout, kRejected };
-enum class CompletionKind : uint16_t { kCache, kSwap, kConnect, kRegisterPool, kOther, kCancel };
+enum class CompletionKind : uint16_t {
+  kCache,
+  kSwap,
+  kConnect,
+  kRegisterPool,
+  kOther,
+  kCancel,
+  kArrived,  // an ExpectSpec: the request's KV is here
+};
 const char* completion_status_name(CompletionStatus s);
 
 struct Completion {
@@ -176,6 +196,7 @@ class Client {
   Status submit(const CacheTaskSpec& task, Deadline deadline);
   Status submit(const CacheDestSpec& dest, Deadline deadline);
   Status submit(const SwapSpec& swap, Deadline deadline);
+  Status submit(const ExpectSpec& expect, Deadline deadline);
   Status submit(const ConnectSpec& connect, Deadline deadline);
   Status register_pool(const PoolSpec& pool, Deadline deadline);
   Status cancel(std::string_view request_id, Deadline deadline);

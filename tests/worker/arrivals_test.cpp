@@ -1,0 +1,113 @@
+// The decode side's expected requests: a request arrives exactly when every
+// block of every layer and tensor has landed, once; nobody writes into
+// another request's declared blocks; late frames are refused.
+#include "worker/tcp/arrivals.h"
+
+#include <gtest/gtest.h>
+
+namespace kvrelay::worker::tcp {
+namespace {
+
+PoolGeometry geometry() {
+  PoolGeometry g;
+  g.num_layers = 2;
+  g.num_blocks = 16;
+  g.kv_heads = 1;
+  g.block_size = 4;
+  g.head_dim = 8;
+  g.dtype = static_cast<uint32_t>(CacheDtype::kBf16);
+  return g;
+}
+
+constexpr uint64_t kBlock = 4 * 8 * 2;
+
+FrameHeader frame(const std::string& id, uint32_t layer, uint32_t tensor, uint32_t block,
+                  uint32_t count = 1) {
+  FrameHeader f;
+  f.request_key = request_key(id);
+  f.layer = layer;
+  f.tensor = tensor;
+  f.dst_offset = block * kBlock;
+  f.bytes = count * kBlock;
+  return f;
+}
+
+// Admits and lands a frame, as the receiver does.
+Status deliver(Arrivals& a, const FrameHeader& f) {
+  Status s = a.admit(f);
+  if (s) a.landed(f);
+  return s;
+}
+
+TEST(Arrivals, ARequestArrivesOnceWhenEveryLayerAndTensorOfEveryBlockHasLanded) {
+  Arrivals a(geometry(), nullptr);
+  ASSERT_TRUE(a.expect(7, "r1", {3, 4, 9}));
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t t = 0; t < 2; ++t) {
+      ASSERT_TRUE(deliver(a, frame("r1", l, t, 3, 2)));  // blocks 3 and 4 in one run
+      if (l == 1 && t == 1) {
+        EXPECT_FALSE(a.any()) << "block 9 of layer 1, V is still missing";
+        ASSERT_TRUE(deliver(a, frame("r1", l, t, 3, 2))) << "a repeat counts once";
+        EXPECT_FALSE(a.any());
+      }
+      ASSERT_TRUE(deliver(a, frame("r1", l, t, 9)));
+    }
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].handle, 7u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived);
+  EXPECT_EQ(events[0].bytes, 3 * 2 * 2 * kBlock);
+  EXPECT_FALSE(deliver(a, frame("r1", 0, 0, 3))) << "a late frame of an arrived request";
+}
+
+TEST(Arrivals, NoFrameWritesIntoBlocksAnotherRequestDeclared) {
+  Arrivals a(geometry(), nullptr);
+  ASSERT_TRUE(a.expect(1, "mine", {5}));
+  Status foreign = deliver(a, frame("other", 0, 0, 5));
+  ASSERT_FALSE(foreign);
+  EXPECT_EQ(foreign.error().message,
+            "a frame writes destination block 5, which request 'mine' declared");
+  EXPECT_TRUE(deliver(a, frame("other", 0, 0, 6))) << "undeclared blocks: the shape check only";
+  EXPECT_FALSE(a.any()) << "'mine' is unaffected";
+  EXPECT_FALSE(a.expect(2, "second", {5})) << "a block is declared by one request at a time";
+}
+
+TEST(Arrivals, ADeclaredRequestWritingOutsideItsBlocksFails) {
+  Arrivals a(geometry(), nullptr);
+  ASSERT_TRUE(a.expect(3, "r", {1, 2}));
+  Status s = deliver(a, frame("r", 0, 0, 2, 2));  // blocks 2 and 3
+  ASSERT_FALSE(s);
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kFailed);
+  EXPECT_EQ(events[0].message,
+            "a frame of request 'r' writes destination block 3, which it did not declare");
+  EXPECT_TRUE(a.expect(4, "next", {1, 2})) << "its blocks are free again";
+}
+
+TEST(Arrivals, AWithdrawalIsAnsweredOnlyOnceThePayloadsBeingWrittenHaveLanded) {
+  Arrivals a(geometry(), nullptr);
+  ASSERT_TRUE(a.expect(9, "r", {0}));
+  const FrameHeader f = frame("r", 0, 0, 0);
+  ASSERT_TRUE(a.admit(f));  // its payload is being read into the pool
+  EXPECT_TRUE(a.withdraw(9));
+  EXPECT_FALSE(a.any()) << "not while a payload of it is still being written";
+  EXPECT_FALSE(a.admit(frame("r", 1, 0, 0))) << "no new frame of it";
+  a.landed(f);
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kWithdrawn);
+  EXPECT_FALSE(a.withdraw(9)) << "once";
+  EXPECT_FALSE(deliver(a, frame("r", 0, 1, 0))) << "and its frames stay refused";
+}
+
+TEST(Arrivals, NothingToWaitForArrivesAtOnce) {
+  Arrivals a(geometry(), nullptr);
+  ASSERT_TRUE(a.expect(5, "cached", {}));
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived);
+}
+
+}  // namespace
+}  // namespace kvrelay::worker::tcp

@@ -1,0 +1,174 @@
+#include "worker/tcp/arrivals.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace kvrelay::worker::tcp {
+
+namespace {
+constexpr size_t kRememberGone = 4096;  // arrived or withdrawn requests whose frames are refused
+}
+
+Arrivals::Arrivals(const PoolGeometry& pool, WaitEvent* doorbell)
+    : pool_(pool),
+      doorbell_(doorbell),
+      owner_(std::max(pool.num_blocks, pool.extra_layer_blocks), 0),
+      index_in_owner_(owner_.size(), 0) {}
+
+Status Arrivals::expect(uint64_t handle, const std::string& id,
+                        const std::vector<uint32_t>& blocks) {
+  const uint64_t key = request_key(id);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (expected_.count(key) != 0)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("request '{}' is expected here already", id));
+  for (uint32_t b : blocks) {
+    if (b >= owner_.size())
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("destination block {} is outside the pool's {} blocks", b,
+                                    owner_.size()));
+    if (owner_[b] != 0)
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("destination block {} is expected by request '{}' already", b,
+                                    expected_.at(owner_[b]).id));
+  }
+  gone_ids_.erase(key);  // an id used again (after its tombstone expired upstream)
+  std::erase_if(gone_, [&](const auto& g) { return g.first == key; });
+  Expected e;
+  e.handle = handle;
+  e.id = id;
+  e.blocks = blocks;
+  e.missing = uint64_t{pool_.total_layers()} * pool_.tensors_per_layer() * blocks.size();
+  e.arrived.assign((e.missing + 63) / 64, 0);
+  for (uint32_t i = 0; i < blocks.size(); ++i) {
+    owner_[blocks[i]] = key;
+    index_in_owner_[blocks[i]] = i;
+  }
+  by_handle_[handle] = key;
+  const bool nothing_to_wait_for = e.missing == 0;
+  expected_.emplace(key, std::move(e));
+  if (nothing_to_wait_for) finish(key, ArrivalEvent::kArrived, "");
+  return {};
+}
+
+bool Arrivals::withdraw(uint64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto h = by_handle_.find(handle);
+  if (h == by_handle_.end()) return false;
+  Expected& e = expected_.at(h->second);
+  e.withdrawn = true;
+  e.failure.clear();  // the withdrawal is the answer now
+  if (e.writing == 0) finish(h->second, ArrivalEvent::kWithdrawn, "");
+  return true;
+}
+
+bool Arrivals::frame_blocks(const FrameHeader& f, uint32_t* first, uint32_t* last) const {
+  const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(f.tensor));
+  if (block == 0 || f.bytes == 0) return false;
+  *first = static_cast<uint32_t>(f.dst_offset / block);
+  *last = static_cast<uint32_t>((f.dst_offset + f.bytes) / block - 1);
+  return *last < owner_.size();
+}
+
+Status Arrivals::admit(const FrameHeader& f) {
+  uint32_t first = 0, last = 0;
+  if (!frame_blocks(f, &first, &last)) return {};  // the shape check refuses it
+  std::lock_guard<std::mutex> lock(mu_);
+  auto gone = gone_ids_.find(f.request_key);
+  if (gone != gone_ids_.end())
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("request '{}' has already arrived here or was withdrawn",
+                                  gone->second));
+  auto mine = expected_.find(f.request_key);
+  for (uint32_t b = first; b <= last; ++b) {
+    if (owner_[b] == f.request_key && mine != expected_.end()) continue;
+    if (mine != expected_.end()) {
+      const std::string why = fmt::format("a frame of request '{}' writes destination block {}, "
+                                          "which it did not declare",
+                                          mine->second.id, b);
+      if (!mine->second.withdrawn) {
+        mine->second.withdrawn = true;  // it fails once its writes in progress are done
+        mine->second.failure = why;
+        if (mine->second.writing == 0) finish(f.request_key, ArrivalEvent::kFailed, why);
+      }
+      return make_error(Errc::kInvalidArgument, why);
+    }
+    if (owner_[b] != 0)
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("a frame writes destination block {}, which request '{}' "
+                                    "declared",
+                                    b, expected_.at(owner_[b]).id));
+  }
+  if (mine != expected_.end()) {
+    if (mine->second.withdrawn)
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("request '{}' was withdrawn here", mine->second.id));
+    ++mine->second.writing;
+  }
+  return {};
+}
+
+void Arrivals::landed(const FrameHeader& f) {
+  uint32_t first = 0, last = 0;
+  if (!frame_blocks(f, &first, &last)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = expected_.find(f.request_key);
+  if (it == expected_.end()) return;  // undeclared: nothing to count
+  Expected& e = it->second;
+  --e.writing;
+  if (e.withdrawn) {
+    if (e.writing == 0)
+      finish(f.request_key, e.failure.empty() ? ArrivalEvent::kWithdrawn : ArrivalEvent::kFailed,
+             e.failure);
+    return;
+  }
+  const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(f.tensor));
+  const uint64_t row = (uint64_t{f.layer} * pool_.tensors_per_layer() + f.tensor) * e.blocks.size();
+  for (uint32_t b = first; b <= last; ++b) {
+    const uint64_t bit = row + index_in_owner_[b];
+    uint64_t& word = e.arrived[bit / 64];
+    if ((word & (1ull << (bit % 64))) == 0) {
+      word |= 1ull << (bit % 64);
+      --e.missing;
+      e.bytes += block;
+    }
+  }
+  if (e.missing == 0) finish(f.request_key, ArrivalEvent::kArrived, "");
+}
+
+// Ends a declared request: its blocks are free again, its later frames are
+// refused, and the worker hears of it. Called with mu_ held.
+void Arrivals::finish(uint64_t key, ArrivalEvent::Kind kind, const std::string& message) {
+  auto it = expected_.find(key);
+  if (it == expected_.end()) return;
+  Expected& e = it->second;
+  for (uint32_t b : e.blocks)
+    if (owner_[b] == key) owner_[b] = 0;
+  events_.push_back(ArrivalEvent{e.handle, kind, e.bytes, message});
+  by_handle_.erase(e.handle);
+  remember_gone(key, e.id);
+  expected_.erase(it);
+  if (doorbell_ != nullptr) notify_waiters(*doorbell_);
+}
+
+void Arrivals::remember_gone(uint64_t key, const std::string& id) {
+  gone_.emplace_back(key, id);
+  gone_ids_[key] = id;
+  if (gone_.size() > kRememberGone) {
+    gone_ids_.erase(gone_.front().first);
+    gone_.pop_front();
+  }
+}
+
+std::vector<ArrivalEvent> Arrivals::take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(events_, {});
+}
+
+bool Arrivals::any() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !events_.empty();
+}
+
+}  // namespace kvrelay::worker::tcp
