@@ -197,6 +197,19 @@ kvrelay_status kvrelay_submit_swap(kvrelay_client* client, const char* request_i
   return from(client->client.submit(s, deadline));
 }
 
+kvrelay_status kvrelay_expect_arrival(kvrelay_client* client, const char* request_id,
+                                      const uint32_t* dest_block_ids, size_t n_dest,
+                                      uint32_t deadline_ms, int64_t timeout_ms) {
+  KVRELAY_NEED(client);
+  KVRELAY_NEED(request_id);
+  KVRELAY_DEADLINE(deadline, timeout_ms);
+  ExpectSpec e;
+  e.request_id = request_id;
+  e.dest_block_ids = vec(dest_block_ids, n_dest);
+  e.deadline_ms = deadline_ms;
+  return from(client->client.submit(e, deadline));
+}
+
 kvrelay_status kvrelay_connect(kvrelay_client* client, uint64_t task_id, kvrelay_protocol protocol,
                                const char* peer_instance, const char* peer_address,
                                const uint16_t* ports, size_t n_ports, int64_t timeout_ms) {

@@ -156,6 +156,11 @@ kvrelay_status kvrelay_submit_swap(kvrelay_client* client, const char* request_i
                                    const uint32_t* device_block_ids, const uint32_t* host_block_ids,
                                    size_t n_blocks, uint32_t first_layer, uint32_t layer_count,
                                    uint32_t deadline_ms, int64_t timeout_ms);
+/* Decode side, tcp: request_id's KV will arrive into dest_block_ids; its
+ * completion (KVRELAY_KIND_ARRIVED) says when every byte is here. */
+kvrelay_status kvrelay_expect_arrival(kvrelay_client* client, const char* request_id,
+                                      const uint32_t* dest_block_ids, size_t n_dest,
+                                      uint32_t deadline_ms, int64_t timeout_ms);
 kvrelay_status kvrelay_connect(kvrelay_client* client, uint64_t task_id, kvrelay_protocol protocol,
                                const char* peer_instance, const char* peer_address,
                                const uint16_t* ports, size_t n_ports, int64_t timeout_ms);

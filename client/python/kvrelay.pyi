@@ -75,7 +75,7 @@ class Completion:
     def request_id(self) -> str: ...
     @property
     def kind(self) -> str:
-        """'cache', 'swap', 'connect', 'register_pool', 'cancel' or 'other'."""
+        """'cache', 'swap', 'connect', 'register_pool', 'cancel', 'arrived' or 'other'."""
     @property
     def status(self) -> str:
         """'finished', 'error', 'cancelled', 'timeout' or 'rejected'."""
@@ -216,6 +216,17 @@ class Client:
     ) -> None:
         """direction 'evict' (device -> host) or 'load' (host -> device,
         layer by layer: see wait_layer). layer_count 0: all layers."""
+    def expect_arrival(
+        self,
+        request_id: str,
+        dest_block_ids: BlockIds,
+        *,
+        deadline_ms: int = 0,
+        timeout: float = 5.0,
+    ) -> None:
+        """Decode side, tcp: this request's KV will arrive into
+        dest_block_ids. Its completion (kind 'arrived') comes when every
+        byte is here on every rank; until then only it may write them."""
     def connect(
         self,
         task_id: int,

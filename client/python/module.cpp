@@ -34,7 +34,7 @@ void define_completion(py::module_& m) {
       .def_readonly("request_id", &Completion::request_id)
       .def_property_readonly(
           "kind", [](const Completion& c) { return kind_name(c.kind); },
-          "'cache', 'swap', 'connect', 'register_pool', 'cancel' or 'other'")
+          "'cache', 'swap', 'connect', 'register_pool', 'cancel', 'arrived' or 'other'")
       .def_property_readonly(
           "status", [](const Completion& c) { return completion_status_name(c.status); },
           "'finished', 'error', 'cancelled', 'timeout' or 'rejected'")
@@ -213,6 +213,19 @@ void define_client(py::module_& m) {
           py::arg("request_id"), py::arg("direction"), py::arg("device_block_ids"),
           py::arg("host_block_ids"), py::kw_only(), py::arg("first_layer") = 0,
           py::arg("layer_count") = 0, py::arg("deadline_ms") = 0, py::arg("timeout") = 5.0)
+      .def(
+          "expect_arrival",
+          [](PyClient& c, const std::string& request_id, py::handle dest_block_ids,
+             uint32_t deadline_ms, double timeout) {
+            ExpectSpec e;
+            e.request_id = request_id;
+            e.dest_block_ids = to_u32_list(dest_block_ids, "dest_block_ids");
+            e.deadline_ms = deadline_ms;
+            const Deadline d = to_deadline(timeout);
+            check(c.with_client([&](Client& cl) { return cl.submit(e, d); }));
+          },
+          py::arg("request_id"), py::arg("dest_block_ids"), py::kw_only(),
+          py::arg("deadline_ms") = 0, py::arg("timeout") = 5.0)
       .def(
           "connect",
           [](PyClient& c, uint64_t task_id, const std::string& protocol,

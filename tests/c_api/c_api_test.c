@@ -312,6 +312,14 @@ int main(int argc, char** argv) {
   CHECK(done.kind == KVRELAY_KIND_CONNECT && done.status == KVRELAY_FINISHED);
 
   CHECK(kvrelay_cancel(prefill, "c-never-submitted", 5000) == KVRELAY_OK);
+  {
+    /* Arrivals are tracked for tcp only: these instances accept ipc. */
+    const uint32_t expected[2] = {1, 2};
+    CHECK(kvrelay_expect_arrival(decode, "c-expect", expected, 2, 0, 5000) ==
+          KVRELAY_INVALID_ARGUMENT);
+    CHECK(strstr(kvrelay_last_error(), "does not accept tcp") != NULL);
+    CHECK(kvrelay_expect_arrival(decode, NULL, expected, 2, 0, 5000) == KVRELAY_INVALID_ARGUMENT);
+  }
   REQUIRE(wait_for(prefill, "c-never-submitted", &done));
   CHECK(done.status == KVRELAY_REJECTED);
   CHECK(done.message[0] != '\0');
