@@ -74,7 +74,9 @@ class Peer : public std::enable_shared_from_this<Peer> {
   uint32_t blocks_in_layer(uint32_t layer) const {
     // Unknown until a lane has shaken hands: the receiver checks every frame.
     if (!known_.load(std::memory_order_acquire)) return UINT32_MAX;
-    return layer < peer_layers_ ? peer_blocks_ : peer_extra_blocks_;
+    return layer < peer_layers_.load(std::memory_order_relaxed)
+               ? peer_blocks_.load(std::memory_order_relaxed)
+               : peer_extra_blocks_.load(std::memory_order_relaxed);
   }
 
   // On the peer's strand.
@@ -122,9 +124,10 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::vector<std::function<void(Status)>> connect_waiters_;
   bool stopped_ = false;  // the transport is going: no new lanes
   std::atomic<bool> known_{false};
-  uint32_t peer_layers_ = 0;
-  uint32_t peer_blocks_ = 0;
-  uint32_t peer_extra_blocks_ = 0;
+  // The receiver's pool shape, from its last hello: read by the worker's thread.
+  std::atomic<uint32_t> peer_layers_{0};
+  std::atomic<uint32_t> peer_blocks_{0};
+  std::atomic<uint32_t> peer_extra_blocks_{0};
 };
 
 class Lane final : public Channel {
@@ -374,9 +377,9 @@ void Peer::lane_ready(const HelloAck& ack) {
   if (epoch_ != 0 && epoch_ != ack.epoch)
     spdlog::info("rank {}: {} restarted (a new pool there)", options_.rank, name_);
   epoch_ = ack.epoch;
-  peer_layers_ = ack.pool.num_layers;
-  peer_blocks_ = ack.pool.num_blocks;
-  peer_extra_blocks_ = ack.pool.extra_layer_blocks;
+  peer_layers_.store(ack.pool.num_layers, std::memory_order_relaxed);
+  peer_blocks_.store(ack.pool.num_blocks, std::memory_order_relaxed);
+  peer_extra_blocks_.store(ack.pool.extra_layer_blocks, std::memory_order_relaxed);
   known_.store(true, std::memory_order_release);
   backoff_ = std::chrono::milliseconds(0);
   retry_at_ = {};
