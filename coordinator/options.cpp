@@ -115,9 +115,9 @@ Status network_options(const InstanceConfig& c, const std::string& listen_addres
   if (lanes < 1 || lanes > 8)
     return make_error(Errc::kInvalidArgument,
                       fmt::format("--tcp-lanes {} must be in [1, 8]", lanes));
-  const bool listens =
-      c.role != static_cast<uint32_t>(Role::kPrefill) &&
-      std::any_of(std::begin(c.tcp_ports), std::end(c.tcp_ports), [](uint16_t p) { return p != 0; });
+  const bool listens = c.role != static_cast<uint32_t>(Role::kPrefill) &&
+                       std::any_of(std::begin(c.tcp_ports), std::end(c.tcp_ports),
+                                   [](uint16_t p) { return p != 0; });
   if (key_file.empty()) {
     if (listens)
       return make_error(Errc::kInvalidArgument,

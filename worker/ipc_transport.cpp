@@ -47,7 +47,8 @@ Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
     scratch = std::move(spare_scratch_.back());
     spare_scratch_.pop_back();
   }
-  Result<StartedLayerCopy> started = start_layer_copy(*engine_, local_, *peer, layer, runs, *scratch);
+  Result<StartedLayerCopy> started =
+      start_layer_copy(*engine_, local_, *peer, layer, runs, *scratch);
   if (!started) {
     spare_scratch_.push_back(std::move(scratch));
     return started.error();

@@ -297,9 +297,15 @@ class Worker {
     if (!transports_->has_arrivals()) return;
     for (const tcp::ArrivalEvent& e : transports_->take_arrivals()) {
       switch (e.kind) {
-        case tcp::ArrivalEvent::kArrived: report(e.handle, ReportKind::kFinished, e.bytes, ""); break;
-        case tcp::ArrivalEvent::kFailed: report(e.handle, ReportKind::kFailed, e.bytes, e.message); break;
-        case tcp::ArrivalEvent::kWithdrawn: report(e.handle, ReportKind::kCancelled, e.bytes, ""); break;
+        case tcp::ArrivalEvent::kArrived:
+          report(e.handle, ReportKind::kFinished, e.bytes, "");
+          break;
+        case tcp::ArrivalEvent::kFailed:
+          report(e.handle, ReportKind::kFailed, e.bytes, e.message);
+          break;
+        case tcp::ArrivalEvent::kWithdrawn:
+          report(e.handle, ReportKind::kCancelled, e.bytes, "");
+          break;
       }
     }
   }

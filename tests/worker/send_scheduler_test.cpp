@@ -162,7 +162,9 @@ class SchedulerTest : public ::testing::Test {
     for (uint32_t l = 0; l < kLayers; ++l)
       layer(step, l);
   }
-  bool written(uint32_t l, uint32_t block) { return transport.dest->written.count({l, block}) != 0; }
+  bool written(uint32_t l, uint32_t block) {
+    return transport.dest->written.count({l, block}) != 0;
+  }
 };
 
 TEST_F(SchedulerTest, EachLayerMovesWhenSignalled) {

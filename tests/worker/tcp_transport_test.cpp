@@ -74,8 +74,9 @@ uint64_t wrong_bytes(const LocalPool& dst, const std::vector<uint32_t>& src_ids,
         const auto k = std::find(dst_ids.begin(), dst_ids.end(), b);
         for (uint64_t i = 0; i < bb; ++i) {
           const std::byte want =
-              k == dst_ids.end() ? std::byte{0}
-                                 : pattern(l, t, src_ids[static_cast<size_t>(k - dst_ids.begin())], i);
+              k == dst_ids.end()
+                  ? std::byte{0}
+                  : pattern(l, t, src_ids[static_cast<size_t>(k - dst_ids.begin())], i);
           if (dst.tensor(l, tensor)[b * bb + i] != want) ++wrong;
         }
       }
@@ -209,8 +210,9 @@ TEST_F(TcpTransportTest, APoolOfAnotherShapeIsRefusedNamingTheField) {
   const auto done = send_all_layers(*dest, 1, {1}, {1});
   ASSERT_EQ(done.size(), 3u);
   ASSERT_FALSE(done[0].status);
-  EXPECT_NE(done[0].status.error().message.find("pools differ in head_dim: 128 here, 64 at the peer"),
-            std::string::npos)
+  EXPECT_NE(
+      done[0].status.error().message.find("pools differ in head_dim: 128 here, 64 at the peer"),
+      std::string::npos)
       << done[0].status.error().message;
   receiver.reset();
   (void)other->segment().unlink();
@@ -312,7 +314,8 @@ TEST_F(TcpTransportTest, AFrameOutOfRangeFailsOnlyItsTransferAndTheConnectionLiv
   listen(*dst);
   RawClient client(receiver->port());
   Result<Inbound> ack = client.authenticate(key);
-  ASSERT_TRUE(ack && ack->hello_ack.accepted) << (ack ? ack->hello_ack.reason : ack.error().message);
+  ASSERT_TRUE(ack && ack->hello_ack.accepted)
+      << (ack ? ack->hello_ack.reason : ack.error().message);
   const uint64_t block = geometry().block_bytes(PoolTensor::kKey);
   std::vector<std::byte> out;
   FrameHeader bad;

@@ -126,7 +126,8 @@ void send_baseline(int fd, const worker::LocalPool& pool, const std::vector<uint
       worker::to_byte_runs(runs, g.block_bytes(static_cast<PoolTensor>(t)), bytes);
       for (size_t i = 0; i < bytes.size(); ++i) {
         const bool last = t == 1 && i + 1 == bytes.size();
-        headers.push_back({layer, t | (last ? kLastFrame : 0), bytes[i].dst_offset, bytes[i].bytes});
+        headers.push_back(
+            {layer, t | (last ? kLastFrame : 0), bytes[i].dst_offset, bytes[i].bytes});
         iov.push_back({&headers.back(), sizeof(BaselineHeader)});
         iov.push_back({pool.tensor(layer, static_cast<PoolTensor>(t)) + bytes[i].src_offset,
                        bytes[i].bytes});

@@ -99,7 +99,8 @@ void Channel::write_some() {
         socket_.async_wait(asio::ip::tcp::socket::wait_write,
                            [self = shared_from_this()](const boost::system::error_code& ec) {
                              if (self->closed_) return;
-                             if (ec) return self->close(fmt::format("send failed: {}", ec.message()));
+                             if (ec)
+                               return self->close(fmt::format("send failed: {}", ec.message()));
                              self->write_some();
                            });
         return;
@@ -244,9 +245,10 @@ void Channel::take_payload(std::byte* dst, uint64_t left, std::function<void()> 
     }
     if (r == Received::kClosed) return;
     if (r == Received::kNothingYet) {
-      return wait_readable([self = shared_from_this(), dst, left, then = std::move(then)]() mutable {
-        self->take_payload(dst, left, std::move(then));
-      });
+      return wait_readable(
+          [self = shared_from_this(), dst, left, then = std::move(then)]() mutable {
+            self->take_payload(dst, left, std::move(then));
+          });
     }
   }
 }
@@ -261,10 +263,11 @@ void Channel::discard_payload(uint64_t bytes, std::function<void()> then) {
 }
 
 void Channel::close_soon(const std::string& reason, std::function<void()> then) {
-  asio::dispatch(socket_.get_executor(), [self = shared_from_this(), reason, then = std::move(then)] {
-    self->close(reason);
-    if (then) then();
-  });
+  asio::dispatch(socket_.get_executor(),
+                 [self = shared_from_this(), reason, then = std::move(then)] {
+                   self->close(reason);
+                   if (then) then();
+                 });
 }
 
 void Channel::close(const std::string& reason) {

@@ -202,27 +202,27 @@ class Connection final : public Channel {
 
 void accept_next(const std::shared_ptr<TcpReceiver::Shared>& shared) {
   // Each connection gets a strand of its own: lanes run in parallel.
-  shared->acceptor.async_accept(asio::make_strand(shared->io), [shared](
-                                                                   const boost::system::error_code& ec,
-                                                                   tcp::socket socket) {
-    if (shared->stopped) return;
-    if (!ec) {
-      boost::system::error_code ignored;
-      const auto remote = socket.remote_endpoint(ignored);
-      tune_socket(socket, shared->options.timing.peer_timeout);
-      auto c = std::make_shared<Connection>(
-          std::move(socket), fmt::format("{}:{}", remote.address().to_string(), remote.port()),
-          shared);
-      std::erase_if(shared->connections, [](const auto& w) { return w.expired(); });
-      shared->connections.push_back(c);
-      asio::dispatch(c->executor(), [c] { c->start(); });
-    } else if (ec == asio::error::operation_aborted) {
-      return;
-    } else {
-      spdlog::warn("rank {}: accept failed: {}", shared->options.rank, ec.message());
-    }
-    accept_next(shared);
-  });
+  shared->acceptor.async_accept(
+      asio::make_strand(shared->io),
+      [shared](const boost::system::error_code& ec, tcp::socket socket) {
+        if (shared->stopped) return;
+        if (!ec) {
+          boost::system::error_code ignored;
+          const auto remote = socket.remote_endpoint(ignored);
+          tune_socket(socket, shared->options.timing.peer_timeout);
+          auto c = std::make_shared<Connection>(
+              std::move(socket), fmt::format("{}:{}", remote.address().to_string(), remote.port()),
+              shared);
+          std::erase_if(shared->connections, [](const auto& w) { return w.expired(); });
+          shared->connections.push_back(c);
+          asio::dispatch(c->executor(), [c] { c->start(); });
+        } else if (ec == asio::error::operation_aborted) {
+          return;
+        } else {
+          spdlog::warn("rank {}: accept failed: {}", shared->options.rank, ec.message());
+        }
+        accept_next(shared);
+      });
 }
 
 }  // namespace
