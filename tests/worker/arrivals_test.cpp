@@ -101,6 +101,19 @@ TEST(Arrivals, AWithdrawalIsAnsweredOnlyOnceThePayloadsBeingWrittenHaveLanded) {
   EXPECT_FALSE(deliver(a, frame("r", 0, 1, 0))) << "and its frames stay refused";
 }
 
+TEST(Arrivals, APayloadCutOffByAClosedConnectionNoLongerHoldsUpAWithdrawal) {
+  Arrivals a(geometry(), nullptr);
+  ASSERT_TRUE(a.expect(9, "r", {0, 1}));
+  const FrameHeader f = frame("r", 0, 0, 0);
+  ASSERT_TRUE(a.admit(f));
+  a.abandoned(f);  // its connection closed mid-payload
+  EXPECT_FALSE(a.any()) << "it counts for nothing";
+  EXPECT_TRUE(a.withdraw(9));
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u) << "answered at once";
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kWithdrawn);
+}
+
 TEST(Arrivals, NothingToWaitForArrivesAtOnce) {
   Arrivals a(geometry(), nullptr);
   ASSERT_TRUE(a.expect(5, "cached", {}));

@@ -7,7 +7,11 @@
 namespace kvrelay::worker::tcp {
 
 namespace {
-constexpr size_t kRememberGone = 4096;  // arrived or withdrawn requests whose frames are refused
+// Arrived or withdrawn requests whose frames are still refused: this many, for
+// this long (a sender learns of a failure within its peer timeout; an id used
+// again after that is a new request).
+constexpr size_t kRememberGone = 4096;
+constexpr uint64_t kGoneNs = 60'000'000'000ull;
 }
 
 Arrivals::Arrivals(const PoolGeometry& pool, WaitEvent* doorbell)
@@ -34,7 +38,7 @@ Status Arrivals::expect(uint64_t handle, const std::string& id,
                                     expected_.at(owner_[b]).id));
   }
   gone_ids_.erase(key);  // an id used again (after its tombstone expired upstream)
-  std::erase_if(gone_, [&](const auto& g) { return g.first == key; });
+  std::erase_if(gone_, [&](const Gone& g) { return g.key == key; });
   Expected e;
   e.handle = handle;
   e.id = id;
@@ -75,6 +79,7 @@ Status Arrivals::admit(const FrameHeader& f) {
   uint32_t first = 0, last = 0;
   if (!frame_blocks(f, &first, &last)) return {};  // the shape check refuses it
   std::lock_guard<std::mutex> lock(mu_);
+  forget_old_gone();
   auto gone = gone_ids_.find(f.request_key);
   if (gone != gone_ids_.end())
     return make_error(Errc::kInvalidArgument,
@@ -137,6 +142,17 @@ void Arrivals::landed(const FrameHeader& f) {
   if (e.missing == 0) finish(f.request_key, ArrivalEvent::kArrived, "");
 }
 
+void Arrivals::abandoned(const FrameHeader& f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = expected_.find(f.request_key);
+  if (it == expected_.end()) return;
+  Expected& e = it->second;
+  --e.writing;
+  if (e.withdrawn && e.writing == 0)
+    finish(f.request_key, e.failure.empty() ? ArrivalEvent::kWithdrawn : ArrivalEvent::kFailed,
+           e.failure);
+}
+
 // Ends a declared request: its blocks are free again, its later frames are
 // refused, and the worker hears of it. Called with mu_ held.
 void Arrivals::finish(uint64_t key, ArrivalEvent::Kind kind, const std::string& message) {
@@ -153,10 +169,18 @@ void Arrivals::finish(uint64_t key, ArrivalEvent::Kind kind, const std::string& 
 }
 
 void Arrivals::remember_gone(uint64_t key, const std::string& id) {
-  gone_.emplace_back(key, id);
+  gone_.push_back(Gone{key, mono_now_ns()});
   gone_ids_[key] = id;
   if (gone_.size() > kRememberGone) {
-    gone_ids_.erase(gone_.front().first);
+    gone_ids_.erase(gone_.front().key);
+    gone_.pop_front();
+  }
+}
+
+void Arrivals::forget_old_gone() {
+  const uint64_t now = mono_now_ns();
+  while (!gone_.empty() && now - gone_.front().at_ns > kGoneNs) {
+    gone_ids_.erase(gone_.front().key);
     gone_.pop_front();
   }
 }

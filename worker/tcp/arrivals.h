@@ -7,8 +7,9 @@
 //
 // The rules for a frame (its request is named by FrameHeader::request_key):
 //   - of a declared request: only into blocks that request declared;
-//   - of a request that arrived or was withdrawn here: refused (a late or
-//     repeated write must not land in blocks the engine now uses);
+//   - of a request that arrived or was withdrawn here within the last
+//     minute: refused (a late or repeated write must not land in blocks the
+//     engine now uses);
 //   - of an undeclared request: into blocks no declared request holds (the
 //     pool's shape is checked separately, for every frame).
 // A declared request's frame that breaks a rule fails that request.
@@ -23,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "shm/clock.h"
 #include "shm/pool_geometry.h"
 #include "shm/result.h"
 #include "shm/wait_event.h"
@@ -55,6 +57,9 @@ class Arrivals {
   Status admit(const FrameHeader& frame);
   // After an admitted frame's payload is in the pool.
   void landed(const FrameHeader& frame);
+  // An admitted frame whose payload never finished (its connection closed):
+  // it counts for nothing, and no longer holds up a withdrawal.
+  void abandoned(const FrameHeader& frame);
 
   std::vector<ArrivalEvent> take();
   bool any() const;
@@ -75,6 +80,7 @@ class Arrivals {
   bool frame_blocks(const FrameHeader& f, uint32_t* first, uint32_t* last) const;
   void finish(uint64_t key, ArrivalEvent::Kind kind, const std::string& message);
   void remember_gone(uint64_t key, const std::string& id);
+  void forget_old_gone();
 
   PoolGeometry pool_;
   WaitEvent* doorbell_;
@@ -83,7 +89,11 @@ class Arrivals {
   std::unordered_map<uint64_t, uint64_t> by_handle_;  // handle -> request key
   std::vector<uint64_t> owner_;                       // block -> request key, 0: none
   std::vector<uint32_t> index_in_owner_;              // block -> its index in the owner's list
-  std::deque<std::pair<uint64_t, std::string>> gone_;  // arrived or withdrawn: key, id
+  struct Gone {
+    uint64_t key;
+    uint64_t at_ns;
+  };
+  std::deque<Gone> gone_;  // arrived or withdrawn, oldest first
   std::unordered_map<uint64_t, std::string> gone_ids_;
   std::vector<ArrivalEvent> events_;
 };

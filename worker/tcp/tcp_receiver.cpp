@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <chrono>
+#include <optional>
 #include <unordered_set>
 
 namespace kvrelay::worker::tcp {
@@ -155,7 +156,9 @@ class Connection final : public Channel {
     }
     ++shared_->stats->frames;
     shared_->stats->bytes += f.bytes;
+    payload_in_progress_ = f;  // until it has landed: a close meanwhile abandons it
     read_payload(base + f.dst_offset, f.bytes, [self, f, after] {
+      self->payload_in_progress_.reset();
       self->shared_->arrivals.landed(f);
       after();
     });
@@ -181,6 +184,7 @@ class Connection final : public Channel {
 
   void on_closed(const std::string& reason) override {
     handshake_.cancel();
+    if (payload_in_progress_) shared_->arrivals.abandoned(*payload_in_progress_);
     if (state_ == State::kServing) {
       spdlog::info("rank {}: tcp connection from {} closed: {}", shared_->options.rank,
                    peer_name(), reason);
@@ -198,6 +202,7 @@ class Connection final : public Channel {
   Nonce nonce_{};
   std::vector<uint8_t> peer_nonce_;
   std::unordered_set<uint64_t> refused_;  // transfers refused, until their last frame
+  std::optional<FrameHeader> payload_in_progress_;  // admitted, its payload being read
 };
 
 void accept_next(const std::shared_ptr<TcpReceiver::Shared>& shared) {
