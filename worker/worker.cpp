@@ -449,6 +449,9 @@ int run_worker(const WorkerOptions& o) {
   sa.sa_handler = on_stop_signal;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // A tcp peer that goes away is an error on its connection, never a signal
+  // that takes the worker down (sends use MSG_NOSIGNAL too).
+  signal(SIGPIPE, SIG_IGN);
 
   Result<ControlSegment> control = attach_with_retry(o);
   if (!control) {

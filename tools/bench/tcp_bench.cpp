@@ -81,10 +81,11 @@ bool read_all(int fd, void* p, size_t n) {
   return true;
 }
 
-bool write_all(int fd, const void* p, size_t n) {
+// To a socket, or (`pipe`) a pipe; a closed socket is an error, not a SIGPIPE.
+bool write_all(int fd, const void* p, size_t n, bool pipe = false) {
   const auto* b = static_cast<const char*>(p);
   while (n > 0) {
-    const ssize_t put = ::write(fd, b, n);
+    const ssize_t put = pipe ? ::write(fd, b, n) : ::send(fd, b, n, MSG_NOSIGNAL);
     if (put <= 0) return false;
     b += put;
     n -= static_cast<size_t>(put);
@@ -135,8 +136,10 @@ void send_baseline(int fd, const worker::LocalPool& pool, const std::vector<uint
     }
     size_t at = 0;
     while (at < iov.size()) {
-      const int n = static_cast<int>(std::min<size_t>(iov.size() - at, IOV_MAX));
-      ssize_t put = ::writev(fd, iov.data() + at, n);
+      msghdr msg{};
+      msg.msg_iov = iov.data() + at;
+      msg.msg_iovlen = std::min<size_t>(iov.size() - at, IOV_MAX);
+      ssize_t put = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
       if (put <= 0) return;
       while (put > 0 && at < iov.size()) {  // advance past what was written
         if (static_cast<size_t>(put) >= iov[at].iov_len) {
@@ -204,7 +207,7 @@ int run_receivers(const sim::TwoHosts& hosts, const worker::tcp::AuthKey& key,
     return 1;
   }
   ports.ours = (*receiver)->port();
-  if (!write_all(report_fd, &ports, sizeof(ports))) return 1;
+  if (!write_all(report_fd, &ports, sizeof(ports), true)) return 1;
   std::vector<std::thread> served;
   for (uint32_t i = 0; i < lanes; ++i) {
     const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);

@@ -87,12 +87,17 @@ void Channel::write_next() {
   write_some();
 }
 
-// writev straight from the message's buffers, up to IOV_MAX of them per call
-// (asio's own gather write stops at 64), waiting for the socket when it is full.
+// Gather-writes straight from the message's buffers, up to IOV_MAX of them
+// per call (asio's own gather write stops at 64), waiting for the socket when
+// it is full.
 void Channel::write_some() {
   while (iov_at_ < iov_.size()) {
-    const int n = static_cast<int>(std::min<size_t>(iov_.size() - iov_at_, IOV_MAX));
-    const ssize_t put = ::writev(socket_.native_handle(), iov_.data() + iov_at_, n);
+    msghdr msg{};
+    msg.msg_iov = iov_.data() + iov_at_;
+    msg.msg_iovlen = std::min<size_t>(iov_.size() - iov_at_, IOV_MAX);
+    // MSG_NOSIGNAL: a peer that has gone is an error here, not a SIGPIPE
+    // that kills the process.
+    const ssize_t put = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL);
     if (put < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
