@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "schemas/codec.h"
+#include "schemas/pool_descriptor.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
 #include "shm/control_segment.h"
@@ -380,15 +381,7 @@ Status Client::register_pool(const PoolSpec& spec, Deadline deadline) {
                            : schema::PoolDescriptor::Tier::DEVICE);
   p.setLocation(schema::PoolDescriptor::Location::HOST_SEGMENT);
   p.setSegmentName(spec.segment_name);
-  p.setNumLayers(g.num_layers);
-  p.setExtraLayers(g.extra_layers);
-  p.setNumBlocks(g.num_blocks);
-  p.setExtraLayerBlocks(g.extra_layer_blocks);
-  p.setKvHeads(g.kv_heads);
-  p.setBlockSize(g.block_size);
-  p.setHeadDim(g.head_dim);
-  p.setDtype(static_cast<schema::CacheDtype>(g.dtype));
-  p.setHasScales(g.has_scales != 0);
+  messages::set_shape(p, g);
   if (Status s = messages::validate(msg.getRoot<schema::RegisterPool>().asReader(), impl_->limits);
       !s)
     return s;

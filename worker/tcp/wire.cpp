@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "schemas/codec.h"
+#include "schemas/pool_descriptor.h"
 #include "worker/pool_compatibility.h"
 
 namespace kvrelay::worker::tcp {
@@ -31,32 +32,6 @@ void append(capnp::MessageBuilder& message, std::vector<std::byte>& out) {
                              static_cast<uint8_t>(len >> 16), static_cast<uint8_t>(len >> 24)};
   std::memcpy(out.data() + at, prefix, 4);
   messages::encode_into(message, std::span<std::byte>(out.data() + at + 4, body));
-}
-
-void put_geometry(const PoolGeometry& g, schema::PoolDescriptor::Builder d) {
-  d.setNumLayers(g.num_layers);
-  d.setExtraLayers(g.extra_layers);
-  d.setNumBlocks(g.num_blocks);
-  d.setExtraLayerBlocks(g.extra_layer_blocks);
-  d.setKvHeads(g.kv_heads);
-  d.setBlockSize(g.block_size);
-  d.setHeadDim(g.head_dim);
-  d.setDtype(static_cast<schema::CacheDtype>(g.dtype));
-  d.setHasScales(g.has_scales != 0);
-}
-
-PoolGeometry get_geometry(schema::PoolDescriptor::Reader d) {
-  PoolGeometry g;
-  g.num_layers = d.getNumLayers();
-  g.extra_layers = d.getExtraLayers();
-  g.num_blocks = d.getNumBlocks();
-  g.extra_layer_blocks = d.getExtraLayerBlocks();
-  g.kv_heads = d.getKvHeads();
-  g.block_size = d.getBlockSize();
-  g.head_dim = d.getHeadDim();
-  g.dtype = static_cast<uint32_t>(d.getDtype());
-  g.has_scales = d.getHasScales() ? 1 : 0;
-  return g;
 }
 
 }  // namespace
@@ -105,14 +80,14 @@ Result<Inbound> decode_envelope(std::span<const std::byte> body) {
             in.hello.expected_instance = capped(h.getExpectedInstance());
             in.hello.rank = h.getRank();
             in.hello.tp_size = h.getTpSize();
-            in.hello.pool = get_geometry(h.getPool());
+            in.hello.pool = messages::shape_of(h.getPool());
             break;
           }
           case schema::TcpEnvelope::HELLO_ACK: {
             const auto a = e.getHelloAck();
             in.hello_ack.accepted = a.getAccepted();
             in.hello_ack.reason = capped(a.getReason());
-            in.hello_ack.pool = get_geometry(a.getPool());
+            in.hello_ack.pool = messages::shape_of(a.getPool());
             in.hello_ack.epoch = a.getEpoch();
             in.hello_ack.proof = bytes_of(a.getProof(), kMacBytes);
             break;
@@ -168,7 +143,7 @@ void encode_hello(const Hello& hello, std::vector<std::byte>& out) {
   h.setExpectedInstance(hello.expected_instance);
   h.setRank(hello.rank);
   h.setTpSize(hello.tp_size);
-  put_geometry(hello.pool, h.initPool());
+  messages::set_shape(h.initPool(), hello.pool);
   append(m, out);
 }
 
@@ -177,7 +152,7 @@ void encode_hello_ack(const HelloAck& ack, std::vector<std::byte>& out) {
   auto a = m.initRoot<schema::TcpEnvelope>().initHelloAck();
   a.setAccepted(ack.accepted);
   a.setReason(ack.reason);
-  put_geometry(ack.pool, a.initPool());
+  messages::set_shape(a.initPool(), ack.pool);
   a.setEpoch(ack.epoch);
   a.setProof(kj::arrayPtr(ack.proof.data(), ack.proof.size()));
   append(m, out);
