@@ -24,6 +24,7 @@ const char* message_type_name(schema::MessageType type) {
     case schema::MessageType::SESSION_HELLO: return "SessionHello";
     case schema::MessageType::TCP_ENVELOPE: return "TcpEnvelope";
     case schema::MessageType::EXPECT_ARRIVAL: return "ExpectArrival";
+    case schema::MessageType::IPC_LANDED: return "IpcLanded";
   }
   return "unknown";
 }

@@ -41,6 +41,7 @@ enum MessageType {
   sessionHello @14;
   tcpEnvelope @15;
   expectArrival @16;
+  ipcLanded @17;
 }
 
 enum TransferProtocol {
@@ -199,9 +200,9 @@ struct ConnectTask {
 
 struct ExpectArrival {
   # Submitted by the decode engine to its own (decode) instance: a request's
-  # KV cache will arrive over tcp into these blocks. Every rank then accepts
-  # that request's frames only into them, refuses other requests' frames
-  # into them, and the instance completes it once, with kind `arrived`, when
+  # KV cache will arrive into these blocks, over tcp or ipc. Every rank then
+  # accepts that request's writes only into them, refuses other requests'
+  # writes into them, and the instance completes it once, with kind `arrived`, when
   # every byte of every layer has arrived on every rank (`timeout` at its
   # deadline). Written by the engine.
 
@@ -315,7 +316,7 @@ struct WorkerTask {
     # An engine session (its id: producer slot << 16 | generation & 0xffff)
     # died: forget the signals it pushed that no request has claimed yet.
     expect @12 :ExpectArrival;
-    # Track the arrival of this request's frames (tcp receiver).
+    # Track the arrival of this request's writes (tcp receiver, ipc intake).
   }
 }
 
@@ -461,6 +462,24 @@ struct TcpFrameHeader {
   requestKey @7 :UInt64;
   # FNV-1a 64 of the request id (never 0): matches the frame with the decode
   # side's ExpectArrival of that request.
+}
+
+struct IpcLanded {
+  # Written by a prefill worker into a decode rank's intake ring (ipc, same
+  # host) once a layer's copies into that rank's pool completed, or in their
+  # place when the rank's claims refused the write: the decode worker counts
+  # what landed for its expected requests (ExpectArrival) and fails one
+  # whose rules a write broke. Input to the decode worker: every run is
+  # checked against its pool and its claims before it counts.
+  requestKey @0 :UInt64;
+  # As TcpFrameHeader.requestKey.
+  layer @1 :UInt32;
+  firstBlocks @2 :List(UInt32);
+  # Each run's first destination block.
+  blockCounts @3 :List(UInt32);
+  # Each run's length in blocks (every tensor of the layer).
+  refused @4 :Bool;
+  # Nothing was written: the claims refused these runs.
 }
 
 struct TcpAuthChallenge {

@@ -124,6 +124,7 @@ Limits Limits::from(const InstanceConfig& c) {
   l.dtype = c.dtype;
   l.has_scales = c.has_scales != 0;
   l.protocols = c.protocols;
+  l.role = c.role;
   return l;
 }
 
@@ -251,10 +252,10 @@ Status validate(schema::SwapTask::Reader swap, const Limits& limits) {
 Status validate(schema::ExpectArrival::Reader expect, const Limits& limits) {
   if (Status s = validate_request_id("ExpectArrival", expect.getRequestId()); !s) return s;
   const std::string w = who("ExpectArrival", expect.getRequestId());
-  if ((limits.protocols & kProtocolTcp) == 0)
-    return invalid(fmt::format("{}: this instance does not accept tcp (--protocol); arrivals are "
-                               "tracked for tcp transfers",
-                               w));
+  if (limits.role != static_cast<uint32_t>(Role::kDecode))
+    return invalid(fmt::format("{}: this is a {} instance; declare an expected request to the "
+                               "decode instance its KV cache goes to",
+                               w, role_name(static_cast<Role>(limits.role))));
   if (Status s = check_block_list(w, "dest_block_ids", expect.getDestBlockIds(), limits.num_blocks,
                                   "pool", true);
       !s)

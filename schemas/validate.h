@@ -42,6 +42,7 @@ struct Limits {
   uint32_t dtype = 0;
   bool has_scales = false;
   uint32_t protocols = 7;  // bit 0 ipc, 1 tcp, 2 rdma: what this instance accepts
+  uint32_t role = 2;       // Role (shm/instance_config.h); decode by default
   static Limits from(const InstanceConfig& config);
   uint32_t total_layers() const { return num_layers + extra_layers; }
 };

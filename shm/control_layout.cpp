@@ -25,6 +25,9 @@ class Planner {
 
 }  // namespace
 
+// Eight regions of the instance, three of each rank, two more of each decode rank.
+static_assert(8 + 5 * kMaxTpSize <= kMaxRegions);
+
 ControlLayout plan_control_layout(const InstanceConfig& c) {
   Planner p;
   p.add(RegionKind::kLiveness, 0, sizeof(LivenessSlot) * (1 + uint64_t{c.tp_size}));
@@ -41,6 +44,12 @@ ControlLayout plan_control_layout(const InstanceConfig& c) {
           spsc_region_bytes(c.signal_ring_records, c.signal_record_bytes));
     p.add(RegionKind::kReportRing, r,
           spsc_region_bytes(c.report_ring_records, c.report_record_bytes));
+  }
+  if (c.role == static_cast<uint32_t>(Role::kDecode)) {
+    for (uint32_t r = 0; r < c.tp_size; ++r) {
+      p.add(RegionKind::kIntakeTable, r, intake_table_bytes(intake_blocks(c)));
+      p.add(RegionKind::kIntakeRing, r, MpscRing::bytes_for(kIntakeRingBytes));
+    }
   }
   return p.finish();
 }

@@ -100,6 +100,12 @@ class ControlSegment {
   Result<MpscRing> submit_ring() const { return mpsc(RegionKind::kSubmitRing, 0); }
   Result<MpscRing> completion_ring() const { return mpsc(RegionKind::kCompletionRing, 0); }
   Result<MpscRing> task_ring(uint32_t rank) const { return mpsc(RegionKind::kTaskRing, rank); }
+  // Decode role only: what ipc writers into rank's pool say landed, and
+  // the claims they check first (intake_table.h). Empty / kNotFound otherwise.
+  Result<MpscRing> intake_ring(uint32_t rank) const { return mpsc(RegionKind::kIntakeRing, rank); }
+  std::span<std::byte> intake_table(uint32_t rank) const {
+    return region(RegionKind::kIntakeTable, rank);
+  }
   template <class T>
   Result<SpscRing<T>> signal_ring(uint32_t rank) const {
     auto r = region(RegionKind::kSignalRing, rank);

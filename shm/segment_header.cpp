@@ -20,6 +20,10 @@ const char* instance_state_name(uint32_t state) {
   return "invalid";
 }
 
+uint32_t intake_blocks(const InstanceConfig& config) {
+  return std::max(config.num_blocks, config.extra_layer_blocks);
+}
+
 const char* region_kind_name(uint32_t kind) {
   switch (static_cast<RegionKind>(kind)) {
     case RegionKind::kLiveness: return "liveness";
@@ -33,6 +37,8 @@ const char* region_kind_name(uint32_t kind) {
     case RegionKind::kStatus: return "status";
     case RegionKind::kPoolDirectory: return "pool_directory";
     case RegionKind::kSwapProgress: return "swap_progress";
+    case RegionKind::kIntakeTable: return "intake_table";
+    case RegionKind::kIntakeRing: return "intake_ring";
   }
   return "unknown";
 }

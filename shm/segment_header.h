@@ -25,6 +25,7 @@
 #include "shm/counters.h"
 #include "shm/instance_config.h"
 #include "shm/instance_status.h"
+#include "shm/intake_table.h"
 #include "shm/liveness.h"
 #include "shm/mpsc_ring.h"
 #include "shm/result.h"
@@ -36,7 +37,7 @@ namespace kvrelay {
 
 // "KVRELAY" + format generation byte.
 inline constexpr uint64_t kSegmentMagic = 0x01'59'41'4C'45'52'56'4BULL;
-inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr uint32_t kMaxRegions = 96;
 inline constexpr size_t kRegionAlignment = 256;
 
@@ -81,7 +82,14 @@ enum class RegionKind : uint32_t {
   kStatus = 9,          // InstanceStatus: ready flags and doorbells
   kPoolDirectory = 10,  // PoolDirectory: where each rank's pools live
   kSwapProgress = 11,   // SwapProgressTable: per-layer progress of swap loads
+  kIntakeTable = 12,    // IntakeTable per rank (decode role): claims on its pool's blocks
+  kIntakeRing = 13,     // MpscRing per rank (decode role): ipc writers -> worker (what landed)
 };
+
+// The intake ring's size: its records say which runs of a layer landed.
+inline constexpr uint64_t kIntakeRingBytes = 256 * 1024;
+// Blocks an intake table covers: the larger of a pool's layer kinds.
+uint32_t intake_blocks(const InstanceConfig& config);
 const char* region_kind_name(uint32_t kind);
 
 // Checks the preamble of a mapped segment: size, magic (published or not),
@@ -162,6 +170,11 @@ consteval uint64_t compute_layout_hash() {
       kMaxHistograms,
       kHistogramBuckets,
       kLabelBytes,
+      sizeof(IntakeTableHeader),
+      sizeof(IntakeEntry),
+      sizeof(IntakeWriterSlot),
+      kIntakeEntries,
+      kIntakeWriters,
   };
   uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the facts' bytes
   for (uint64_t f : facts) {

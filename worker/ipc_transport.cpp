@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "worker/pool_compatibility.h"
@@ -10,21 +11,26 @@ namespace kvrelay::worker {
 
 class IpcTransport::PoolDestination final : public Destination {
  public:
-  PoolDestination(IpcTransport& transport, std::shared_ptr<const LocalPool> peer, std::string name)
-      : transport_(transport), peer_(std::move(peer)), name_(std::move(name)) {}
+  PoolDestination(IpcTransport& transport, std::shared_ptr<const LocalPool> peer, std::string name,
+                  std::shared_ptr<IpcIntakeWriter> intake)
+      : transport_(transport),
+        peer_(std::move(peer)),
+        name_(std::move(name)),
+        intake_(std::move(intake)) {}
   uint32_t blocks_in_layer(uint32_t layer) const override {
     return peer_->geometry().blocks_in_layer(layer);
   }
   const std::string& peer() const override { return name_; }
   Status submit_layer(const TransferTicket& ticket, uint32_t layer,
                       std::span<const BlockRun> runs) override {
-    return transport_.submit(ticket, layer, runs, peer_);
+    return transport_.submit(ticket, layer, runs, peer_, intake_);
   }
 
  private:
   IpcTransport& transport_;
   std::shared_ptr<const LocalPool> peer_;
   std::string name_;
+  std::shared_ptr<IpcIntakeWriter> intake_;  // none for pools mapped by hand
 };
 
 IpcTransport::IpcTransport(uint32_t rank, const LocalPool& local,
@@ -39,22 +45,41 @@ IpcTransport::~IpcTransport() {
 
 Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
                             std::span<const BlockRun> runs,
-                            const std::shared_ptr<const LocalPool>& peer) {
-  std::unique_ptr<LayerCopyScratch> scratch;
+                            const std::shared_ptr<const LocalPool>& peer,
+                            const std::shared_ptr<IpcIntakeWriter>& intake) {
+  if (intake) {
+    if (Status s = intake->admit(ticket.request_key, layer, runs); !s) {
+      if (intake->backlog()) note_backlog(intake);
+      return s;
+    }
+  }
+  std::unique_ptr<Scratch> scratch;
   if (spare_scratch_.empty()) {
-    scratch = std::make_unique<LayerCopyScratch>();
+    scratch = std::make_unique<Scratch>();
   } else {
     scratch = std::move(spare_scratch_.back());
     spare_scratch_.pop_back();
   }
   Result<StartedLayerCopy> started =
-      start_layer_copy(*engine_, local_, *peer, layer, runs, *scratch);
+      start_layer_copy(*engine_, local_, *peer, layer, runs, scratch->copy);
   if (!started) {
+    if (intake) intake->abandon_last();
     spare_scratch_.push_back(std::move(scratch));
     return started.error();
   }
-  in_flight_.push_back(InFlight{ticket, started->ticket, started->bytes, peer, std::move(scratch)});
+  if (intake) scratch->runs.assign(runs.begin(), runs.end());
+  in_flight_.push_back(
+      InFlight{ticket, started->ticket, started->bytes, layer, peer, intake, std::move(scratch)});
   return {};
+}
+
+void IpcTransport::note_backlog(const std::shared_ptr<IpcIntakeWriter>& intake) {
+  if (std::find(backlogged_.begin(), backlogged_.end(), intake) == backlogged_.end())
+    backlogged_.push_back(intake);
+}
+
+void IpcTransport::flush_intake() {
+  std::erase_if(backlogged_, [](const std::shared_ptr<IpcIntakeWriter>& w) { return w->flush(); });
 }
 
 void IpcTransport::poll(std::vector<TransferCompletion>& out) {
@@ -70,6 +95,10 @@ void IpcTransport::poll(std::vector<TransferCompletion>& out) {
     c.ticket = f.ticket;
     c.bytes = f.bytes;
     c.status = check_both_intact(local_, *f.peer);
+    if (f.intake) {
+      f.intake->landed(f.ticket.request_key, f.layer, f.scratch->runs);
+      if (f.intake->backlog()) note_backlog(f.intake);
+    }
     out.push_back(std::move(c));
     spare_scratch_.push_back(std::move(f.scratch));
     in_flight_.pop_front();
@@ -78,6 +107,13 @@ void IpcTransport::poll(std::vector<TransferCompletion>& out) {
 
 Result<std::shared_ptr<const LocalPool>> IpcTransport::peer_pool(const std::string& peer_instance,
                                                                  uint32_t peer_rank) {
+  Result<Mapped> m = mapped(peer_instance, peer_rank);
+  if (!m) return m.error();
+  return m->pool;
+}
+
+Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instance,
+                                                  uint32_t peer_rank) {
   Result<const ControlSegment*> control = peers_.get(peer_instance);
   if (!control) return control.error();
   const std::string key = fmt::format("{}/{}", peer_instance, peer_rank);
@@ -85,7 +121,7 @@ Result<std::shared_ptr<const LocalPool>> IpcTransport::peer_pool(const std::stri
   // Keep the mapping while the peer's segment is the same (re-mapping a pool
   // costs a populate of every page); a restarted peer has a new one.
   if (it != pools_.end() && it->second.control == *control && !it->second.pool->truncated())
-    return it->second.pool;
+    return it->second;
   const InstanceConfig& peer = (*control)->config();
   if (peer.role != static_cast<uint32_t>(Role::kDecode))
     return make_error(Errc::kInvalidArgument,
@@ -103,14 +139,21 @@ Result<std::shared_ptr<const LocalPool>> IpcTransport::peer_pool(const std::stri
   if (Status s = check_compatible(local_.geometry(), pool->geometry()); !s)
     return make_error(s.code(),
                       fmt::format("peer instance '{}': {}", peer_instance, s.error().message));
-  auto shared = std::make_shared<const HostSegmentPool>(std::move(pool).value());
-  pools_[key] = Mapped{*control, shared};
-  return std::shared_ptr<const LocalPool>(shared);
+  Result<std::shared_ptr<IpcIntakeWriter>> intake = IpcIntakeWriter::open(peer_instance, peer_rank);
+  if (!intake)
+    return make_error(intake.code(), fmt::format("peer instance '{}': {}", peer_instance,
+                                                 intake.error().message));
+  Mapped m{*control, std::make_shared<const HostSegmentPool>(std::move(pool).value()),
+           std::move(intake).value()};
+  pools_[key] = m;
+  return m;
 }
 
 std::shared_ptr<Destination> IpcTransport::destination_for(std::shared_ptr<const LocalPool> peer,
-                                                           std::string peer_name) {
-  return std::make_shared<PoolDestination>(*this, std::move(peer), std::move(peer_name));
+                                                           std::string peer_name,
+                                                           std::shared_ptr<IpcIntakeWriter> intake) {
+  return std::make_shared<PoolDestination>(*this, std::move(peer), std::move(peer_name),
+                                           std::move(intake));
 }
 
 Result<std::shared_ptr<Destination>> IpcTransport::resolve(schema::CacheDest::Reader dest) {
@@ -119,10 +162,12 @@ Result<std::shared_ptr<Destination>> IpcTransport::resolve(schema::CacheDest::Re
     return make_error(Errc::kInvalidArgument,
                       fmt::format("device_ids has no entry for rank {}", rank_));
   const std::string instance = dest.getPeerInstance().cStr();
-  Result<std::shared_ptr<const LocalPool>> pool = peer_pool(instance, devices[rank_]);
-  if (!pool) return pool.error();
-  return destination_for(*pool, fmt::format("decode instance '{}' rank {} over ipc", instance,
-                                            devices[rank_]));
+  Result<Mapped> m = mapped(instance, devices[rank_]);
+  if (!m) return m.error();
+  return destination_for(m->pool,
+                         fmt::format("decode instance '{}' rank {} over ipc", instance,
+                                     devices[rank_]),
+                         m->intake);
 }
 
 Status IpcTransport::check_connect(schema::ConnectTask::Reader connect) {

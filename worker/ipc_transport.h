@@ -6,6 +6,10 @@
 // engine says its copies landed; the completion follows a release fence, so
 // a reader that learns of it (through the report, the coordinator and the
 // completion ring) sees the bytes.
+//
+// The decode rank's claims are checked before each layer is written, and
+// the rank is told what landed after (ipc_intake_writer.h), so that its
+// expected requests (ExpectArrival) work as over tcp.
 #pragma once
 
 #include <deque>
@@ -16,6 +20,7 @@
 
 #include "shm/control_segment.h"
 #include "shm/peer_instances.h"
+#include "worker/ipc_intake_writer.h"
 #include "worker/layer_copy.h"
 #include "worker/local_pool.h"
 #include "worker/transport.h"
@@ -31,30 +36,45 @@ class IpcTransport final : public Transport {
   Status check_connect(schema::ConnectTask::Reader connect) override;
   void poll(std::vector<TransferCompletion>& out) override;
   bool has_completions() const override { return !in_flight_.empty(); }
+  // Sends the landed records that waited for room in a decode rank's intake
+  // ring (call every turn; cheap when none wait).
+  void flush_intake();
 
   // Decode rank `peer_rank`'s pool of `peer_instance`, mapped (cached while
   // the peer's coordinator lives).
   Result<std::shared_ptr<const LocalPool>> peer_pool(const std::string& peer_instance,
                                                      uint32_t peer_rank);
-  // A destination for an already mapped pool (benchmarks, tests).
+  // A destination for an already mapped pool (benchmarks, tests); `intake`
+  // (optional) is the decode rank's.
   std::shared_ptr<Destination> destination_for(std::shared_ptr<const LocalPool> peer,
-                                               std::string peer_name);
+                                               std::string peer_name,
+                                               std::shared_ptr<IpcIntakeWriter> intake = {});
 
  private:
   class PoolDestination;
+  struct Scratch {
+    LayerCopyScratch copy;        // the runs the engine reads until done
+    std::vector<BlockRun> runs;  // for the decode rank's intake
+  };
   struct InFlight {
     TransferTicket ticket;
     kernels::CopyTicket copy;
     uint64_t bytes;
+    uint32_t layer;
     std::shared_ptr<const LocalPool> peer;
-    std::unique_ptr<LayerCopyScratch> scratch;  // the runs the engine reads until done
+    std::shared_ptr<IpcIntakeWriter> intake;
+    std::unique_ptr<Scratch> scratch;
   };
   Status submit(const TransferTicket& ticket, uint32_t layer, std::span<const BlockRun> runs,
-                const std::shared_ptr<const LocalPool>& peer);
+                const std::shared_ptr<const LocalPool>& peer,
+                const std::shared_ptr<IpcIntakeWriter>& intake);
   struct Mapped {
     const ControlSegment* control;  // the peer segment it was found through
     std::shared_ptr<const LocalPool> pool;
+    std::shared_ptr<IpcIntakeWriter> intake;
   };
+  Result<Mapped> mapped(const std::string& peer_instance, uint32_t peer_rank);
+  void note_backlog(const std::shared_ptr<IpcIntakeWriter>& intake);
 
   uint32_t rank_;
   const LocalPool& local_;
@@ -62,7 +82,8 @@ class IpcTransport final : public Transport {
   PeerInstances peers_;
   std::unordered_map<std::string, Mapped> pools_;  // by "<instance>/<rank>"
   std::deque<InFlight> in_flight_;
-  std::vector<std::unique_ptr<LayerCopyScratch>> spare_scratch_;  // no allocation per layer
+  std::vector<std::unique_ptr<Scratch>> spare_scratch_;  // no allocation per layer
+  std::vector<std::shared_ptr<IpcIntakeWriter>> backlogged_;  // intakes with records waiting
 };
 
 }  // namespace kvrelay::worker

@@ -7,7 +7,7 @@
 
 #include "schemas/codec.h"
 #include "shm/clock.h"
-#include "worker/tcp/wire.h"
+#include "worker/request_key.h"
 
 namespace kvrelay::worker {
 
@@ -41,7 +41,7 @@ struct SendScheduler::Request {
   std::shared_ptr<Destination> destination;
   std::vector<uint32_t> sent;  // per layer: blocks [0, sent[l]) are handed to the transport
   uint64_t serial = 0;         // tells this binding of the handle from an earlier one
-  uint64_t key = 0;            // tcp::request_key(id): names it to a receiver
+  uint64_t key = 0;            // request_key(id): names it to a receiver
   uint32_t in_flight = 0;      // transfers handed to the transport and not completed
   // Ended (failed, cancelled) with transfers in flight: reported when they complete.
   bool ending = false;
@@ -69,7 +69,7 @@ void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task,
   r->handle = handle;
   r->serial = ++request_serial_;
   r->id = task.getRequestId().cStr();
-  r->key = tcp::request_key(r->id);
+  r->key = request_key(r->id);
   r->src = messages::to_vector(task.getSrcBlockIds());
   r->need_tokens = task.getNeedPrefillTokens();
   r->progress.tokens.assign(layers_, 0);

@@ -24,7 +24,7 @@ namespace kvrelay::worker {
 struct TransferTicket {
   uint64_t handle = 0;          // the request
   uint64_t request_serial = 0;  // which binding of that handle (the scheduler's count)
-  uint64_t request_key = 0;     // tcp::request_key of its id: names it to the receiver
+  uint64_t request_key = 0;     // request_key() of its id: names it to the receiver
   uint32_t layer = 0;
   uint64_t signal_ns = 0;  // when the signal that let this layer go was read
   uint64_t submit_ns = 0;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "schemas/codec.h"
+#include "worker/request_key.h"
 
 namespace kvrelay::worker {
 
@@ -27,8 +28,19 @@ Transports::~Transports() {
 Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& config,
                                                        uint32_t rank, const LocalPool& local,
                                                        const NetworkOptions& network,
-                                                       WaitEvent* doorbell) {
+                                                       WaitEvent* doorbell,
+                                                       const ControlSegment* control) {
   std::unique_ptr<Transports> t(new Transports(rank, local));
+  const bool decode = config.role == static_cast<uint32_t>(Role::kDecode);
+  if (decode) {
+    t->arrivals_ = std::make_shared<Arrivals>(local.geometry(), doorbell);
+    if (control != nullptr) {
+      Result<std::unique_ptr<IpcIntake>> intake =
+          IpcIntake::open(*control, rank, local.geometry(), t->arrivals_);
+      if (!intake) return intake.error();
+      t->intake_ = std::move(intake).value();
+    }
+  }
   const uint16_t port = rank < kMaxTpSize ? config.tcp_ports[rank] : 0;
   const bool listens = port != 0 && config.role != static_cast<uint32_t>(Role::kPrefill);
   if (network.auth_key_file.empty()) {
@@ -58,7 +70,8 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
     receiver.instance = instance_of(config);
     receiver.rank = rank;
     receiver.timing = sender.timing;
-    receiver.doorbell = doorbell;
+    receiver.arrivals =
+        t->arrivals_ ? t->arrivals_ : std::make_shared<Arrivals>(local.geometry(), doorbell);
     Result<std::unique_ptr<tcp::TcpReceiver>> r =
         tcp::TcpReceiver::start(*t->net_, local, *t->key_, receiver);
     if (!r) return r.error();
@@ -102,22 +115,63 @@ Status Transports::check_connect(schema::ConnectTask::Reader connect) {
 }
 
 Status Transports::expect(uint64_t handle, schema::ExpectArrival::Reader expect) {
-  if (!receiver_)
+  if (!arrivals_)
     return make_error(Errc::kInvalidArgument,
-                      fmt::format("rank {} has no tcp listener (--tcp-ports, --auth-key-file): "
-                                  "arrivals are tracked for tcp transfers",
+                      fmt::format("rank {} is not a decode rank: only a decode instance "
+                                  "receives transfers",
                                   rank_));
+  const std::string id = expect.getRequestId().cStr();
   const std::vector<uint32_t> blocks = messages::to_vector(expect.getDestBlockIds());
-  return receiver_->arrivals().expect(handle, expect.getRequestId().cStr(), blocks);
+  if (intake_) {
+    if (Status s = intake_->expect(handle, request_key(id), blocks); !s) return s;
+  }
+  Status s = arrivals_->expect(handle, id, blocks);
+  if (!s && intake_) {
+    intake_->close(handle);
+    intake_->forget(handle);  // refused: nothing of it is answered later
+  }
+  return s;
 }
 
 bool Transports::withdraw(uint64_t handle) {
-  return receiver_ && receiver_->arrivals().withdraw(handle);
+  if (!arrivals_ || !arrivals_->expects(handle)) return false;
+  if (intake_) intake_->close(handle);  // refused by ipc writers from now on
+  return arrivals_->withdraw(handle);
 }
 
-std::vector<tcp::ArrivalEvent> Transports::take_arrivals() {
-  if (!receiver_) return {};
-  return receiver_->arrivals().take();
+bool Transports::tick() {
+  bool busy = false;
+  if (intake_) busy = intake_->drain() > 0;
+  ipc_.flush_intake();
+  return busy;
+}
+
+bool Transports::has_arrivals() const {
+  if (!arrivals_) return false;
+  if (arrivals_->any() || (intake_ && intake_->readable())) return true;
+  return std::any_of(held_.begin(), held_.end(),
+                     [&](const ArrivalEvent& e) { return intake_->settled(e.handle); });
+}
+
+std::vector<ArrivalEvent> Transports::take_arrivals() {
+  if (!arrivals_) return {};
+  std::vector<ArrivalEvent> ready;
+  std::vector<ArrivalEvent> events = std::exchange(held_, {});
+  for (ArrivalEvent& e : arrivals_->take()) {
+    if (intake_) intake_->close(e.handle);
+    events.push_back(std::move(e));
+  }
+  for (ArrivalEvent& e : events) {
+    // An arrived request's writers have all said they are done; a failed or
+    // withdrawn one may still have writes of ipc writers in progress.
+    if (e.kind == ArrivalEvent::kArrived || !intake_ || intake_->settled(e.handle)) {
+      if (intake_) intake_->forget(e.handle);
+      ready.push_back(std::move(e));
+    } else {
+      held_.push_back(std::move(e));
+    }
+  }
+  return ready;
 }
 
 void Transports::poll(std::vector<TransferCompletion>& out) {

@@ -3,6 +3,11 @@
 // tcp across hosts (worker/tcp/); rdma is refused with a reason until its
 // transport exists.
 //
+// A decode rank also keeps its expected requests (ExpectArrival) here: one
+// Arrivals, fed by the tcp listener and by the ipc intake alike. A failed or
+// withdrawn expected request is answered only once no ipc writer can still
+// be writing under its claim.
+//
 // With a key file (--auth-key-file) the worker runs a network thread: it
 // sends over tcp, and, when its instance gives this rank a tcp port and is
 // not prefill-only, it listens there for senders. A port without a key is
@@ -14,6 +19,8 @@
 
 #include "shm/instance_config.h"
 #include "shm/wait_event.h"
+#include "worker/arrivals.h"
+#include "worker/ipc_intake.h"
 #include "worker/ipc_transport.h"
 #include "worker/tcp/auth_key.h"
 #include "worker/tcp/net_thread.h"
@@ -31,11 +38,13 @@ struct NetworkOptions {
 
 class Transports final : public Transport {
  public:
-  // `doorbell`: rung when a network completion is ready.
+  // `doorbell`: rung when a network completion is ready. `control`: the
+  // instance's (a decode rank's ipc intake lives there); none in tests.
   static Result<std::unique_ptr<Transports>> create(const InstanceConfig& config, uint32_t rank,
                                                     const LocalPool& local,
                                                     const NetworkOptions& network,
-                                                    WaitEvent* doorbell);
+                                                    WaitEvent* doorbell,
+                                                    const ControlSegment* control = nullptr);
   ~Transports() override;
 
   Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) override;
@@ -46,20 +55,27 @@ class Transports final : public Transport {
   // The tcp listener, if this rank has one.
   const tcp::TcpReceiver* receiver() const { return receiver_.get(); }
 
-  // ExpectArrival: track request `handle`'s frames into its declared blocks
-  // (an error when this rank has no tcp listener, or the blocks are taken).
+  // ExpectArrival: track request `handle`'s writes into its declared blocks
+  // (an error when this is not a decode rank, or the blocks are taken).
   Status expect(uint64_t handle, schema::ExpectArrival::Reader expect);
   // A cancel or timeout of an expected request: true when it was one (its
   // answer comes through take_arrivals()).
   bool withdraw(uint64_t handle);
-  bool has_arrivals() const { return receiver_ && receiver_->arrivals().any(); }
-  std::vector<tcp::ArrivalEvent> take_arrivals();
+  // Work of every turn: replays what ipc writers say landed here, and sends
+  // what this rank's ipc writes landed that waited for room. True when
+  // something was done.
+  bool tick();
+  bool has_arrivals() const;
+  std::vector<ArrivalEvent> take_arrivals();
 
  private:
   Transports(uint32_t rank, const LocalPool& local);
 
   uint32_t rank_;
   IpcTransport ipc_;
+  std::shared_ptr<Arrivals> arrivals_;  // decode ranks
+  std::unique_ptr<IpcIntake> intake_;   // decode ranks of an instance (not in unit tests)
+  std::vector<ArrivalEvent> held_;      // failed or withdrawn, until their claims are settled
   std::unique_ptr<tcp::AuthKey> key_;
   std::unique_ptr<tcp::NetThread> net_;         // before the users of its thread
   std::unique_ptr<tcp::TcpTransport> tcp_;      // destroyed before the thread

@@ -128,6 +128,7 @@ class Worker {
         busy = true;
       }
       drain_swap_reports();
+      busy = transports_->tick() || busy;
       drain_arrivals();
       flush_reports();
       mirror_counters();
@@ -259,7 +260,7 @@ class Worker {
   // Builds the transports and the scheduler over the device pool.
   Status use_device_pool() {
     Result<std::unique_ptr<Transports>> transports =
-        Transports::create(config_, rank_, *device_pool_, network_, &doorbell_);
+        Transports::create(config_, rank_, *device_pool_, network_, &doorbell_, &control_);
     if (!transports) return transports.error();
     transports_ = std::move(transports).value();
     scheduler_ = std::make_unique<SendScheduler>(
@@ -291,19 +292,19 @@ class Worker {
       report(r.handle, r.kind, r.bytes, r.message, r.first_copy_ns);
   }
 
-  // Expected requests (tcp): arrived, failed (a frame broke its rules), or
-  // withdrawn (the answer to a cancel).
+  // Expected requests (tcp, ipc): arrived, failed (a write broke its
+  // rules), or withdrawn (the answer to a cancel).
   void drain_arrivals() {
     if (!transports_->has_arrivals()) return;
-    for (const tcp::ArrivalEvent& e : transports_->take_arrivals()) {
+    for (const ArrivalEvent& e : transports_->take_arrivals()) {
       switch (e.kind) {
-        case tcp::ArrivalEvent::kArrived:
+        case ArrivalEvent::kArrived:
           report(e.handle, ReportKind::kFinished, e.bytes, "");
           break;
-        case tcp::ArrivalEvent::kFailed:
+        case ArrivalEvent::kFailed:
           report(e.handle, ReportKind::kFailed, e.bytes, e.message);
           break;
-        case tcp::ArrivalEvent::kWithdrawn:
+        case ArrivalEvent::kWithdrawn:
           report(e.handle, ReportKind::kCancelled, e.bytes, "");
           break;
       }

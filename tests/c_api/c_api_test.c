@@ -313,11 +313,12 @@ int main(int argc, char** argv) {
 
   CHECK(kvrelay_cancel(prefill, "c-never-submitted", 5000) == KVRELAY_OK);
   {
-    /* Arrivals are tracked for tcp only: these instances accept ipc. */
+    /* Expected requests are declared to the decode instance only. */
     const uint32_t expected[2] = {1, 2};
-    CHECK(kvrelay_expect_arrival(decode, "c-expect", expected, 2, 0, 5000) ==
+    CHECK(kvrelay_expect_arrival(prefill, "c-expect", expected, 2, 0, 5000) ==
           KVRELAY_INVALID_ARGUMENT);
-    CHECK(strstr(kvrelay_last_error(), "does not accept tcp") != NULL);
+    CHECK(strstr(kvrelay_last_error(), "declare an expected request to the decode instance") !=
+          NULL);
     CHECK(kvrelay_expect_arrival(decode, NULL, expected, 2, 0, 5000) == KVRELAY_INVALID_ARGUMENT);
   }
   REQUIRE(wait_for(prefill, "c-never-submitted", &done));

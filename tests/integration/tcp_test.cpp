@@ -9,9 +9,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include <set>
 #include <thread>
 
+#include "integration/request_driver.h"
 #include "integration/tcp_hosts.h"
 #include "shm/control_segment.h"
 #include "shm/liveness.h"
@@ -42,70 +42,23 @@ class TcpFaults : public ::testing::Test {
         ::testing::UnitTest::GetInstance()->current_test_info()->name(), args(),
         hosts.placement(prefill_key));
     env->set_route(hosts.route());
-    for (uint32_t rank = 0; rank < env->tp(); ++rank) {
-      const HostPool& dst = env->dst_pool(rank);
-      for (uint32_t l = 0; l < kLayers; ++l)
-        for (uint32_t t = 0; t < 2; ++t)
-          for (uint32_t b = 0; b < dst.geometry().num_blocks; ++b)
-            sim::poison_block(dst, l, t, b);
-    }
+    driver = std::make_unique<RequestDriver>(*env, kLayers, kBlockTokens);
   }
   void TearDown() override {
+    driver.reset();
     if (env) env->stop_and_check_clean();
   }
 
-  // A request of `n` blocks, all filled on the prefill side.
-  sim::RequestBlocks blocks(uint32_t n) {
-    sim::RequestBlocks r;
-    r.tag = ++next_tag;
-    for (uint32_t i = 0; i < n; ++i) {
-      r.src.push_back(next_src++);
-      r.dst.push_back(next_dst++);
-    }
-    env->fill(r);
-    return r;
-  }
+  sim::RequestBlocks blocks(uint32_t n) { return driver->blocks(n); }
   void submit(const std::string& id, const sim::RequestBlocks& r, uint32_t slot) {
-    ASSERT_TRUE(env->submit_task(id, r, r.src.size() * kBlockTokens, slot));
-    ASSERT_TRUE(env->submit_dest(id, r));
-    current_step = ++step;
-    const std::vector<BatchSlot> batch = {
-        {slot, 0, static_cast<uint32_t>(r.src.size() * kBlockTokens), Client::request_tag(id)}};
-    for (uint32_t rank = 0; rank < env->tp(); ++rank)
-      ASSERT_TRUE(env->engine().push_batch(rank, current_step, batch, Deadline::after(5s)));
+    driver->submit(id, r, slot);
   }
-  void layers_done(uint32_t from, uint32_t to) {
-    for (uint32_t l = from; l < to; ++l)
-      for (uint32_t rank = 0; rank < env->tp(); ++rank)
-        ASSERT_TRUE(env->engine().push_layer_done(rank, current_step, l, Deadline::after(5s)));
-  }
-  // Destination blocks outside every finished request still hold poison.
+  void layers_done(uint32_t from, uint32_t to) { driver->layers_done(from, to); }
   uint64_t stray_writes(const std::vector<sim::RequestBlocks>& finished) {
-    std::set<uint32_t> owned;
-    for (const auto& r : finished)
-      owned.insert(r.dst.begin(), r.dst.end());
-    uint64_t stray = 0;
-    for (uint32_t rank = 0; rank < env->tp(); ++rank)
-      for (uint32_t l = 0; l < kLayers; ++l)
-        for (uint32_t t = 0; t < 2; ++t)
-          for (uint32_t b = next_dst; b < env->dst_pool(rank).geometry().num_blocks; ++b)
-            if (owned.count(b) == 0 && !sim::block_is_poisoned(env->dst_pool(rank), l, t, b))
-              ++stray;
-    return stray;
+    return driver->stray_writes(finished);
   }
-  // Sends fresh requests until one finishes (the peer may still be coming
-  // back: each attempt gets one completion); returns whether one did.
   bool a_new_request_goes_through(const std::string& prefix) {
-    for (int attempt = 0; attempt < 20; ++attempt) {
-      const std::string id = prefix + std::to_string(attempt);
-      sim::RequestBlocks r = blocks(2);
-      submit(id, r, 1);
-      layers_done(0, kLayers);
-      const Completion c = env->wait_for(id, 20s);
-      if (c.status == CompletionStatus::kFinished) return env->wrong_words(r) == 0;
-      std::this_thread::sleep_for(300ms);
-    }
-    return false;
+    return driver->a_new_request_goes_through(prefix);
   }
   pid_t decode_worker_pid(uint32_t rank) {
     auto c = ControlSegment::attach(env->decode().name(),
@@ -116,9 +69,7 @@ class TcpFaults : public ::testing::Test {
 
   TcpHosts hosts{"tflt", 2};
   std::unique_ptr<TwoInstances> env;
-  uint64_t next_tag = 0;
-  uint32_t next_src = 0, next_dst = 0;
-  uint64_t step = 0, current_step = 0;
+  std::unique_ptr<RequestDriver> driver;
 };
 
 TEST_F(TcpFaults, AKilledDecodeWorkerFailsItsRequestOnceNamingThePeerAndTheNextOnesGoThrough) {
@@ -216,75 +167,6 @@ TEST_F(TcpFaults, AConnectTaskShakesHandsOnEveryRank) {
   EXPECT_NE(wrong.message.find("the receiver refused the connection: this is instance '"),
             std::string::npos)
       << wrong.message;
-}
-
-// ---- expected requests: the decode engine's own completion ----
-
-TEST_F(TcpFaults, TheDecodeEngineLearnsItsKvArrivedExactlyOnce) {
-  start();
-  sim::RequestBlocks r = blocks(4);
-  Client& decode_engine = env->decode().client();
-  ASSERT_TRUE(decode_engine.submit(ExpectSpec{"arrive", r.dst, 20'000}, Deadline::after(5s)));
-  submit("arrive", r, 0);
-  layers_done(0, kLayers);
-  const Completion sent = env->wait_for("arrive");
-  EXPECT_EQ(sent.status, CompletionStatus::kFinished) << sent.message;
-  Result<Completion> here = decode_engine.wait(Deadline::after(10s));
-  ASSERT_TRUE(here) << here.error().message;
-  EXPECT_EQ(here->request_id, "arrive");
-  EXPECT_EQ(here->kind, CompletionKind::kArrived);
-  EXPECT_EQ(here->status, CompletionStatus::kFinished) << here->message;
-  const uint64_t block = env->dst_pool(0).geometry().block_bytes(PoolTensor::kKey);
-  EXPECT_EQ(here->bytes_moved, r.dst.size() * kLayers * 2 * block * env->tp());
-  EXPECT_EQ(env->wrong_words(r), 0u);
-  EXPECT_EQ(decode_engine.wait(Deadline::after(300ms)).code(), Errc::kTimeout)
-      << "exactly one completion";
-}
-
-TEST_F(TcpFaults, AnExpectedRequestThatNeverComesTimesOut) {
-  start();
-  sim::RequestBlocks r = blocks(2);
-  Client& decode_engine = env->decode().client();
-  const auto t0 = Clock::now();
-  ASSERT_TRUE(decode_engine.submit(ExpectSpec{"never", r.dst, 500}, Deadline::after(5s)));
-  Result<Completion> here = decode_engine.wait(Deadline::after(10s));
-  ASSERT_TRUE(here) << here.error().message;
-  EXPECT_EQ(here->kind, CompletionKind::kArrived);
-  EXPECT_EQ(here->status, CompletionStatus::kTimeout) << here->message;
-  EXPECT_LT(Clock::now() - t0, 5s);
-  // Its blocks are free again, and its own frames, late, are refused.
-  submit("never", r, 0);
-  layers_done(0, kLayers);
-  const Completion late = env->wait_for("never");
-  EXPECT_EQ(late.status, CompletionStatus::kError);
-  EXPECT_NE(late.message.find("withdrawn"), std::string::npos) << late.message;
-  EXPECT_EQ(stray_writes({}), 0u);
-}
-
-TEST_F(TcpFaults, FramesIntoBlocksAnotherRequestDeclaredAreRefusedAndThatRequestStillArrives) {
-  start();
-  sim::RequestBlocks owner = blocks(3);
-  sim::RequestBlocks intruder = blocks(3);
-  intruder.dst = owner.dst;  // a buggy engine sends another request into them
-  Client& decode_engine = env->decode().client();
-  ASSERT_TRUE(decode_engine.submit(ExpectSpec{"owner", owner.dst, 20'000}, Deadline::after(5s)));
-  submit("intruder", intruder, 0);
-  layers_done(0, kLayers);
-  const Completion refused = env->wait_for("intruder");
-  EXPECT_EQ(refused.status, CompletionStatus::kError);
-  EXPECT_NE(refused.message.find("which request 'owner' declared"), std::string::npos)
-      << refused.message;
-  for (uint32_t rank = 0; rank < env->tp(); ++rank)
-    for (uint32_t b : owner.dst)
-      EXPECT_TRUE(sim::block_is_poisoned(env->dst_pool(rank), 0, 0, b)) << "nothing written";
-  submit("owner", owner, 1);
-  layers_done(0, kLayers);
-  EXPECT_EQ(env->wait_for("owner").status, CompletionStatus::kFinished);
-  Result<Completion> here = decode_engine.wait(Deadline::after(10s));
-  ASSERT_TRUE(here) << here.error().message;
-  EXPECT_EQ(here->request_id, "owner");
-  EXPECT_EQ(here->status, CompletionStatus::kFinished) << here->message;
-  EXPECT_EQ(env->wrong_words(owner), 0u);
 }
 
 }  // namespace

@@ -231,8 +231,8 @@ def test_bad_input_raises_at_once_with_a_message_and_submits_nothing(pair, engin
         engine.submit_cache_dest("py-bad", [1], protocol="carrier pigeon")
     with pytest.raises(kvrelay.InvalidArgument, match="sideways"):
         engine.submit_swap("py-bad", "sideways", [1], [1])
-    with pytest.raises(kvrelay.InvalidArgument, match="does not accept tcp"):
-        engine.expect_arrival("py-bad", [1, 2])  # arrivals are tracked for tcp only
+    with pytest.raises(kvrelay.InvalidArgument, match="to the decode instance"):
+        engine.expect_arrival("py-bad", [1, 2])  # declared to the decode instance only
     with pytest.raises(kvrelay.InvalidArgument, match="rank 5"):
         engine.push_layer_done(5, 0, 0)
     with pytest.raises(kvrelay.InvalidArgument, match=r"slots\[0\] has 2 items"):

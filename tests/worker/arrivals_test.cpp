@@ -1,11 +1,11 @@
 // The decode side's expected requests: a request arrives exactly when every
 // block of every layer and tensor has landed, once; nobody writes into
 // another request's declared blocks; late frames are refused.
-#include "worker/tcp/arrivals.h"
+#include "worker/arrivals.h"
 
 #include <gtest/gtest.h>
 
-namespace kvrelay::worker::tcp {
+namespace kvrelay::worker {
 namespace {
 
 PoolGeometry geometry() {
@@ -21,9 +21,9 @@ PoolGeometry geometry() {
 
 constexpr uint64_t kBlock = 4 * 8 * 2;
 
-FrameHeader frame(const std::string& id, uint32_t layer, uint32_t tensor, uint32_t block,
+LandedWrite frame(const std::string& id, uint32_t layer, uint32_t tensor, uint32_t block,
                   uint32_t count = 1) {
-  FrameHeader f;
+  LandedWrite f;
   f.request_key = request_key(id);
   f.layer = layer;
   f.tensor = tensor;
@@ -33,7 +33,7 @@ FrameHeader frame(const std::string& id, uint32_t layer, uint32_t tensor, uint32
 }
 
 // Admits and lands a frame, as the receiver does.
-Status deliver(Arrivals& a, const FrameHeader& f) {
+Status deliver(Arrivals& a, const LandedWrite& f) {
   Status s = a.admit(f);
   if (s) a.landed(f);
   return s;
@@ -66,7 +66,7 @@ TEST(Arrivals, NoFrameWritesIntoBlocksAnotherRequestDeclared) {
   Status foreign = deliver(a, frame("other", 0, 0, 5));
   ASSERT_FALSE(foreign);
   EXPECT_EQ(foreign.error().message,
-            "a frame writes destination block 5, which request 'mine' declared");
+            "a write goes to destination block 5, which request 'mine' declared");
   EXPECT_TRUE(deliver(a, frame("other", 0, 0, 6))) << "undeclared blocks: the shape check only";
   EXPECT_FALSE(a.any()) << "'mine' is unaffected";
   EXPECT_FALSE(a.expect(2, "second", {5})) << "a block is declared by one request at a time";
@@ -81,14 +81,14 @@ TEST(Arrivals, ADeclaredRequestWritingOutsideItsBlocksFails) {
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].kind, ArrivalEvent::kFailed);
   EXPECT_EQ(events[0].message,
-            "a frame of request 'r' writes destination block 3, which it did not declare");
+            "a write of request 'r' goes to destination block 3, which it did not declare");
   EXPECT_TRUE(a.expect(4, "next", {1, 2})) << "its blocks are free again";
 }
 
 TEST(Arrivals, AWithdrawalIsAnsweredOnlyOnceThePayloadsBeingWrittenHaveLanded) {
   Arrivals a(geometry(), nullptr);
   ASSERT_TRUE(a.expect(9, "r", {0}));
-  const FrameHeader f = frame("r", 0, 0, 0);
+  const LandedWrite f = frame("r", 0, 0, 0);
   ASSERT_TRUE(a.admit(f));  // its payload is being read into the pool
   EXPECT_TRUE(a.withdraw(9));
   EXPECT_FALSE(a.any()) << "not while a payload of it is still being written";
@@ -104,7 +104,7 @@ TEST(Arrivals, AWithdrawalIsAnsweredOnlyOnceThePayloadsBeingWrittenHaveLanded) {
 TEST(Arrivals, APayloadCutOffByAClosedConnectionNoLongerHoldsUpAWithdrawal) {
   Arrivals a(geometry(), nullptr);
   ASSERT_TRUE(a.expect(9, "r", {0, 1}));
-  const FrameHeader f = frame("r", 0, 0, 0);
+  const LandedWrite f = frame("r", 0, 0, 0);
   ASSERT_TRUE(a.admit(f));
   a.abandoned(f);  // its connection closed mid-payload
   EXPECT_FALSE(a.any()) << "it counts for nothing";
@@ -123,4 +123,4 @@ TEST(Arrivals, NothingToWaitForArrivesAtOnce) {
 }
 
 }  // namespace
-}  // namespace kvrelay::worker::tcp
+}  // namespace kvrelay::worker

@@ -25,14 +25,14 @@ struct TcpReceiver::Shared {
         key(k),
         options(std::move(o)),
         stats(std::move(s)),
-        arrivals(p.geometry(), options.doorbell) {}
+        arrivals(*options.arrivals) {}
   asio::io_context& io;
   tcp::acceptor acceptor;  // on a strand of its own, with `connections` and `stopped`
   const LocalPool& pool;
   const AuthKey& key;
   ReceiverOptions options;
   std::shared_ptr<ReceiverStats> stats;
-  Arrivals arrivals;
+  Arrivals& arrivals;  // options.arrivals keeps it
   uint64_t epoch = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(
           std::chrono::system_clock::now().time_since_epoch())
@@ -42,6 +42,10 @@ struct TcpReceiver::Shared {
 };
 
 namespace {
+
+LandedWrite landed_write(const FrameHeader& f) {
+  return LandedWrite{f.request_key, f.layer, f.tensor, f.dst_offset, f.bytes};
+}
 
 class Connection final : public Channel {
  public:
@@ -143,7 +147,7 @@ class Connection final : public Channel {
     if (ok && base == nullptr)
       ok = make_error(Errc::kInvalidArgument, fmt::format("layer {} tensor {} does not exist",
                                                           f.layer, f.tensor));
-    if (ok) ok = shared_->arrivals.admit(f);  // the declared requests' blocks
+    if (ok) ok = shared_->arrivals.admit(landed_write(f));  // the declared requests' blocks
     if (!ok) {
       ++shared_->stats->refused_frames;
       spdlog::warn("rank {}: refused a frame from {} (transfer {}): {}", shared_->options.rank,
@@ -159,7 +163,7 @@ class Connection final : public Channel {
     payload_in_progress_ = f;  // until it has landed: a close meanwhile abandons it
     read_payload(base + f.dst_offset, f.bytes, [self, f, after] {
       self->payload_in_progress_.reset();
-      self->shared_->arrivals.landed(f);
+      self->shared_->arrivals.landed(landed_write(f));
       after();
     });
   }
@@ -184,7 +188,7 @@ class Connection final : public Channel {
 
   void on_closed(const std::string& reason) override {
     handshake_.cancel();
-    if (payload_in_progress_) shared_->arrivals.abandoned(*payload_in_progress_);
+    if (payload_in_progress_) shared_->arrivals.abandoned(landed_write(*payload_in_progress_));
     if (state_ == State::kServing) {
       spdlog::info("rank {}: tcp connection from {} closed: {}", shared_->options.rank,
                    peer_name(), reason);
@@ -236,6 +240,7 @@ Result<std::unique_ptr<TcpReceiver>> TcpReceiver::start(NetThread& net, const Lo
                                                         const AuthKey& key,
                                                         ReceiverOptions options) {
   auto stats = std::make_shared<ReceiverStats>();
+  if (!options.arrivals) options.arrivals = std::make_shared<Arrivals>(pool.geometry(), nullptr);
   auto shared = std::make_shared<Shared>(net.io(), pool, key, options, stats);
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(options.address, ec);
@@ -256,10 +261,6 @@ Result<std::unique_ptr<TcpReceiver>> TcpReceiver::start(NetThread& net, const Lo
   r->stats_ = std::move(stats);
   spdlog::info("rank {}: accepting tcp transfers on {}:{}", options.rank, options.address, port);
   return r;
-}
-
-Arrivals& TcpReceiver::arrivals() {
-  return shared_->arrivals;
 }
 
 TcpReceiver::TcpReceiver(std::shared_ptr<Shared> shared, uint16_t port)

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "worker/local_pool.h"
-#include "worker/tcp/arrivals.h"
+#include "worker/arrivals.h"
 #include "worker/tcp/auth_key.h"
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
@@ -31,7 +31,9 @@ struct ReceiverOptions {
   uint32_t rank = 0;
   Timing timing;
   std::chrono::milliseconds handshake_timeout{2000};
-  WaitEvent* doorbell = nullptr;  // rung when arrivals() has events
+  // The rank's expected requests, which the ipc intake feeds too (none: a
+  // private one, for tests and benchmarks).
+  std::shared_ptr<Arrivals> arrivals;
 };
 
 struct ReceiverStats {
@@ -50,8 +52,6 @@ class TcpReceiver {
   ~TcpReceiver();
   const ReceiverStats& stats() const { return *stats_; }
   uint16_t port() const { return port_; }
-  // The requests the decode engine declared (ExpectArrival).
-  Arrivals& arrivals();
 
   struct Shared;  // what the listener's connections share (tcp_receiver.cpp)
 

@@ -36,15 +36,6 @@ void append(capnp::MessageBuilder& message, std::vector<std::byte>& out) {
 
 }  // namespace
 
-uint64_t request_key(std::string_view id) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : id) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h == 0 ? 1 : h;
-}
-
 Result<uint32_t> parse_length(std::span<const uint8_t, 4> p) {
   const uint32_t len = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
                        uint32_t{p[3]} << 24;

@@ -25,6 +25,7 @@
 #include "schemas/kvrelay.capnp.h"
 #include "shm/pool_geometry.h"
 #include "shm/result.h"
+#include "worker/request_key.h"
 #include "worker/tcp/auth_key.h"
 
 namespace kvrelay::worker::tcp {
@@ -34,8 +35,6 @@ inline constexpr uint32_t kWireVersion = 1;
 // not a kvrelay peer's (or lost its framing).
 inline constexpr uint32_t kMaxEnvelopeBytes = 64 * 1024;
 
-// FNV-1a 64 of a request id, never 0: what a frame names its request by.
-uint64_t request_key(std::string_view request_id);
 
 struct FrameHeader {
   uint64_t transfer = 0;

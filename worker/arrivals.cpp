@@ -1,13 +1,13 @@
-#include "worker/tcp/arrivals.h"
+#include "worker/arrivals.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-namespace kvrelay::worker::tcp {
+namespace kvrelay::worker {
 
 namespace {
-// Arrived or withdrawn requests whose frames are still refused: this many, for
+// Arrived or withdrawn requests whose writes are still refused: this many, for
 // this long (a sender learns of a failure within its peer timeout; an id used
 // again after that is a new request).
 constexpr size_t kRememberGone = 4096;
@@ -67,7 +67,7 @@ bool Arrivals::withdraw(uint64_t handle) {
   return true;
 }
 
-bool Arrivals::frame_blocks(const FrameHeader& f, uint32_t* first, uint32_t* last) const {
+bool Arrivals::write_blocks(const LandedWrite& f, uint32_t* first, uint32_t* last) const {
   const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(f.tensor));
   if (block == 0 || f.bytes == 0) return false;
   *first = static_cast<uint32_t>(f.dst_offset / block);
@@ -75,9 +75,9 @@ bool Arrivals::frame_blocks(const FrameHeader& f, uint32_t* first, uint32_t* las
   return *last < owner_.size();
 }
 
-Status Arrivals::admit(const FrameHeader& f) {
+Status Arrivals::admit(const LandedWrite& f) {
   uint32_t first = 0, last = 0;
-  if (!frame_blocks(f, &first, &last)) return {};  // the shape check refuses it
+  if (!write_blocks(f, &first, &last)) return {};  // the shape check refuses it
   std::lock_guard<std::mutex> lock(mu_);
   forget_old_gone();
   auto gone = gone_ids_.find(f.request_key);
@@ -89,7 +89,7 @@ Status Arrivals::admit(const FrameHeader& f) {
   for (uint32_t b = first; b <= last; ++b) {
     if (owner_[b] == f.request_key && mine != expected_.end()) continue;
     if (mine != expected_.end()) {
-      const std::string why = fmt::format("a frame of request '{}' writes destination block {}, "
+      const std::string why = fmt::format("a write of request '{}' goes to destination block {}, "
                                           "which it did not declare",
                                           mine->second.id, b);
       if (!mine->second.withdrawn) {
@@ -101,7 +101,7 @@ Status Arrivals::admit(const FrameHeader& f) {
     }
     if (owner_[b] != 0)
       return make_error(Errc::kInvalidArgument,
-                        fmt::format("a frame writes destination block {}, which request '{}' "
+                        fmt::format("a write goes to destination block {}, which request '{}' "
                                     "declared",
                                     b, expected_.at(owner_[b]).id));
   }
@@ -114,9 +114,9 @@ Status Arrivals::admit(const FrameHeader& f) {
   return {};
 }
 
-void Arrivals::landed(const FrameHeader& f) {
+void Arrivals::landed(const LandedWrite& f) {
   uint32_t first = 0, last = 0;
-  if (!frame_blocks(f, &first, &last)) return;
+  if (!write_blocks(f, &first, &last)) return;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = expected_.find(f.request_key);
   if (it == expected_.end()) return;  // undeclared: nothing to count
@@ -142,7 +142,7 @@ void Arrivals::landed(const FrameHeader& f) {
   if (e.missing == 0) finish(f.request_key, ArrivalEvent::kArrived, "");
 }
 
-void Arrivals::abandoned(const FrameHeader& f) {
+void Arrivals::abandoned(const LandedWrite& f) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = expected_.find(f.request_key);
   if (it == expected_.end()) return;
@@ -153,7 +153,7 @@ void Arrivals::abandoned(const FrameHeader& f) {
            e.failure);
 }
 
-// Ends a declared request: its blocks are free again, its later frames are
+// Ends a declared request: its blocks are free again, its later writes are
 // refused, and the worker hears of it. Called with mu_ held.
 void Arrivals::finish(uint64_t key, ArrivalEvent::Kind kind, const std::string& message) {
   auto it = expected_.find(key);
@@ -190,9 +190,14 @@ std::vector<ArrivalEvent> Arrivals::take() {
   return std::exchange(events_, {});
 }
 
+bool Arrivals::expects(uint64_t handle) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return by_handle_.count(handle) != 0;
+}
+
 bool Arrivals::any() const {
   std::lock_guard<std::mutex> lock(mu_);
   return !events_.empty();
 }
 
-}  // namespace kvrelay::worker::tcp
+}  // namespace kvrelay::worker

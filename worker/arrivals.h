@@ -1,18 +1,20 @@
 // The decode side's expected requests (ExpectArrival): which destination
 // blocks each declared request may write, which blocks of which layers and
-// tensors have arrived, and when a request is complete. The tcp receiver
-// asks it about every frame before reading the payload (admit), and tells it
-// when the payload is in the pool (landed); the worker declares and
-// withdraws requests and reports what take() returns.
+// tensors have arrived, and when a request is complete. Both ways in feed
+// it: the tcp receiver asks it about every frame before reading the payload
+// (admit) and tells it when the payload is in the pool (landed); the ipc
+// intake (ipc_intake.h) replays what prefill workers on this host say they
+// wrote. The worker declares and withdraws requests and reports what take()
+// returns.
 //
-// The rules for a frame (its request is named by FrameHeader::request_key):
+// The rules for a write (its request is named by LandedWrite::request_key):
 //   - of a declared request: only into blocks that request declared;
 //   - of a request that arrived or was withdrawn here within the last
 //     minute: refused (a late or repeated write must not land in blocks the
 //     engine now uses);
 //   - of an undeclared request: into blocks no declared request holds (the
-//     pool's shape is checked separately, for every frame).
-// A declared request's frame that breaks a rule fails that request.
+//     pool's shape is checked separately, for every write).
+// A declared request's write that breaks a rule fails that request.
 //
 // Thread-safe: the network threads and the worker's thread call it.
 #pragma once
@@ -28,9 +30,18 @@
 #include "shm/pool_geometry.h"
 #include "shm/result.h"
 #include "shm/wait_event.h"
-#include "worker/tcp/wire.h"
+#include "worker/request_key.h"
 
-namespace kvrelay::worker::tcp {
+namespace kvrelay::worker {
+
+// One tensor's bytes of one layer, written at `dst_offset` of that tensor.
+struct LandedWrite {
+  uint64_t request_key = 0;
+  uint32_t layer = 0;
+  uint32_t tensor = 0;  // PoolTensor
+  uint64_t dst_offset = 0;
+  uint64_t bytes = 0;
+};
 
 struct ArrivalEvent {
   uint64_t handle;
@@ -52,14 +63,17 @@ class Arrivals {
   // (kWithdrawn) comes once no payload of it is being written any more.
   bool withdraw(uint64_t handle);
 
-  // Before a frame's payload is read: ok (then landed() must follow), or
-  // why the frame must not be written.
-  Status admit(const FrameHeader& frame);
-  // After an admitted frame's payload is in the pool.
-  void landed(const FrameHeader& frame);
-  // An admitted frame whose payload never finished (its connection closed):
-  // it counts for nothing, and no longer holds up a withdrawal.
-  void abandoned(const FrameHeader& frame);
+  // Before a write: ok (then landed() or abandoned() must follow), or why it
+  // must not be written.
+  Status admit(const LandedWrite& write);
+  // After an admitted write's bytes are in the pool.
+  void landed(const LandedWrite& write);
+  // An admitted write that never finished (its connection closed, or the
+  // writer refused it after all): it counts for nothing, and no longer holds
+  // up a withdrawal.
+  void abandoned(const LandedWrite& write);
+  // Whether `handle` is a declared request still waiting here.
+  bool expects(uint64_t handle) const;
 
   std::vector<ArrivalEvent> take();
   bool any() const;
@@ -72,12 +86,12 @@ class Arrivals {
     std::vector<uint64_t> arrived;  // bits: (layer * tensors + tensor) * blocks + index
     uint64_t missing;               // bits not yet set
     uint64_t bytes = 0;
-    uint32_t writing = 0;  // admitted frames whose payload is being read
+    uint32_t writing = 0;  // admitted writes whose bytes are being written
     bool withdrawn = false;
-    std::string failure;  // why it failed (a frame broke a rule), once writes in progress end
+    std::string failure;  // why it failed (a write broke a rule), once writes in progress end
   };
-  // Block ranges of a frame: [first, last] (whole blocks, checked before).
-  bool frame_blocks(const FrameHeader& f, uint32_t* first, uint32_t* last) const;
+  // Block ranges of a write: [first, last] (whole blocks, checked before).
+  bool write_blocks(const LandedWrite& w, uint32_t* first, uint32_t* last) const;
   void finish(uint64_t key, ArrivalEvent::Kind kind, const std::string& message);
   void remember_gone(uint64_t key, const std::string& id);
   void forget_old_gone();
@@ -98,4 +112,4 @@ class Arrivals {
   std::vector<ArrivalEvent> events_;
 };
 
-}  // namespace kvrelay::worker::tcp
+}  // namespace kvrelay::worker

@@ -1,0 +1,160 @@
+// Claims on the blocks of a pool that other processes write into directly
+// (the ipc transport writes a decode rank's pool from the prefill worker),
+// so that the pool's owner can say which keyed claim may be written where,
+// and can tell when nobody is still writing under a claim it ended.
+//
+//   owner:   one process (the decode rank's worker). open(key, blocks)
+//            claims blocks for a key; close(key) ends the claim, frees its
+//            blocks, and returns the epoch writers must have passed before
+//            the owner may answer that nothing more lands there.
+//   writers: any processes, each through the writer slot of its producer
+//            lease on the owner's intake ring (so the slot's owner lock
+//            proves the writer alive). Before looking at the table a writer
+//            announces the oldest epoch it read among its writes in
+//            progress; it clears the announcement once they are done.
+//
+// Why the announcement makes close() safe (epoch-based reclamation): close
+// stores the entry's new state, then increments the epoch to E; a writer
+// stores its announcement, then reads the entry, all seq_cst. Either the
+// writer read the epoch after the increment (it announced >= E and it sees
+// the entry closed), or its announcement (< E) is visible to the owner's
+// quiescent(E), which waits for it to clear or for the writer to die.
+//
+// Entries are found by key (open addressing, kIntakeProbe places from the
+// key's hash) and rewritten under a sequence lock; each block names the
+// entry that claims it (index + 1). A closed entry keeps refusing its key
+// for kIntakeRememberNs, then becomes reusable. The table is input to its
+// writers and to the owner alike: the owner keeps its own copy of its
+// claims and never reads its decisions back from here.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "shm/mpsc_ring.h"
+#include "shm/owner_lock.h"
+#include "shm/result.h"
+
+namespace kvrelay {
+
+inline constexpr uint32_t kIntakeEntries = 4096;  // a power of two
+inline constexpr uint32_t kIntakeProbe = 16;
+inline constexpr uint32_t kIntakeWriters = kMpscProducerSlots;
+inline constexpr uint64_t kIntakeRememberNs = 60'000'000'000ull;
+
+enum class IntakeState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
+
+struct IntakeEntry {
+  std::atomic<uint32_t> sequence;  // odd while the owner rewrites the entry
+  std::atomic<uint32_t> state;     // IntakeState
+  std::atomic<uint64_t> key;
+  std::atomic<uint64_t> closed_at_ns;  // CLOCK_MONOTONIC
+  uint64_t reserved;
+};
+static_assert(sizeof(IntakeEntry) == 32);
+
+struct alignas(64) IntakeWriterSlot {
+  // 0: not writing; else the oldest epoch among the writer's writes in
+  // progress. Written by the writer that holds the slot's lease.
+  std::atomic<uint64_t> announced_epoch;
+  uint8_t reserved[56];
+};
+static_assert(sizeof(IntakeWriterSlot) == 64);
+
+struct IntakeTableHeader {
+  std::atomic<uint64_t> epoch;  // the owner's; starts at 1 and only grows
+  uint8_t reserved[56];
+  IntakeWriterSlot writers[kIntakeWriters];
+  IntakeEntry entries[kIntakeEntries];
+  // Followed by std::atomic<uint32_t> claim[blocks]: entry index + 1, 0: unclaimed.
+};
+static_assert(std::is_standard_layout_v<IntakeTableHeader>);
+static_assert(offsetof(IntakeTableHeader, writers) == 64);
+
+constexpr size_t intake_table_bytes(uint32_t blocks) {
+  return sizeof(IntakeTableHeader) + size_t{blocks} * sizeof(std::atomic<uint32_t>);
+}
+// Creator only, on zeroed memory.
+void initialize_intake_table(std::span<std::byte> region);
+// The entry where a key's probe window starts.
+uint32_t intake_home(uint64_t key);
+
+// What a writer finds for a key.
+struct IntakeLookup {
+  IntakeState state = IntakeState::kFree;  // kFree: no claim (or one long closed)
+  uint32_t entry = 0;                      // when kOpen or kClosed
+};
+
+// The writer's side (any process; not thread-safe: one per writer slot).
+class IntakeWriterView {
+ public:
+  // `region` must be at least intake_table_bytes(blocks) (checked by the caller).
+  IntakeWriterView(std::span<std::byte> region, uint32_t blocks, uint32_t writer);
+
+  // Announces that a write starts under the current epoch, unless an older
+  // announcement (of a write still in progress) stands: `held` is that
+  // older epoch or 0. Returns the current epoch, which this write's
+  // announcement may later be raised to. seq_cst: the lookups that follow
+  // are ordered after it.
+  uint64_t announce(uint64_t held);
+  // The writes in progress now hold `oldest` (0: none).
+  void set_announcement(uint64_t oldest);
+
+  IntakeLookup lookup(uint64_t key, uint64_t now_ns) const;
+  // The entry index + 1 that claims `block`, 0 when unclaimed (or out of range).
+  uint32_t claim_of(uint32_t block) const;
+  uint32_t blocks() const { return blocks_; }
+
+ private:
+  IntakeTableHeader* h_;
+  std::atomic<uint32_t>* claims_;
+  uint32_t blocks_;
+  uint32_t writer_;
+};
+
+// The owner's side (one process, one thread).
+class IntakeOwner {
+ public:
+  IntakeOwner(std::span<std::byte> region, uint32_t blocks);
+
+  // A new owner (a restarted worker): every claim is forgotten, the epoch
+  // goes on growing.
+  void reset();
+  // Claims `blocks` for `key`. Refused when the key holds a claim already,
+  // a block is claimed or out of range, or the key's probe window is full of
+  // open claims.
+  Status open(uint64_t key, std::span<const uint32_t> blocks, uint64_t now_ns);
+  // Ends `key`'s claim: its blocks are unclaimed, writers that look from now
+  // on find it closed. Returns the epoch quiescent() must be asked about, or
+  // 0 when the key held no open claim (a second close).
+  uint64_t close(uint64_t key, uint64_t now_ns);
+  // Whether every writer that may have admitted a write before the close
+  // that returned `epoch` is done or dead. `liveness(w)`: writer slot w's
+  // owner lock (kUnknown counts as alive).
+  bool quiescent(uint64_t epoch, const std::function<LockState(uint32_t)>& liveness) const;
+  uint64_t epoch() const { return h_->epoch.load(std::memory_order_acquire); }
+  size_t open_claims() const { return claims_by_key_.size(); }
+
+ private:
+  struct Claim {
+    uint32_t entry;
+    std::vector<uint32_t> blocks;
+  };
+  void rewrite(uint32_t entry, IntakeState state, uint64_t key, uint64_t closed_at_ns);
+
+  IntakeTableHeader* h_;
+  std::atomic<uint32_t>* claims_;
+  uint32_t blocks_;
+  std::unordered_map<uint64_t, Claim> claims_by_key_;  // our own copy: open claims
+  std::vector<uint64_t> entry_key_;                      // our copy of each entry's key
+  std::vector<uint64_t> entry_closed_ns_;                // 0: open or free
+  std::vector<uint32_t> local_claims_;                   // our copy of each block's claim
+};
+
+}  // namespace kvrelay

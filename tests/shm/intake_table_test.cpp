@@ -1,0 +1,189 @@
+// Claims on a pool's blocks (the ipc intake): a writer sees exactly the
+// owner's open claims, a closed key is refused for a while and its blocks are
+// free at once, and a close waits for exactly the writers that may have
+// admitted a write before it: not for later ones, and not for a dead one.
+#include "shm/intake_table.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+#include "shm/control_segment.h"
+#include "shm/names.h"
+#include "support/processes.h"
+
+namespace kvrelay {
+namespace {
+
+constexpr uint32_t kBlocks = 64;
+constexpr uint64_t kSecond = 1'000'000'000ull;
+
+LockState alive(uint32_t) {
+  return LockState::kHeld;
+}
+LockState dead(uint32_t) {
+  return LockState::kFree;
+}
+
+class IntakeTableTest : public ::testing::Test {
+ protected:
+  IntakeTableTest() : memory_(intake_table_bytes(kBlocks) / 8 + 1) {
+    initialize_intake_table(region());
+    owner_ = std::make_unique<IntakeOwner>(region(), kBlocks);
+  }
+  std::span<std::byte> region() {
+    return {reinterpret_cast<std::byte*>(memory_.data()), intake_table_bytes(kBlocks)};
+  }
+  IntakeWriterView writer(uint32_t slot) { return IntakeWriterView(region(), kBlocks, slot); }
+
+  std::vector<uint64_t> memory_;  // 8-byte aligned
+  std::unique_ptr<IntakeOwner> owner_;
+};
+
+TEST_F(IntakeTableTest, AWriterSeesAnOpenClaimAndWhichBlocksItHolds) {
+  const std::vector<uint32_t> blocks = {3, 4, 9};
+  ASSERT_TRUE(owner_->open(77, blocks, 10));
+  IntakeWriterView w = writer(0);
+  const IntakeLookup l = w.lookup(77, 20);
+  EXPECT_EQ(l.state, IntakeState::kOpen);
+  for (uint32_t b : blocks)
+    EXPECT_EQ(w.claim_of(b), l.entry + 1) << b;
+  EXPECT_EQ(w.claim_of(5), 0u);
+  EXPECT_EQ(w.claim_of(kBlocks + 5), 0u) << "out of range reads as unclaimed";
+  EXPECT_EQ(w.lookup(78, 20).state, IntakeState::kFree);
+}
+
+TEST_F(IntakeTableTest, ClaimsOfTakenBlocksBlocksOutOfRangeAndRepeatedKeysAreRefused) {
+  ASSERT_TRUE(owner_->open(1, std::vector<uint32_t>{1, 2}, 10));
+  EXPECT_EQ(owner_->open(2, std::vector<uint32_t>{2, 3}, 10).error().message,
+            "block 2 is claimed already");
+  EXPECT_EQ(owner_->open(3, std::vector<uint32_t>{kBlocks}, 10).error().message,
+            "block 64 is outside the pool's 64 blocks");
+  EXPECT_EQ(owner_->open(1, std::vector<uint32_t>{7}, 10).error().message,
+            "the key holds a claim already");
+  EXPECT_EQ(writer(0).claim_of(3), 0u) << "a refused claim leaves nothing behind";
+  EXPECT_EQ(owner_->open_claims(), 1u);
+}
+
+TEST_F(IntakeTableTest, AClosedKeyIsRefusedForAMinuteAndItsBlocksAreFreeAtOnce) {
+  ASSERT_TRUE(owner_->open(5, std::vector<uint32_t>{10, 11}, 10));
+  const uint64_t before = owner_->epoch();
+  const uint64_t epoch = owner_->close(5, 100);
+  EXPECT_EQ(epoch, before + 1);
+  EXPECT_EQ(owner_->close(5, 100), 0u) << "a second close has nothing to close";
+  IntakeWriterView w = writer(0);
+  EXPECT_EQ(w.claim_of(10), 0u);
+  EXPECT_EQ(w.lookup(5, 100 + 59 * kSecond).state, IntakeState::kClosed);
+  EXPECT_EQ(w.lookup(5, 100 + 61 * kSecond).state, IntakeState::kFree);
+  // Another key may claim the blocks at once; the same key may claim again.
+  ASSERT_TRUE(owner_->open(6, std::vector<uint32_t>{10}, 200));
+  ASSERT_TRUE(owner_->open(5, std::vector<uint32_t>{11}, 200));
+  EXPECT_EQ(w.lookup(5, 300).state, IntakeState::kOpen);
+}
+
+TEST_F(IntakeTableTest, ACloseWaitsForAWriterThatAnnouncedBeforeItAndNotForOneAfter) {
+  ASSERT_TRUE(owner_->open(9, std::vector<uint32_t>{1}, 10));
+  IntakeWriterView early = writer(3);
+  const uint64_t early_epoch = early.announce(0);
+  ASSERT_EQ(early.lookup(9, 20).state, IntakeState::kOpen);  // it admitted a write
+  const uint64_t closed = owner_->close(9, 30);
+  EXPECT_FALSE(owner_->quiescent(closed, alive));
+  EXPECT_TRUE(owner_->quiescent(closed, dead)) << "a dead writer holds nothing up";
+  IntakeWriterView late = writer(4);
+  late.announce(0);
+  EXPECT_EQ(late.lookup(9, 40).state, IntakeState::kClosed) << "a later writer sees the close";
+  early.set_announcement(early_epoch);  // still writing
+  EXPECT_FALSE(owner_->quiescent(closed, alive));
+  early.set_announcement(0);  // done
+  EXPECT_TRUE(owner_->quiescent(closed, alive)) << "the later writer does not hold it up";
+}
+
+TEST_F(IntakeTableTest, AnOlderAnnouncementStandsWhileTheWritesBehindItGoOn) {
+  ASSERT_TRUE(owner_->open(9, std::vector<uint32_t>{1}, 10));
+  IntakeWriterView w = writer(0);
+  const uint64_t first = w.announce(0);
+  const uint64_t closed = owner_->close(9, 20);
+  const uint64_t second = w.announce(first);  // a second write while the first is in flight
+  EXPECT_GT(second, first);
+  EXPECT_FALSE(owner_->quiescent(closed, alive));
+  w.set_announcement(second);  // the first is done: the second read the new epoch
+  EXPECT_TRUE(owner_->quiescent(closed, alive));
+}
+
+TEST_F(IntakeTableTest, AFullProbeWindowIsRefusedAndTheOldestClosedEntryIsReused) {
+  // Keys that share a home place (the hash spreads keys, so search).
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 1; keys.size() < kIntakeProbe + 1; ++k)
+    if (intake_home(k) == intake_home(1)) keys.push_back(k);
+  IntakeWriterView w = writer(0);
+  for (uint32_t i = 0; i < kIntakeProbe; ++i)
+    ASSERT_TRUE(owner_->open(keys[i], std::vector<uint32_t>{}, 100 + i)) << i;
+  EXPECT_EQ(owner_->open(keys[kIntakeProbe], std::vector<uint32_t>{}, 200).code(), Errc::kFull);
+  owner_->close(keys[2], 300);
+  owner_->close(keys[1], 400);
+  ASSERT_TRUE(owner_->open(keys[kIntakeProbe], std::vector<uint32_t>{}, 500));
+  EXPECT_EQ(w.lookup(keys[2], 500).state, IntakeState::kFree) << "the oldest closed was reused";
+  EXPECT_EQ(w.lookup(keys[1], 500).state, IntakeState::kClosed);
+}
+
+TEST_F(IntakeTableTest, AResetForgetsEveryClaimAndTheEpochGoesOn) {
+  ASSERT_TRUE(owner_->open(1, std::vector<uint32_t>{1, 2}, 10));
+  const uint64_t before = owner_->epoch();
+  owner_->reset();
+  EXPECT_GT(owner_->epoch(), before);
+  EXPECT_EQ(writer(0).lookup(1, 20).state, IntakeState::kFree);
+  EXPECT_EQ(writer(0).claim_of(1), 0u);
+  EXPECT_TRUE(owner_->open(2, std::vector<uint32_t>{1, 2}, 30));
+}
+
+// The real thing: a writer process holding its lease on a decode rank's
+// intake ring is SIGKILLed while its announcement stands.
+TEST(IntakeTableProcesses, AWriterKilledWhileWritingNoLongerHoldsUpAClose) {
+  std::string instance =
+      testing::unique_instance("intake-kill");
+  InstanceConfig config = default_config(instance, 1);
+  config.role = static_cast<uint32_t>(Role::kDecode);
+  Result<ControlSegment> control = ControlSegment::create(config);
+  ASSERT_TRUE(control) << control.error().message;
+  const uint32_t blocks = intake_blocks(config);
+  IntakeOwner owner(control->intake_table(0), blocks);
+  owner.reset();
+  ASSERT_TRUE(owner.open(42, std::vector<uint32_t>{0}, 10));
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    // Its own attachment: its own lock descriptions.
+    Result<ControlSegment> mine = ControlSegment::attach(instance);
+    if (!mine) _exit(1);
+    Result<MpscProducer> lease = mine->intake_ring(0)->lease_producer();
+    if (!lease) _exit(2);
+    IntakeWriterView w(mine->intake_table(0), blocks, lease->slot());
+    w.announce(0);
+    const char slot = static_cast<char>(lease->slot());
+    if (write(ready[1], &slot, 1) != 1) _exit(3);
+    pause();
+    _exit(0);
+  }
+  char slot = 0;
+  ASSERT_EQ(read(ready[0], &slot, 1), 1);
+  Result<MpscRing> ring = control->intake_ring(0);
+  ASSERT_TRUE(ring);
+  auto liveness = [&](uint32_t w) { return ring->producer_liveness(w); };
+  const uint64_t closed = owner.close(42, 20);
+  EXPECT_FALSE(owner.quiescent(closed, liveness)) << "the writer lives and announced";
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(owner.quiescent(closed, liveness)) << "its lease lock is free";
+  close(ready[0]);
+  close(ready[1]);
+  (void)control->unlink();
+}
+
+}  // namespace
+}  // namespace kvrelay

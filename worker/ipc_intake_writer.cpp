@@ -1,0 +1,141 @@
+#include "worker/ipc_intake_writer.h"
+
+#include <capnp/message.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "schemas/codec.h"
+#include "shm/clock.h"
+
+namespace kvrelay::worker {
+
+Result<std::shared_ptr<IpcIntakeWriter>> IpcIntakeWriter::open(const std::string& instance,
+                                                               uint32_t rank) {
+  Result<ControlSegment> control = ControlSegment::attach(instance);
+  if (!control) return control.error();
+  auto owned = std::make_unique<ControlSegment>(std::move(control).value());
+  Result<MpscRing> ring = owned->intake_ring(rank);
+  if (!ring) return ring.error();
+  const uint32_t blocks = intake_blocks(owned->config());
+  std::span<std::byte> table = owned->intake_table(rank);
+  if (table.size() < intake_table_bytes(blocks))
+    return make_error(Errc::kCorrupt, fmt::format("decode rank {}'s intake table is {} bytes, "
+                                                  "not {}",
+                                                  rank, table.size(), intake_table_bytes(blocks)));
+  Result<MpscProducer> producer = ring->lease_producer();
+  if (!producer)
+    return make_error(producer.code(), fmt::format("decode rank {}'s intake ring: {}", rank,
+                                                   producer.error().message));
+  IntakeWriterView view(table, blocks, producer->slot());
+  view.set_announcement(0);  // whatever a dead predecessor in this slot left
+  return std::shared_ptr<IpcIntakeWriter>(
+      new IpcIntakeWriter(std::move(owned), std::move(producer).value(), view, rank));
+}
+
+IpcIntakeWriter::IpcIntakeWriter(std::unique_ptr<ControlSegment> control, MpscProducer producer,
+                                 IntakeWriterView view, uint32_t rank)
+    : control_(std::move(control)), producer_(std::move(producer)), view_(view), rank_(rank) {}
+
+IpcIntakeWriter::~IpcIntakeWriter() {
+  view_.set_announcement(0);
+}
+
+Status IpcIntakeWriter::admit(uint64_t key, uint32_t layer, std::span<const BlockRun> runs) {
+  const uint64_t epoch = view_.announce(writes_.empty() ? 0 : writes_.front());
+  const IntakeLookup mine = view_.lookup(key, mono_now_ns());
+  auto refuse = [&](std::string why, bool tell) -> Status {
+    if (tell) queue(key, layer, runs, true, false);
+    announce_oldest();
+    return make_error(Errc::kInvalidArgument, std::move(why));
+  };
+  if (mine.state == IntakeState::kClosed)
+    return refuse(fmt::format("the request has already arrived at decode rank {} or was "
+                              "withdrawn there",
+                              rank_),
+                  false);
+  for (const BlockRun& r : runs) {
+    for (uint32_t b = r.dst_block; b < r.dst_block + r.count; ++b) {
+      const uint32_t claim = view_.claim_of(b);
+      if (mine.state == IntakeState::kOpen && claim != mine.entry + 1)
+        return refuse(fmt::format("a write of the request goes to destination block {} of decode "
+                                  "rank {}, which it did not declare",
+                                  b, rank_),
+                      true);
+      if (mine.state == IntakeState::kFree && claim != 0)
+        return refuse(fmt::format("destination block {} of decode rank {} is declared by another "
+                                  "request (ExpectArrival)",
+                                  b, rank_),
+                      false);
+    }
+  }
+  writes_.push_back(epoch);
+  return {};
+}
+
+void IpcIntakeWriter::abandon_last() {
+  if (!writes_.empty()) writes_.pop_back();
+  announce_oldest();
+}
+
+void IpcIntakeWriter::landed(uint64_t key, uint32_t layer, std::span<const BlockRun> runs) {
+  queue(key, layer, runs, false, true);
+  flush();
+}
+
+void IpcIntakeWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockRun> runs,
+                            bool refused, bool releases_write) {
+  const uint64_t now = mono_now_ns();
+  size_t done = 0;
+  do {
+    const size_t n = std::min(kRunsPerRecord, runs.size() - done);
+    capnp::MallocMessageBuilder message(static_cast<unsigned>(16 + n));
+    auto landed = message.initRoot<schema::IpcLanded>();
+    landed.setRequestKey(key);
+    landed.setLayer(layer);
+    landed.setRefused(refused);
+    auto firsts = landed.initFirstBlocks(static_cast<unsigned>(n));
+    auto counts = landed.initBlockCounts(static_cast<unsigned>(n));
+    for (size_t i = 0; i < n; ++i) {
+      firsts.set(static_cast<unsigned>(i), runs[done + i].dst_block);
+      counts.set(static_cast<unsigned>(i), runs[done + i].count);
+    }
+    done += n;
+    Pending p;
+    p.record.resize(messages::encoded_bytes(message));
+    messages::encode_into(message, p.record);
+    p.releases_write = releases_write && done == runs.size();
+    p.since_ns = now;
+    pending_.push_back(std::move(p));
+    if (refused) break;  // the first runs are enough to fail the request
+  } while (done < runs.size());
+}
+
+bool IpcIntakeWriter::flush() {
+  bool sent = false;
+  while (!pending_.empty()) {
+    Pending& p = pending_.front();
+    Status s = producer_.try_write(static_cast<int32_t>(schema::MessageType::IPC_LANDED),
+                                   p.record);
+    if (!s && s.code() == Errc::kFull && mono_now_ns() - p.since_ns < kGiveUpAfterNs) break;
+    if (!s)
+      spdlog::warn("decode rank {}'s intake ring: dropped a landed record ({}); its request "
+                   "there ends at its deadline",
+                   rank_, s.error().message);
+    if (p.releases_write && !writes_.empty()) writes_.pop_front();
+    pending_.pop_front();
+    sent = true;
+  }
+  if (sent) {
+    announce_oldest();
+    notify_waiters(control_->status().worker_doorbell[rank_]);
+  }
+  return pending_.empty();
+}
+
+void IpcIntakeWriter::announce_oldest() {
+  view_.set_announcement(writes_.empty() ? 0 : writes_.front());
+}
+
+}  // namespace kvrelay::worker

@@ -1,0 +1,79 @@
+// The prefill side of a decode rank's ipc intake (ipc_intake.h): the ipc
+// transport asks it before it writes a layer into that rank's pool
+// (admit), and tells it once the copies completed (landed); it checks the
+// rank's claims and tells the rank what landed.
+//
+// It attaches the decode instance's control segment itself, so that writes
+// still in flight keep the mapping they announce in, whatever the peer
+// cache does meanwhile, and leases a producer slot on the rank's intake
+// ring: the slot's owner lock is what proves to the decode rank that this
+// writer is still alive while its announcement stands.
+//
+// A record the ring has no room for waits here, its announcement with it,
+// and goes out on a later flush(); one that waited kGiveUpAfter is dropped
+// (the decode rank's request then ends at its deadline).
+//
+// Not thread-safe: the worker's thread calls it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shm/control_segment.h"
+#include "shm/intake_table.h"
+#include "shm/mpsc_ring.h"
+#include "worker/copy_plan.h"
+
+namespace kvrelay::worker {
+
+class IpcIntakeWriter {
+ public:
+  static constexpr uint64_t kGiveUpAfterNs = 2'000'000'000ull;
+  // Runs per record: well inside the ring's record limit.
+  static constexpr size_t kRunsPerRecord = 1024;
+
+  // Decode rank `rank` of `instance`. kNotFound when that instance has no
+  // intake (it is not a decode instance).
+  static Result<std::shared_ptr<IpcIntakeWriter>> open(const std::string& instance,
+                                                       uint32_t rank);
+  ~IpcIntakeWriter();
+
+  // Before writing `runs` of `layer` for the request named `key`: ok (then
+  // landed() or abandon_last() must follow), or why the rank's claims refuse
+  // it. A refusal that breaks a declared request's rule is told to the rank,
+  // which fails that request.
+  Status admit(uint64_t key, uint32_t layer, std::span<const BlockRun> runs);
+  // The write admitted last never started.
+  void abandon_last();
+  // The oldest admitted write's copies completed (writes complete in the
+  // order they were admitted).
+  void landed(uint64_t key, uint32_t layer, std::span<const BlockRun> runs);
+  // Sends what waited for room; true when nothing waits any more.
+  bool flush();
+  bool backlog() const { return !pending_.empty(); }
+
+ private:
+  struct Pending {
+    std::vector<std::byte> record;
+    bool releases_write;  // the last record of an admitted write
+    uint64_t since_ns;
+  };
+  IpcIntakeWriter(std::unique_ptr<ControlSegment> control, MpscProducer producer,
+                  IntakeWriterView view, uint32_t rank);
+  void queue(uint64_t key, uint32_t layer, std::span<const BlockRun> runs, bool refused,
+             bool releases_write);
+  void announce_oldest();
+
+  std::unique_ptr<ControlSegment> control_;
+  MpscProducer producer_;
+  IntakeWriterView view_;
+  uint32_t rank_;
+  std::deque<uint64_t> writes_;  // epochs the admitted writes read, oldest first
+  std::deque<Pending> pending_;
+};
+
+}  // namespace kvrelay::worker
