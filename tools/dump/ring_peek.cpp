@@ -42,6 +42,7 @@ std::string render_record(int32_t type, const std::vector<std::byte>& payload) {
     case MessageType::REGISTER_POOL: return render<schema::RegisterPool>(p);
     case MessageType::WORKER_TASK: return render<schema::WorkerTask>(p);
     case MessageType::COMPLETION: return render<schema::Completion>(p);
+    case MessageType::IPC_LANDED: return render<schema::IpcLanded>(p);
     default: return fmt::format("<{} bytes of unknown type>", payload.size());
   }
 }
@@ -74,7 +75,7 @@ std::string render_report(const records::WorkerReport& r) {
 
 Result<std::string> peek_ring(const ControlSegment& control, const std::string& name,
                               size_t max_records) {
-  static const std::regex per_rank(R"((task|signal|report)[\[:](\d+)\]?)");
+  static const std::regex per_rank(R"((task|intake|signal|report)[\[:](\d+)\]?)");
   std::smatch m;
   std::string out;
   if (name == "submit" || name == "completion") {
@@ -90,8 +91,8 @@ Result<std::string> peek_ring(const ControlSegment& control, const std::string& 
       return make_error(Errc::kInvalidArgument,
                         fmt::format("no rank {}: instance '{}' has {} ranks", rank,
                                     control.instance(), control.config().tp_size));
-    if (m[1] == "task") {
-      Result<MpscRing> ring = control.task_ring(rank);
+    if (m[1] == "task" || m[1] == "intake") {
+      Result<MpscRing> ring = m[1] == "task" ? control.task_ring(rank) : control.intake_ring(rank);
       if (!ring) return ring.error();
       for (const auto& r : ring->peek(max_records))
         out += fmt::format("@{} {}: {}\n", r.position,
@@ -111,7 +112,9 @@ Result<std::string> peek_ring(const ControlSegment& control, const std::string& 
   } else {
     return make_error(
         Errc::kInvalidArgument,
-        fmt::format("no ring '{}': use submit, completion, task[R], signal[R] or report[R]", name));
+        fmt::format("no ring '{}': use submit, completion, task[R], intake[R] (decode), signal[R] "
+                    "or report[R]",
+                    name));
   }
   if (out.empty()) out = "(no records waiting)\n";
   return out;

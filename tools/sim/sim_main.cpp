@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
   app.add_option("--auth-key-file", auth_key_file,
                  "tcp with --start: the instances' key (default: a fresh temporary one)");
   int64_t timeout_s = o.timeout.count();
+  app.add_flag("--expect-arrivals", o.expect_arrivals,
+               "the decode engine declares every request to its instance first (ExpectSpec) and "
+               "must get exactly one `arrived` completion per request");
   app.add_option("--timeout-s", timeout_s, "give up after this long")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   o.timeout = std::chrono::seconds(timeout_s);

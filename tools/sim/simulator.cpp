@@ -38,6 +38,8 @@ struct SimRequest {
   bool prefill_done = false;
   uint64_t last_signal_ns = 0;  // its last layer computed (its signal is pushed next)
   uint32_t completions = 0;
+  uint32_t arrivals = 0;  // the decode engine's `arrived` completions (expect_arrivals)
+  bool released = false;  // its blocks handed back
 };
 
 uint64_t percentile(std::vector<uint64_t> v, double q) {
@@ -102,7 +104,8 @@ class Simulation {
     uint64_t step = 0;
     uint64_t next_kill =
         o_.kill_every_ms != 0 ? mono_now_ns() + o_.kill_every_ms * 1'000'000ULL : UINT64_MAX;
-    while ((finished_count_ < o_.requests) && !give_up.passed() && fatal_.empty()) {
+    while ((finished_count_ < o_.requests || arrived_count_ < expected_arrivals()) &&
+           !give_up.passed() && fatal_.empty()) {
       ++step;
       if (mono_now_ns() >= next_kill) {
         kill_random_worker(prefill_instance);
@@ -127,14 +130,17 @@ class Simulation {
     }
     report_.aborted = !fatal_.empty();
     if (report_.aborted) report_.first_error = fatal_;
-    report_.timed_out = !report_.aborted && finished_count_ < o_.requests;
+    report_.timed_out = !report_.aborted && (finished_count_ < o_.requests ||
+                                             arrived_count_ < expected_arrivals());
     report_.soak = o_.kill_every_ms != 0;
+    report_.expect_arrivals = o_.expect_arrivals;
     drain_completions(Deadline::after(200ms));  // an extra completion would show up here
     report_.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     report_.requests = o_.requests;
     for (const auto& [id, r] : requests_) {
       if (r->completions != 1) ++report_.missing_or_extra;
+      if (o_.expect_arrivals && r->arrivals != 1) ++report_.missing_or_extra;
     }
     report_.exposed_p50_ns = percentile(exposed_, 0.5);
     report_.exposed_p99_ns = percentile(exposed_, 0.99);
@@ -230,6 +236,9 @@ class Simulation {
       r->legacy_step = step;
       r->late_dest = std::uniform_real_distribution<double>(0, 1)(rng_) < o_.late_dest_rate;
       check_untouched(*r);
+      if (o_.expect_arrivals)
+        submit(decode_.submit(ExpectSpec{r->id, r->blocks.dst, 0}, Deadline::after(10s)),
+               r->id);
       CacheTaskSpec t;
       t.request_id = r->id;
       t.src_block_ids = r->blocks.src;
@@ -424,7 +433,18 @@ class Simulation {
     r.dest_due_step = step + o_.late_dest_steps;
   }
 
+  uint32_t expected_arrivals() const { return o_.expect_arrivals ? o_.requests : 0; }
+
   void drain_completions(Deadline until) {
+    while (fatal_.empty() && o_.expect_arrivals) {
+      Result<std::optional<Completion>> c = decode_.poll();
+      if (!c) {
+        stop(c.error().message);
+        return;
+      }
+      if (!c->has_value()) break;
+      on_arrival(**c);
+    }
     while (fatal_.empty()) {
       Result<Completion> c = until.passed() ? poll_once() : prefill_.wait(until);
       if (!c) {
@@ -459,6 +479,10 @@ class Simulation {
           r.id);
     if (++r.completions != 1) return;
     ++finished_count_;
+    // A request that failed on the prefill side will not arrive: the
+    // decode engine withdraws its declaration (and gets `cancelled`).
+    if (o_.expect_arrivals && c.status != CompletionStatus::kFinished && r.arrivals == 0)
+      (void)decode_.cancel(r.id, Deadline::after(10s));
     if (c.status != CompletionStatus::kFinished) {
       ++report_.failed;
       if (c.status == CompletionStatus::kError && c.error_rank >= 0) ++report_.failed_naming_a_rank;
@@ -482,7 +506,39 @@ class Simulation {
           report_.first_error = fmt::format("'{}': {} wrong words on rank {}", r.id, wrong, rank);
       }
     }
-    // Hand the blocks back poisoned, as an engine frees them.
+    std::erase(active_, &r);
+    release(r);
+  }
+
+  // The decode engine's completion of an expected request.
+  void on_arrival(const Completion& c) {
+    auto it = requests_.find(c.request_id);
+    if (it == requests_.end() || c.kind != CompletionKind::kArrived) {
+      ++report_.missing_or_extra;
+      if (report_.first_error.empty())
+        report_.first_error = fmt::format("unexpected decode-side completion for '{}': {} {}",
+                                          c.request_id, completion_status_name(c.status),
+                                          c.message);
+      return;
+    }
+    SimRequest& r = *it->second;
+    trace(fmt::format("arrived ({})", completion_status_name(c.status)), r.id);
+    if (++r.arrivals != 1) return;
+    ++arrived_count_;
+    if (c.status == CompletionStatus::kFinished) {
+      ++report_.arrived;
+    } else if (report_.first_error.empty() && o_.kill_every_ms == 0) {
+      report_.first_error = fmt::format("'{}' arrived {}: {}", r.id,
+                                        completion_status_name(c.status), c.message);
+    }
+    release(r);
+  }
+
+  // Hands the blocks back poisoned, as an engine frees them, once every
+  // completion the request gets is in.
+  void release(SimRequest& r) {
+    if (r.released || r.completions == 0 || (o_.expect_arrivals && r.arrivals == 0)) return;
+    r.released = true;
     for (uint32_t rank = 0; rank < tp_; ++rank) {
       for (const auto& [pool, ids] : {std::pair{src_[rank].get(), &r.blocks.src},
                                       std::pair{dst_[rank].get(), &r.blocks.dst}}) {
@@ -495,7 +551,6 @@ class Simulation {
     }
     src_alloc_->give_back(r.blocks.src);
     dst_alloc_->give_back(r.blocks.dst);
-    std::erase(active_, &r);
   }
 
   void trace(const std::string& what, const std::string& id) {
@@ -530,6 +585,7 @@ class Simulation {
   std::vector<uint64_t> exposed_;
   SimReport report_;
   std::string fatal_;
+  uint32_t arrived_count_ = 0;  // requests with their `arrived` completion
 };
 
 }  // namespace
@@ -539,6 +595,10 @@ std::string SimReport::summary() const {
   s += fmt::format(
       "requests          {} ({} finished, {} failed, {} without exactly one completion)\n",
       requests, finished, failed, missing_or_extra);
+  if (expect_arrivals)
+    s += fmt::format("arrived           {} of {} expected requests completed `arrived` on the "
+                     "decode side\n",
+                     arrived, requests);
   s += fmt::format("bytes moved       {:.1f} MiB in {:.2f} s ({:.2f} GB/s over the whole run)\n",
                    bytes / 1048576.0, seconds, seconds > 0 ? bytes / seconds / 1e9 : 0);
   s += fmt::format(

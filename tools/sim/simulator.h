@@ -46,6 +46,11 @@ struct SimOptions {
   // listeners (its --tcp-ports, read from its configuration) at peer_address.
   bool tcp = false;
   std::string peer_address = "127.0.0.1";
+  // The decode engine declares each request to its instance before the
+  // prefill engine submits it (ExpectSpec), and must read exactly one
+  // `arrived` completion per request; a request's destination blocks are
+  // handed back only once both completions are in.
+  bool expect_arrivals = false;
 };
 
 struct SimReport {
@@ -56,7 +61,8 @@ struct SimReport {
       0;  // errors that name the rank that failed (expected under kills)
   uint32_t timeouts = 0;
   uint32_t kills = 0;
-  uint32_t missing_or_extra = 0;  // requests without exactly one completion
+  uint32_t missing_or_extra = 0;  // requests without exactly one completion (each side)
+  uint32_t arrived = 0;           // expect_arrivals: `arrived` completions that finished
   uint64_t bytes = 0;
   double seconds = 0;
   uint64_t wrong_words = 0;            // bytes that differ from what was sent, in 8-byte words
@@ -70,12 +76,14 @@ struct SimReport {
   bool soak = false;
   bool timed_out = false;  // the run itself hit its timeout: something hung
   bool aborted = false;    // the run stopped early: an instance is gone, a pool was truncated
+  bool expect_arrivals = false;
   bool ok() const {
     const bool clean =
         missing_or_extra == 0 && wrong_words == 0 && stray_blocks == 0 && !timed_out && !aborted;
     // Under kills, requests in flight on a killed rank fail, naming it.
     if (soak) return clean && failed == failed_naming_a_rank && finished + failed == requests;
-    return clean && finished == requests && failed == 0;
+    return clean && finished == requests && failed == 0 &&
+           (!expect_arrivals || arrived == requests);
   }
   std::string summary() const;
 };
