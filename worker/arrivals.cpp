@@ -12,6 +12,11 @@ namespace {
 // again after that is a new request).
 constexpr size_t kRememberGone = 4096;
 constexpr uint64_t kGoneNs = 60'000'000'000ull;
+// Writes of undeclared requests, credited if the request is declared later
+// (its declaration can reach this rank after the sender's first writes):
+// this many, for this long.
+constexpr size_t kRememberEarly = 1 << 18;
+constexpr uint64_t kEarlyNs = 60'000'000'000ull;
 }
 
 Arrivals::Arrivals(const PoolGeometry& pool, WaitEvent* doorbell)
@@ -49,11 +54,88 @@ Status Arrivals::expect(uint64_t handle, const std::string& id,
     owner_[blocks[i]] = key;
     index_in_owner_[blocks[i]] = i;
   }
+  if (auto w = undeclared_writing_.find(key); w != undeclared_writing_.end()) {
+    e.writing = w->second;  // admitted before the declaration, still being written
+    undeclared_writing_.erase(w);
+  }
   by_handle_[handle] = key;
-  const bool nothing_to_wait_for = e.missing == 0;
-  expected_.emplace(key, std::move(e));
-  if (nothing_to_wait_for) finish(key, ArrivalEvent::kArrived, "");
+  Expected& mine = expected_.emplace(key, std::move(e)).first->second;
+  credit_early(key, mine);
+  if (expected_.count(key) != 0 && !mine.withdrawn && mine.missing == 0)
+    finish(key, ArrivalEvent::kArrived, "");
   return {};
+}
+
+// What landed of `key` before it was declared counts now; a write that went
+// outside its blocks fails it. Called with mu_ held.
+void Arrivals::credit_early(uint64_t key, Expected& e) {
+  forget_old_early();
+  auto it = early_.find(key);
+  if (it == early_.end()) return;
+  const std::vector<EarlyWrite> writes = std::move(it->second.writes);
+  early_entries_ -= writes.size();
+  early_.erase(it);
+  for (const EarlyWrite& w : writes) {
+    for (uint32_t b = w.first; b <= w.last; ++b) {
+      if (owner_[b] != key) {
+        const std::string why = fmt::format("a write of request '{}' went to destination block "
+                                            "{} before it was declared, which it did not declare",
+                                            e.id, b);
+        e.withdrawn = true;
+        e.failure = why;
+        if (e.writing == 0) finish(key, ArrivalEvent::kFailed, why);
+        return;
+      }
+    }
+    mark(e, w.layer, w.tensor, w.first, w.last);
+  }
+}
+
+void Arrivals::remember_early(const LandedWrite& f, uint32_t first, uint32_t last) {
+  forget_old_early();
+  Early& early = early_[f.request_key];
+  if (early.writes.empty()) {
+    early.since_ns = mono_now_ns();
+    early_order_.push_back(f.request_key);
+  }
+  early.writes.push_back(EarlyWrite{f.layer, f.tensor, first, last});
+  ++early_entries_;
+  while (early_entries_ > kRememberEarly && !early_order_.empty()) {
+    auto oldest = early_.find(early_order_.front());
+    if (oldest != early_.end()) {
+      early_entries_ -= oldest->second.writes.size();
+      early_.erase(oldest);
+    }
+    early_order_.pop_front();
+  }
+}
+
+void Arrivals::forget_old_early() {
+  const uint64_t now = mono_now_ns();
+  while (!early_order_.empty()) {
+    auto it = early_.find(early_order_.front());
+    if (it != early_.end() && now - it->second.since_ns <= kEarlyNs) break;
+    if (it != early_.end()) {
+      early_entries_ -= it->second.writes.size();
+      early_.erase(it);
+    }
+    early_order_.pop_front();
+  }
+}
+
+// Sets the arrived bits of blocks [first, last] of (layer, tensor).
+void Arrivals::mark(Expected& e, uint32_t layer, uint32_t tensor, uint32_t first, uint32_t last) {
+  const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(tensor));
+  const uint64_t row = (uint64_t{layer} * pool_.tensors_per_layer() + tensor) * e.blocks.size();
+  for (uint32_t b = first; b <= last; ++b) {
+    const uint64_t bit = row + index_in_owner_[b];
+    uint64_t& word = e.arrived[bit / 64];
+    if ((word & (1ull << (bit % 64))) == 0) {
+      word |= 1ull << (bit % 64);
+      --e.missing;
+      e.bytes += block;
+    }
+  }
 }
 
 bool Arrivals::withdraw(uint64_t handle) {
@@ -110,8 +192,16 @@ Status Arrivals::admit(const LandedWrite& f) {
       return make_error(Errc::kInvalidArgument,
                         fmt::format("request '{}' was withdrawn here", mine->second.id));
     ++mine->second.writing;
+  } else {
+    ++undeclared_writing_[f.request_key];  // counted in if it is declared meanwhile
   }
   return {};
+}
+
+// An admitted write of an undeclared request is over. Called with mu_ held.
+void Arrivals::undeclared_write_over(uint64_t key) {
+  auto it = undeclared_writing_.find(key);
+  if (it != undeclared_writing_.end() && --it->second == 0) undeclared_writing_.erase(it);
 }
 
 void Arrivals::landed(const LandedWrite& f) {
@@ -119,35 +209,42 @@ void Arrivals::landed(const LandedWrite& f) {
   if (!write_blocks(f, &first, &last)) return;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = expected_.find(f.request_key);
-  if (it == expected_.end()) return;  // undeclared: nothing to count
+  if (it == expected_.end()) {  // undeclared: counts if it is declared soon
+    undeclared_write_over(f.request_key);
+    if (f.request_key != 0 && gone_ids_.count(f.request_key) == 0)
+      remember_early(f, first, last);
+    return;
+  }
   Expected& e = it->second;
-  --e.writing;
+  if (e.writing > 0) --e.writing;
+  // Admitted before the request was declared: its blocks were not checked
+  // against the declaration then.
+  for (uint32_t b = first; b <= last && !e.withdrawn; ++b) {
+    if (owner_[b] == f.request_key) continue;
+    e.withdrawn = true;
+    e.failure = fmt::format("a write of request '{}' went to destination block {}, which it did "
+                            "not declare",
+                            e.id, b);
+  }
   if (e.withdrawn) {
     if (e.writing == 0)
       finish(f.request_key, e.failure.empty() ? ArrivalEvent::kWithdrawn : ArrivalEvent::kFailed,
              e.failure);
     return;
   }
-  const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(f.tensor));
-  const uint64_t row = (uint64_t{f.layer} * pool_.tensors_per_layer() + f.tensor) * e.blocks.size();
-  for (uint32_t b = first; b <= last; ++b) {
-    const uint64_t bit = row + index_in_owner_[b];
-    uint64_t& word = e.arrived[bit / 64];
-    if ((word & (1ull << (bit % 64))) == 0) {
-      word |= 1ull << (bit % 64);
-      --e.missing;
-      e.bytes += block;
-    }
-  }
+  mark(e, f.layer, f.tensor, first, last);
   if (e.missing == 0) finish(f.request_key, ArrivalEvent::kArrived, "");
 }
 
 void Arrivals::abandoned(const LandedWrite& f) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = expected_.find(f.request_key);
-  if (it == expected_.end()) return;
+  if (it == expected_.end()) {
+    undeclared_write_over(f.request_key);
+    return;
+  }
   Expected& e = it->second;
-  --e.writing;
+  if (e.writing > 0) --e.writing;
   if (e.withdrawn && e.writing == 0)
     finish(f.request_key, e.failure.empty() ? ArrivalEvent::kWithdrawn : ArrivalEvent::kFailed,
            e.failure);

@@ -16,6 +16,11 @@
 //     pool's shape is checked separately, for every write).
 // A declared request's write that breaks a rule fails that request.
 //
+// A declaration may reach a rank after the sender's first writes (the decode
+// engine declares, the prefill engine sends, and the two paths race): what
+// an undeclared request wrote in the last minute is remembered, and counts
+// once it is declared (or fails it, if it went outside its blocks).
+//
 // Thread-safe: the network threads and the worker's thread call it.
 #pragma once
 
@@ -90,6 +95,18 @@ class Arrivals {
     bool withdrawn = false;
     std::string failure;  // why it failed (a write broke a rule), once writes in progress end
   };
+  struct EarlyWrite {
+    uint32_t layer, tensor, first, last;
+  };
+  struct Early {
+    uint64_t since_ns;
+    std::vector<EarlyWrite> writes;
+  };
+  void credit_early(uint64_t key, Expected& e);
+  void undeclared_write_over(uint64_t key);
+  void remember_early(const LandedWrite& w, uint32_t first, uint32_t last);
+  void forget_old_early();
+  void mark(Expected& e, uint32_t layer, uint32_t tensor, uint32_t first, uint32_t last);
   // Block ranges of a write: [first, last] (whole blocks, checked before).
   bool write_blocks(const LandedWrite& w, uint32_t* first, uint32_t* last) const;
   void finish(uint64_t key, ArrivalEvent::Kind kind, const std::string& message);
@@ -110,6 +127,10 @@ class Arrivals {
   std::deque<Gone> gone_;  // arrived or withdrawn, oldest first
   std::unordered_map<uint64_t, std::string> gone_ids_;
   std::vector<ArrivalEvent> events_;
+  std::unordered_map<uint64_t, Early> early_;  // undeclared requests' landed writes, by key
+  std::deque<uint64_t> early_order_;           // their keys, oldest first
+  size_t early_entries_ = 0;
+  std::unordered_map<uint64_t, uint32_t> undeclared_writing_;  // admitted, not yet landed, by key
 };
 
 }  // namespace kvrelay::worker

@@ -8,6 +8,48 @@
 
 namespace kvrelay::worker {
 
+Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& pool,
+                     Arrivals& arrivals) {
+  return messages::with_message<schema::IpcLanded>(
+      payload, [&](schema::IpcLanded::Reader landed) -> Status {
+        const auto firsts = landed.getFirstBlocks();
+        const auto counts = landed.getBlockCounts();
+        const uint32_t layer = landed.getLayer();
+        if (firsts.size() != counts.size())
+          return make_error(Errc::kInvalidArgument,
+                            fmt::format("{} first blocks but {} counts", firsts.size(),
+                                        counts.size()));
+        if (layer >= pool.total_layers())
+          return make_error(Errc::kInvalidArgument,
+                            fmt::format("layer {} does not exist (the pool has {})", layer,
+                                        pool.total_layers()));
+        const uint32_t blocks = pool.blocks_in_layer(layer);
+        for (uint32_t i = 0; i < firsts.size(); ++i) {
+          const uint64_t first = firsts[i], count = counts[i];
+          if (count == 0 || first + count > blocks)
+            return make_error(Errc::kInvalidArgument,
+                              fmt::format("blocks {}..{} of layer {} are outside its {} blocks",
+                                          first, first + count, layer, blocks));
+        }
+        for (uint32_t i = 0; i < firsts.size(); ++i) {
+          for (uint32_t t = 0; t < pool.tensors_per_layer(); ++t) {
+            const uint64_t block = pool.block_bytes(static_cast<PoolTensor>(t));
+            const LandedWrite w{landed.getRequestKey(), layer, t, firsts[i] * block,
+                                counts[i] * block};
+            // A refused write wrote nothing: admitting it only applies the
+            // rules (a declared request's write outside its blocks fails it).
+            if (!arrivals.admit(w)) continue;
+            if (landed.getRefused()) {
+              arrivals.abandoned(w);
+            } else {
+              arrivals.landed(w);
+            }
+          }
+        }
+        return {};
+      });
+}
+
 Result<std::unique_ptr<IpcIntake>> IpcIntake::open(const ControlSegment& control, uint32_t rank,
                                                    const PoolGeometry& pool,
                                                    std::shared_ptr<Arrivals> arrivals) {
@@ -64,53 +106,12 @@ size_t IpcIntake::drain(size_t max_records) {
                         rec.type, rec.defect != nullptr ? fmt::format(", {}", rec.defect) : "");
           return;
         }
-        replay(rec.payload);
+        if (Status s = replay_landed(rec.payload, pool_, *arrivals_); !s)
+          spdlog::warn("rank {}: dropped an ipc landed record: {}", rank_, s.error().message);
       },
       max_records);
   if (auto what = ring_.take_corruption()) spdlog::error("rank {}: intake ring: {}", rank_, *what);
   return n;
-}
-
-void IpcIntake::replay(std::span<const std::byte> payload) {
-  Status s = messages::with_message<schema::IpcLanded>(
-      payload, [&](schema::IpcLanded::Reader landed) -> Status {
-        const auto firsts = landed.getFirstBlocks();
-        const auto counts = landed.getBlockCounts();
-        const uint32_t layer = landed.getLayer();
-        if (firsts.size() != counts.size())
-          return make_error(Errc::kInvalidArgument,
-                            fmt::format("{} first blocks but {} counts", firsts.size(),
-                                        counts.size()));
-        if (layer >= pool_.total_layers())
-          return make_error(Errc::kInvalidArgument,
-                            fmt::format("layer {} does not exist (the pool has {})", layer,
-                                        pool_.total_layers()));
-        const uint32_t blocks = pool_.blocks_in_layer(layer);
-        for (uint32_t i = 0; i < firsts.size(); ++i) {
-          const uint64_t first = firsts[i], count = counts[i];
-          if (count == 0 || first + count > blocks)
-            return make_error(Errc::kInvalidArgument,
-                              fmt::format("blocks {}..{} of layer {} are outside its {} blocks",
-                                          first, first + count, layer, blocks));
-        }
-        for (uint32_t i = 0; i < firsts.size(); ++i) {
-          for (uint32_t t = 0; t < pool_.tensors_per_layer(); ++t) {
-            const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(t));
-            const LandedWrite w{landed.getRequestKey(), layer, t, firsts[i] * block,
-                                counts[i] * block};
-            // A refused write wrote nothing: admitting it only applies the
-            // rules (a declared request's write outside its blocks fails it).
-            if (!arrivals_->admit(w)) continue;
-            if (landed.getRefused()) {
-              arrivals_->abandoned(w);
-            } else {
-              arrivals_->landed(w);
-            }
-          }
-        }
-        return {};
-      });
-  if (!s) spdlog::warn("rank {}: dropped an ipc landed record: {}", rank_, s.error().message);
 }
 
 }  // namespace kvrelay::worker

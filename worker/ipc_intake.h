@@ -35,6 +35,12 @@
 
 namespace kvrelay::worker {
 
+// Checks one IpcLanded record (its payload, read in place) against `pool`
+// and counts what it says landed into `arrivals`: ok, or why the record was
+// dropped whole.
+Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& pool,
+                     Arrivals& arrivals);
+
 class IpcIntake {
  public:
   // The rank's intake in `control` (a decode instance's), taken over afresh:
@@ -60,7 +66,6 @@ class IpcIntake {
  private:
   IpcIntake(MpscRing ring, std::span<std::byte> table, uint32_t blocks, uint32_t rank,
             const PoolGeometry& pool, std::shared_ptr<Arrivals> arrivals);
-  void replay(std::span<const std::byte> payload);
 
   MpscRing ring_;
   IntakeOwner owner_;

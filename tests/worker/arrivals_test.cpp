@@ -122,5 +122,61 @@ TEST(Arrivals, NothingToWaitForArrivesAtOnce) {
   EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived);
 }
 
+// The decode engine's declaration and the prefill engine's writes take
+// different paths to a rank and race: what landed first counts once the
+// declaration comes.
+TEST(Arrivals, WritesThatLandedBeforeTheDeclarationCountOnceItComes) {
+  Arrivals a(geometry(), nullptr);
+  for (uint32_t l = 0; l < 2; ++l)
+    ASSERT_TRUE(deliver(a, frame("early", l, 0, 4, 2)));
+  EXPECT_FALSE(a.any());
+  ASSERT_TRUE(a.expect(8, "early", {4, 5}));
+  EXPECT_FALSE(a.any()) << "the V tensors are still missing";
+  for (uint32_t l = 0; l < 2; ++l)
+    ASSERT_TRUE(deliver(a, frame("early", l, 1, 4, 2)));
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived);
+  EXPECT_EQ(events[0].bytes, 2 * 2 * 2 * kBlock) << "each block once";
+}
+
+TEST(Arrivals, AWriteBeforeTheDeclarationOutsideItsBlocksFailsTheRequest) {
+  Arrivals a(geometry(), nullptr);
+  ASSERT_TRUE(deliver(a, frame("stray", 0, 0, 10)));
+  ASSERT_TRUE(a.expect(2, "stray", {11}));
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kFailed);
+  EXPECT_EQ(events[0].message,
+            "a write of request 'stray' went to destination block 10 before it was declared, "
+            "which it did not declare");
+}
+
+TEST(Arrivals, AWriteAdmittedBeforeTheDeclarationHoldsUpAWithdrawalUntilItLands) {
+  Arrivals a(geometry(), nullptr);
+  const LandedWrite f = frame("racing", 0, 0, 0);
+  ASSERT_TRUE(a.admit(f));  // undeclared, its payload is being read
+  ASSERT_TRUE(a.expect(6, "racing", {0}));
+  EXPECT_TRUE(a.withdraw(6));
+  EXPECT_FALSE(a.any()) << "its payload is still being written";
+  a.landed(f);
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kWithdrawn);
+}
+
+TEST(Arrivals, AWriteAdmittedBeforeTheDeclarationOutsideItsBlocksFailsItWhenItLands) {
+  Arrivals a(geometry(), nullptr);
+  const LandedWrite f = frame("racing", 0, 0, 3);
+  ASSERT_TRUE(a.admit(f));
+  ASSERT_TRUE(a.expect(6, "racing", {2}));
+  a.landed(f);
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kFailed);
+  EXPECT_EQ(events[0].message,
+            "a write of request 'racing' went to destination block 3, which it did not declare");
+}
+
 }  // namespace
 }  // namespace kvrelay::worker
