@@ -9,26 +9,14 @@
 #include <cstring>
 #include <vector>
 
+#include "fuzz_geometry.h"
 #include "worker/tcp/wire.h"
 
 namespace {
 
 using namespace kvrelay;
 using namespace kvrelay::worker::tcp;
-
-PoolGeometry fuzz_geometry() {
-  PoolGeometry g;
-  g.num_layers = 4;
-  g.extra_layers = 1;
-  g.num_blocks = 64;
-  g.extra_layer_blocks = 16;
-  g.kv_heads = 2;
-  g.block_size = 16;
-  g.head_dim = 64;
-  g.dtype = 0;
-  g.has_scales = 1;
-  return g;
-}
+using fuzz::fuzz_geometry;
 
 }  // namespace
 

@@ -21,17 +21,11 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t kLayers = 4;
-constexpr uint32_t kBlockTokens = 16;
+constexpr uint32_t kLayers = RequestDriver::kLayers;
+constexpr uint32_t kBlockTokens = RequestDriver::kBlockTokens;
 
 InstanceArgs args() {
-  InstanceArgs a;
-  a.tp = 2;
-  a.layers = kLayers;
-  a.blocks = 128;
-  a.block_size = kBlockTokens;
-  a.head_dim = 64;
-  return a;
+  return RequestDriver::small_pair();
 }
 
 class ExpectedArrivals : public ::testing::TestWithParam<Protocol> {

@@ -19,6 +19,19 @@ namespace kvrelay::testing {
 
 class RequestDriver {
  public:
+  // The pair these tests use: tp 2, 4 layers, 128 blocks of 16 tokens.
+  static constexpr uint32_t kLayers = 4;
+  static constexpr uint32_t kBlockTokens = 16;
+  static InstanceArgs small_pair() {
+    InstanceArgs a;
+    a.tp = 2;
+    a.layers = kLayers;
+    a.blocks = 128;
+    a.block_size = kBlockTokens;
+    a.head_dim = 64;
+    return a;
+  }
+
   RequestDriver(TwoInstances& env, uint32_t layers, uint32_t block_tokens)
       : env_(env), layers_(layers), block_tokens_(block_tokens) {
     for (uint32_t rank = 0; rank < env_.tp(); ++rank) {
