@@ -79,7 +79,7 @@ typedef enum kvrelay_completion_kind {
   KVRELAY_KIND_REGISTER_POOL = 3,
   KVRELAY_KIND_OTHER = 4,
   KVRELAY_KIND_CANCEL = 5, /* the answer to a refused cancel (rejected) */
-  KVRELAY_KIND_ARRIVED = 6 /* an expected request's KV arrived (tcp, decode side) */
+  KVRELAY_KIND_ARRIVED = 6 /* an expected request's KV arrived (decode side, tcp or ipc) */
 } kvrelay_completion_kind;
 
 typedef struct kvrelay_completion {
@@ -156,7 +156,7 @@ kvrelay_status kvrelay_submit_swap(kvrelay_client* client, const char* request_i
                                    const uint32_t* device_block_ids, const uint32_t* host_block_ids,
                                    size_t n_blocks, uint32_t first_layer, uint32_t layer_count,
                                    uint32_t deadline_ms, int64_t timeout_ms);
-/* Decode side, tcp: request_id's KV will arrive into dest_block_ids; its
+/* Decode side (tcp or ipc): request_id's KV will arrive into dest_block_ids; its
  * completion (KVRELAY_KIND_ARRIVED) says when every byte is here. */
 kvrelay_status kvrelay_expect_arrival(kvrelay_client* client, const char* request_id,
                                       const uint32_t* dest_block_ids, size_t n_dest,

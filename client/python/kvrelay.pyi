@@ -224,7 +224,7 @@ class Client:
         deadline_ms: int = 0,
         timeout: float = 5.0,
     ) -> None:
-        """Decode side, tcp: this request's KV will arrive into
+        """Decode side (tcp or ipc): this request's KV will arrive into
         dest_block_ids. Its completion (kind 'arrived') comes when every
         byte is here on every rank; until then only it may write them."""
     def connect(

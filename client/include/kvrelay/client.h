@@ -101,11 +101,11 @@ struct SwapSpec {
 };
 
 // Submitted to a decode instance by its own engine: request `request_id`'s
-// KV will arrive over tcp into `dest_block_ids` (its CacheDest's). Its
-// completion, kind kArrived, says every byte is in every rank's pool, or
+// KV will arrive (over tcp or ipc) into `dest_block_ids` (its CacheDest's).
+// Its completion, kind kArrived, says every byte is in every rank's pool, or
 // why not (error naming the rank, timeout at its deadline). Until then the
-// ranks accept that request's frames only into these blocks and nobody
-// else's frames into them.
+// ranks accept that request's writes only into these blocks and nobody
+// else's writes into them. Refused by an instance that is not a decode one.
 struct ExpectSpec {
   std::string request_id;
   std::vector<uint32_t> dest_block_ids;
