@@ -5,7 +5,7 @@
 
 #include "kvrelay.h"
 #include "kvrelay/client.h"
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 
 struct kvrelay_client {
   kvrelay::Client client;

@@ -13,11 +13,11 @@
 #include "schemas/pool_descriptor.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/liveness.h"
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 #include "shm/process_identity.h"
-#include "shm/swap_progress.h"
+#include "instance/swap_progress.h"
 
 namespace kvrelay {
 

@@ -16,13 +16,13 @@
 #include "schemas/codec.h"
 #include "schemas/records.h"
 #include "shm/barrier.h"
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/counters.h"
 #include "shm/liveness.h"
-#include "shm/peer_instances.h"
-#include "shm/pool_segment.h"
+#include "instance/peer_instances.h"
+#include "instance/pool_segment.h"
 #include "shm/process_logging.h"
-#include "shm/swap_progress.h"
+#include "instance/swap_progress.h"
 
 namespace kvrelay::coordinator {
 

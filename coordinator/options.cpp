@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <boost/asio/ip/address.hpp>
 
-#include "shm/names.h"
-#include "shm/pool_geometry.h"
-#include "shm/pool_segment.h"
-#include "worker/tcp/auth_key.h"
+#include "instance/names.h"
+#include "instance/pool_geometry.h"
+#include "instance/pool_segment.h"
+#include "instance/auth_key.h"
 
 namespace kvrelay::coordinator {
 
@@ -126,7 +126,7 @@ Status network_options(const InstanceConfig& c, const std::string& listen_addres
     return {};
   }
   const std::string absolute = std::filesystem::absolute(key_file).string();
-  Result<worker::tcp::AuthKey> key = worker::tcp::AuthKey::load(absolute);
+  Result<AuthKey> key = AuthKey::load(absolute);
   if (!key) return make_error(key.code(), "--auth-key-file: " + key.error().message);
   worker_args = {"--listen-address", listen_address, "--auth-key-file", absolute, "--tcp-lanes",
                  std::to_string(lanes)};

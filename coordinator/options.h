@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "shm/instance_config.h"
+#include "instance/instance_config.h"
 #include "shm/result.h"
 
 namespace kvrelay::coordinator {

@@ -21,7 +21,7 @@
 #include "coordinator/options.h"
 #include "coordinator/supervisor.h"
 #include "shm/clock.h"
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 
 namespace kvrelay::coordinator {
 

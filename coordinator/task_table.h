@@ -56,7 +56,7 @@
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
-#include "shm/instance_config.h"
+#include "instance/instance_config.h"
 
 namespace kvrelay::coordinator {
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "schemas/kvrelay.capnp.h"
-#include "shm/pool_geometry.h"
+#include "instance/pool_geometry.h"
 
 namespace kvrelay::messages {
 

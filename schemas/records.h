@@ -14,7 +14,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "shm/instance_config.h"
+#include "instance/instance_config.h"
 
 namespace kvrelay::records {
 

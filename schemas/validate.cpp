@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "shm/names.h"
+#include "instance/names.h"
 
 namespace kvrelay::messages {
 

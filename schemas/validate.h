@@ -15,7 +15,7 @@
 #include <string_view>
 
 #include "schemas/kvrelay.capnp.h"
-#include "shm/instance_config.h"
+#include "instance/instance_config.h"
 #include "shm/result.h"
 
 namespace kvrelay::messages {
@@ -42,7 +42,7 @@ struct Limits {
   uint32_t dtype = 0;
   bool has_scales = false;
   uint32_t protocols = 7;  // bit 0 ipc, 1 tcp, 2 rdma: what this instance accepts
-  uint32_t role = 2;       // Role (shm/instance_config.h); decode by default
+  uint32_t role = 2;       // Role (instance/instance_config.h); decode by default
   static Limits from(const InstanceConfig& config);
   uint32_t total_layers() const { return num_layers + extra_layers; }
 };

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "shm/clock.h"
-#include "shm/pool_geometry.h"
+#include "instance/pool_geometry.h"
 #include "shm/result.h"
 #include "shm/wait_event.h"
 #include "worker/request_key.h"

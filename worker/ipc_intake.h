@@ -27,10 +27,10 @@
 #include <span>
 #include <unordered_map>
 
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/intake_table.h"
 #include "shm/mpsc_ring.h"
-#include "shm/pool_geometry.h"
+#include "instance/pool_geometry.h"
 #include "worker/arrivals.h"
 
 namespace kvrelay::worker {

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/intake_table.h"
 #include "shm/mpsc_ring.h"
 #include "worker/copy_plan.h"

@@ -18,8 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "shm/control_segment.h"
-#include "shm/peer_instances.h"
+#include "instance/control_segment.h"
+#include "instance/peer_instances.h"
 #include "worker/ipc_intake_writer.h"
 #include "worker/layer_copy.h"
 #include "worker/local_pool.h"

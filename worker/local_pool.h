@@ -9,8 +9,8 @@
 #include <string>
 
 #include "kernels/copy_engine.h"
-#include "shm/pool_geometry.h"
-#include "shm/pool_segment.h"
+#include "instance/pool_geometry.h"
+#include "instance/pool_segment.h"
 #include "shm/result.h"
 
 namespace kvrelay::worker {
@@ -31,7 +31,7 @@ class LocalPool {
   virtual bool truncated() const = 0;
 };
 
-// A shared-memory host pool (shm/pool_segment.h).
+// A shared-memory host pool (instance/pool_segment.h).
 class HostSegmentPool final : public LocalPool {
  public:
   explicit HostSegmentPool(HostPool pool) : pool_(std::move(pool)) {}

@@ -3,7 +3,7 @@
 // handshake (tcp, rdma).
 #pragma once
 
-#include "shm/pool_geometry.h"
+#include "instance/pool_geometry.h"
 #include "shm/result.h"
 
 namespace kvrelay::worker {

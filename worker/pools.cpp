@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "shm/names.h"
+#include "instance/names.h"
 
 namespace kvrelay::worker {
 

@@ -7,8 +7,8 @@
 
 #include <memory>
 
-#include "shm/control_segment.h"
-#include "shm/pool_segment.h"
+#include "instance/control_segment.h"
+#include "instance/pool_segment.h"
 #include "worker/local_pool.h"
 
 namespace kvrelay::worker {

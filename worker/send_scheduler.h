@@ -58,7 +58,7 @@
 
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
-#include "shm/pool_geometry.h"
+#include "instance/pool_geometry.h"
 #include "worker/transport.h"
 
 namespace kvrelay::worker {

@@ -52,9 +52,9 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
                                     rank, port));
     return t;
   }
-  Result<tcp::AuthKey> key = tcp::AuthKey::load(network.auth_key_file);
+  Result<AuthKey> key = AuthKey::load(network.auth_key_file);
   if (!key) return key.error();
-  t->key_ = std::make_unique<tcp::AuthKey>(std::move(key).value());
+  t->key_ = std::make_unique<AuthKey>(std::move(key).value());
   t->net_ = std::make_unique<tcp::NetThread>(std::clamp<uint32_t>(network.lanes, 2, 8));
   tcp::SenderOptions sender;
   sender.instance = instance_of(config);

@@ -17,12 +17,12 @@
 #include <memory>
 #include <string>
 
-#include "shm/instance_config.h"
+#include "instance/instance_config.h"
 #include "shm/wait_event.h"
 #include "worker/arrivals.h"
 #include "worker/ipc_intake.h"
 #include "worker/ipc_transport.h"
-#include "worker/tcp/auth_key.h"
+#include "instance/auth_key.h"
 #include "worker/tcp/net_thread.h"
 #include "worker/tcp/tcp_receiver.h"
 #include "worker/tcp/tcp_transport.h"
@@ -76,7 +76,7 @@ class Transports final : public Transport {
   std::shared_ptr<Arrivals> arrivals_;  // decode ranks
   std::unique_ptr<IpcIntake> intake_;   // decode ranks of an instance (not in unit tests)
   std::vector<ArrivalEvent> held_;      // failed or withdrawn, until their claims are settled
-  std::unique_ptr<tcp::AuthKey> key_;
+  std::unique_ptr<AuthKey> key_;
   std::unique_ptr<tcp::NetThread> net_;         // before the users of its thread
   std::unique_ptr<tcp::TcpTransport> tcp_;      // destroyed before the thread
   std::unique_ptr<tcp::TcpReceiver> receiver_;  // destroyed before the thread

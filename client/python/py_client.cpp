@@ -4,7 +4,7 @@
 
 #include "convert.h"
 #include "errors.h"
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 
 namespace py = pybind11;
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 
 namespace kvrelay::python {
 

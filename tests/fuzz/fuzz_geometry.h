@@ -2,7 +2,7 @@
 // layer with fewer blocks) and fp8-style scales, so every shape rule runs.
 #pragma once
 
-#include "shm/pool_geometry.h"
+#include "instance/pool_geometry.h"
 
 namespace kvrelay::fuzz {
 

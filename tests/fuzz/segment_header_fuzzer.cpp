@@ -22,9 +22,9 @@
 #include "instance_view.h"
 #include "render.h"
 #include "schemas/records.h"
-#include "shm/control_segment.h"
-#include "shm/names.h"
-#include "shm/pool_segment.h"
+#include "instance/control_segment.h"
+#include "instance/names.h"
+#include "instance/pool_segment.h"
 
 namespace {
 

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "integration/two_instances.h"
-#include "shm/control_segment.h"
-#include "shm/names.h"
+#include "instance/control_segment.h"
+#include "instance/names.h"
 
 namespace kvrelay::testing {
 namespace {

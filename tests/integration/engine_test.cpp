@@ -11,7 +11,7 @@
 
 #include "integration/dump_json.h"
 #include "integration/two_instances.h"
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::testing {

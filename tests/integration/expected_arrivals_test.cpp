@@ -184,7 +184,11 @@ TEST_P(ExpectedArrivals, ADeclaredRequestWrittenOutsideItsBlocksFailsOnBothSides
   driver->layers_done(0, kLayers);
   const Completion sent = env->wait_for("astray");
   EXPECT_EQ(sent.status, CompletionStatus::kError);
-  EXPECT_NE(sent.message.find("did not declare"), std::string::npos) << sent.message;
+  // The rank that saw the stray write says so; another rank may be quicker
+  // to report that the decode side withdrew the request meanwhile.
+  EXPECT_TRUE(sent.message.find("did not declare") != std::string::npos ||
+              sent.message.find("withdrawn") != std::string::npos)
+      << sent.message;
   std::optional<Completion> here = decode_completion();
   ASSERT_TRUE(here);
   EXPECT_EQ(here->request_id, "astray");

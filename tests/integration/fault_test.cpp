@@ -14,7 +14,7 @@
 #include "schemas/codec.h"
 #include "schemas/message_builders.h"
 #include "schemas/records.h"
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::testing {

@@ -19,9 +19,9 @@
 #include "schemas/codec.h"
 #include "schemas/message_builders.h"
 #include "schemas/records.h"
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/liveness.h"
-#include "shm/names.h"
+#include "instance/names.h"
 
 namespace kvrelay::testing {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "integration/two_instances.h"
 #include "schemas/codec.h"
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::testing {

@@ -13,7 +13,7 @@
 
 #include "integration/request_driver.h"
 #include "integration/tcp_hosts.h"
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::testing {

@@ -14,8 +14,8 @@
 
 #include "integration/tcp_hosts.h"
 #include "integration/two_instances.h"
-#include "shm/control_layout.h"
-#include "shm/control_segment.h"
+#include "instance/control_layout.h"
+#include "instance/control_segment.h"
 #include "shm/counters.h"
 
 namespace kvrelay::testing {

@@ -13,7 +13,7 @@
 
 #include "kv_pattern.h"
 #include "kvrelay/client.h"
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 #include "support/instance.h"
 #include "support/processes.h"
 

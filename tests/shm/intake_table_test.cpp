@@ -1,20 +1,14 @@
 // Claims on a pool's blocks (the ipc intake): a writer sees exactly the
 // owner's open claims, a closed key is refused for a while and its blocks are
 // free at once, and a close waits for exactly the writers that may have
-// admitted a write before it: not for later ones, and not for a dead one.
+// admitted a write before it: not for later ones, and not for a dead one
+// (tests/instance/intake_rings_test.cpp kills a real writer process).
 #include "shm/intake_table.h"
 
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <memory>
 #include <vector>
-
-#include "shm/control_segment.h"
-#include "shm/names.h"
-#include "support/processes.h"
 
 namespace kvrelay {
 namespace {
@@ -138,51 +132,6 @@ TEST_F(IntakeTableTest, AResetForgetsEveryClaimAndTheEpochGoesOn) {
   EXPECT_EQ(writer(0).lookup(1, 20).state, IntakeState::kFree);
   EXPECT_EQ(writer(0).claim_of(1), 0u);
   EXPECT_TRUE(owner_->open(2, std::vector<uint32_t>{1, 2}, 30));
-}
-
-// The real thing: a writer process holding its lease on a decode rank's
-// intake ring is SIGKILLed while its announcement stands.
-TEST(IntakeTableProcesses, AWriterKilledWhileWritingNoLongerHoldsUpAClose) {
-  std::string instance =
-      testing::unique_instance("intake-kill");
-  InstanceConfig config = default_config(instance, 1);
-  config.role = static_cast<uint32_t>(Role::kDecode);
-  Result<ControlSegment> control = ControlSegment::create(config);
-  ASSERT_TRUE(control) << control.error().message;
-  const uint32_t blocks = intake_blocks(config);
-  IntakeOwner owner(control->intake_table(0), blocks);
-  owner.reset();
-  ASSERT_TRUE(owner.open(42, std::vector<uint32_t>{0}, 10));
-  int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
-  const pid_t child = fork();
-  if (child == 0) {
-    // Its own attachment: its own lock descriptions.
-    Result<ControlSegment> mine = ControlSegment::attach(instance);
-    if (!mine) _exit(1);
-    Result<MpscProducer> lease = mine->intake_ring(0)->lease_producer();
-    if (!lease) _exit(2);
-    IntakeWriterView w(mine->intake_table(0), blocks, lease->slot());
-    w.announce(0);
-    const char slot = static_cast<char>(lease->slot());
-    if (write(ready[1], &slot, 1) != 1) _exit(3);
-    pause();
-    _exit(0);
-  }
-  char slot = 0;
-  ASSERT_EQ(read(ready[0], &slot, 1), 1);
-  Result<MpscRing> ring = control->intake_ring(0);
-  ASSERT_TRUE(ring);
-  auto liveness = [&](uint32_t w) { return ring->producer_liveness(w); };
-  const uint64_t closed = owner.close(42, 20);
-  EXPECT_FALSE(owner.quiescent(closed, liveness)) << "the writer lives and announced";
-  ASSERT_EQ(kill(child, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_TRUE(owner.quiescent(closed, liveness)) << "its lease lock is free";
-  close(ready[0]);
-  close(ready[1]);
-  (void)control->unlink();
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "shm/names.h"
+#include "instance/names.h"
 #include "shm/spawn.h"
 #include "support/processes.h"
 

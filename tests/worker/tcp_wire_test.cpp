@@ -10,7 +10,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "worker/tcp/auth_key.h"
+#include "instance/auth_key.h"
 
 namespace kvrelay::worker::tcp {
 namespace {

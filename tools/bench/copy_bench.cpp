@@ -16,7 +16,7 @@
 #include <random>
 
 #include "bench_support.h"
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 #include "worker/copy_plan.h"
 #include "worker/ipc_transport.h"
 

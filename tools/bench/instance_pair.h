@@ -9,7 +9,7 @@
 
 #include "instances.h"
 #include "kvrelay/client.h"
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 
 namespace kvrelay::bench {
 

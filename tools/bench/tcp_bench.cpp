@@ -188,7 +188,7 @@ struct Ports {
 };
 
 // Host B: both receivers on one pool, until the parent closes `control`.
-int run_receivers(const sim::TwoHosts& hosts, const worker::tcp::AuthKey& key,
+int run_receivers(const sim::TwoHosts& hosts, const AuthKey& key,
                   const PoolGeometry& g, uint32_t lanes, int report_fd, int control_fd) {
   if (Status s = hosts.enter(false); !s) {
     fmt::print(stderr, "{}\n", s.error().message);
@@ -232,7 +232,7 @@ struct Measured {
 Measured measure(const sim::TwoHosts& hosts, uint64_t block_bytes, uint64_t layer_bytes,
                  uint32_t lanes, int trials) {
   const PoolGeometry g = geometry_for(block_bytes, layer_bytes);
-  const auto key = worker::tcp::AuthKey::from_bytes(std::vector<uint8_t>(32, 42));
+  const auto key = AuthKey::from_bytes(std::vector<uint8_t>(32, 42));
   int report[2], control[2];
   if (::pipe(report) != 0 || ::pipe(control) != 0) std::exit(1);
   std::fflush(nullptr);  // the child must not print this process's buffered output again

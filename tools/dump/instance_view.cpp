@@ -4,7 +4,7 @@
 
 #include "schemas/records.h"
 #include "shm/barrier.h"
-#include "shm/control_layout.h"
+#include "instance/control_layout.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::dump {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/counters.h"
 
 namespace kvrelay::dump {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 
 namespace kvrelay::dump {
 

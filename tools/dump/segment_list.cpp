@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "shm/control_segment.h"
-#include "shm/names.h"
+#include "instance/control_segment.h"
+#include "instance/names.h"
 #include "shm/process_identity.h"
 
 namespace kvrelay::dump {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 
 namespace kvrelay::sim {
 

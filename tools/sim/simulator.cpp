@@ -13,11 +13,11 @@
 
 #include "block_allocator.h"
 #include "kv_pattern.h"
-#include "shm/control_layout.h"
-#include "shm/control_segment.h"
+#include "instance/control_layout.h"
+#include "instance/control_segment.h"
 #include "shm/counters.h"
 #include "shm/liveness.h"
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 
 namespace kvrelay::sim {
 

@@ -8,7 +8,7 @@
 
 #include "block_allocator.h"
 #include "kv_pattern.h"
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 
 namespace kvrelay::sim {
 

@@ -18,7 +18,7 @@
 
 #include "worker/local_pool.h"
 #include "worker/arrivals.h"
-#include "worker/tcp/auth_key.h"
+#include "instance/auth_key.h"
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
 

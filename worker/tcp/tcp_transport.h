@@ -26,7 +26,7 @@
 
 #include "shm/wait_event.h"
 #include "worker/local_pool.h"
-#include "worker/tcp/auth_key.h"
+#include "instance/auth_key.h"
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
 #include "worker/transport.h"

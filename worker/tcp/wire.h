@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "schemas/kvrelay.capnp.h"
-#include "shm/pool_geometry.h"
+#include "instance/pool_geometry.h"
 #include "shm/result.h"
 #include "worker/request_key.h"
-#include "worker/tcp/auth_key.h"
+#include "instance/auth_key.h"
 
 namespace kvrelay::worker::tcp {
 

@@ -56,7 +56,7 @@
 #include <vector>
 
 #include "shm/clock.h"
-#include "shm/instance_config.h"
+#include "instance/instance_config.h"
 #include "shm/result.h"
 
 namespace kvrelay {

@@ -1,4 +1,4 @@
-#include "shm/segment_header.h"
+#include "instance/segment_header.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "shm/instance_config.h"
-#include "shm/instance_status.h"
+#include "instance/instance_config.h"
+#include "instance/instance_status.h"
 
 namespace kvrelay {
 

@@ -23,14 +23,14 @@
 
 #include "shm/barrier.h"
 #include "shm/counters.h"
-#include "shm/instance_config.h"
-#include "shm/instance_status.h"
+#include "instance/instance_config.h"
+#include "instance/instance_status.h"
 #include "shm/intake_table.h"
 #include "shm/liveness.h"
 #include "shm/mpsc_ring.h"
 #include "shm/result.h"
 #include "shm/spsc_ring.h"
-#include "shm/swap_progress.h"
+#include "instance/swap_progress.h"
 #include "shm/wait_event.h"
 
 namespace kvrelay {

@@ -12,7 +12,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 #include "shm/liveness.h"
 
 namespace kvrelay {

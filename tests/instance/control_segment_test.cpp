@@ -1,6 +1,6 @@
 // Control segments: naming and permission rules, header validation (each
 // mismatch its own error), and replacement of a segment whose creator died.
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 
 #include <cstring>
 
-#include "shm/names.h"
+#include "instance/names.h"
 #include "support/processes.h"
 
 namespace kvrelay {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "shm/segment_header.h"
+#include "instance/segment_header.h"
 
 namespace kvrelay {
 

@@ -1,4 +1,4 @@
-#include "shm/control_layout.h"
+#include "instance/control_layout.h"
 
 #include "shm/bits.h"
 

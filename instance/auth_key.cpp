@@ -1,4 +1,4 @@
-#include "worker/tcp/auth_key.h"
+#include "instance/auth_key.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <stdexcept>
 
-namespace kvrelay::worker::tcp {
+namespace kvrelay {
 
 Result<AuthKey> AuthKey::load(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -94,4 +94,4 @@ Nonce random_nonce() {
   return n;
 }
 
-}  // namespace kvrelay::worker::tcp
+}  // namespace kvrelay

@@ -1,4 +1,4 @@
-#include "shm/control_segment.h"
+#include "instance/control_segment.h"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <ctime>
 
-#include "shm/names.h"
+#include "instance/names.h"
 #include "shm/process_identity.h"
 
 namespace kvrelay {

@@ -18,7 +18,7 @@
 
 #include "shm/result.h"
 
-namespace kvrelay::worker::tcp {
+namespace kvrelay {
 
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;  // HMAC-SHA256
@@ -56,4 +56,4 @@ class AuthKey {
 // Random bytes from the system's CSPRNG.
 Nonce random_nonce();
 
-}  // namespace kvrelay::worker::tcp
+}  // namespace kvrelay

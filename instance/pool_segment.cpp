@@ -1,4 +1,4 @@
-#include "shm/pool_segment.h"
+#include "instance/pool_segment.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

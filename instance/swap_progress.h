@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "shm/instance_config.h"
+#include "instance/instance_config.h"
 #include "shm/wait_event.h"
 
 namespace kvrelay {

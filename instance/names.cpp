@@ -1,4 +1,4 @@
-#include "shm/names.h"
+#include "instance/names.h"
 
 #include <fmt/format.h>
 

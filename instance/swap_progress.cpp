@@ -1,4 +1,4 @@
-#include "shm/swap_progress.h"
+#include "instance/swap_progress.h"
 
 namespace kvrelay::swap_progress {
 

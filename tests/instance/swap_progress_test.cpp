@@ -1,7 +1,7 @@
 // Swap-progress slots: a rank that never confirmed a withdrawn load cannot
 // move the counter of the load that holds its slot next, and a reader never
 // mixes two loads.
-#include "shm/swap_progress.h"
+#include "instance/swap_progress.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "shm/peer_instances.h"
+#include "instance/peer_instances.h"
 
 #include <fmt/format.h>
 

@@ -12,7 +12,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include "shm/instance_config.h"
+#include "instance/instance_config.h"
 #include "shm/wait_event.h"
 
 namespace kvrelay {

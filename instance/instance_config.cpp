@@ -1,4 +1,4 @@
-#include "shm/instance_config.h"
+#include "instance/instance_config.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 
 #include "shm/bits.h"
 #include "shm/mpsc_ring.h"
-#include "shm/names.h"
+#include "instance/names.h"
 
 namespace kvrelay {
 

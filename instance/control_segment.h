@@ -27,10 +27,10 @@
 #include <string_view>
 #include <vector>
 
-#include "shm/control_layout.h"
+#include "instance/control_layout.h"
 #include "shm/owner_lock.h"
 #include "shm/segment.h"
-#include "shm/segment_header.h"
+#include "instance/segment_header.h"
 
 namespace kvrelay {
 

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "shm/control_segment.h"
-#include "shm/pool_geometry.h"
+#include "instance/control_segment.h"
+#include "instance/pool_geometry.h"
 #include "shm/segment.h"
-#include "shm/segment_header.h"
+#include "instance/segment_header.h"
 
 namespace kvrelay {
 
