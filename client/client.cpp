@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "schemas/codec.h"
+#include "schemas/message_ring.h"
 #include "schemas/pool_descriptor.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"

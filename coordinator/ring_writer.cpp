@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "schemas/codec.h"
+#include "schemas/message_ring.h"
 
 namespace kvrelay::coordinator {
 

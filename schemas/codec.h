@@ -13,7 +13,8 @@
 // Error (kCorrupt) naming the message type and capnp's description.
 //
 // Both directions are plain functions of (bytes, limits); the rings know
-// nothing of capnp and capnp knows nothing of rings.
+// nothing of capnp and capnp knows nothing of rings (message_ring.h writes
+// messages as ring records).
 #pragma once
 
 #include <capnp/message.h>
@@ -29,7 +30,6 @@
 
 #include "schemas/kvrelay.capnp.h"
 #include "shm/clock.h"
-#include "shm/mpsc_ring.h"
 #include "shm/result.h"
 
 namespace kvrelay::messages {
@@ -56,12 +56,6 @@ inline std::vector<uint32_t> to_vector(capnp::List<uint32_t>::Reader list) {
 size_t encoded_bytes(capnp::MessageBuilder& message);
 // Serializes into `out`, whose size must be encoded_bytes(message).
 void encode_into(capnp::MessageBuilder& message, std::span<std::byte> out);
-
-// Serializes `message` as one ring record of type `type`. kFull/kTimeout when
-// the ring has no room (nothing written), kTooLarge when the message exceeds
-// the ring's record limit (the error names both sizes).
-Status write_message(MpscProducer& producer, schema::MessageType type,
-                     capnp::MessageBuilder& message, Deadline deadline);
 
 // Decodes `payload` in place as a T and hands its reader to `fn`, which
 // returns a Status (or Result). Any capnp error - a bad segment table, a

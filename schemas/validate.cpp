@@ -113,16 +113,8 @@ Status check_peer_instance(const std::string& who, capnp::Text::Reader instance)
 Limits Limits::from(const InstanceConfig& c) {
   Limits l;
   l.tp_size = c.tp_size;
-  l.num_layers = c.num_layers;
-  l.extra_layers = c.extra_layers;
-  l.num_blocks = c.num_blocks;
-  l.extra_layer_blocks = c.extra_layer_blocks;
+  l.pool = PoolGeometry::from(c, PoolTier::kDevice);
   l.host_blocks = c.host_blocks;
-  l.block_size = c.block_size;
-  l.kv_heads = c.kv_heads;
-  l.head_dim = c.head_dim;
-  l.dtype = c.dtype;
-  l.has_scales = c.has_scales != 0;
   l.protocols = c.protocols;
   l.role = c.role;
   return l;
@@ -149,16 +141,16 @@ Status validate(schema::CacheTask::Reader task, const Limits& limits) {
   const std::string w = who("CacheTask", task.getRequestId());
   const auto src = task.getSrcBlockIds();
   if (src.size() == 0) return invalid(fmt::format("{}: src_block_ids is empty", w));
-  if (Status s = check_block_list(w, "src_block_ids", src, limits.num_blocks, "pool", false); !s)
+  if (Status s = check_block_list(w, "src_block_ids", src, limits.pool.num_blocks, "pool", false); !s)
     return s;
   const uint64_t tokens = task.getNeedPrefillTokens();
   if (tokens == 0) return invalid(fmt::format("{}: need_prefill_tokens is 0", w));
-  const uint64_t blocks_needed = (tokens + limits.block_size - 1) / limits.block_size;
+  const uint64_t blocks_needed = (tokens + limits.pool.block_size - 1) / limits.pool.block_size;
   if (blocks_needed > src.size())
     return invalid(
         fmt::format("{}: need_prefill_tokens {} needs {} blocks of {} tokens but "
                     "src_block_ids has {}",
-                    w, tokens, blocks_needed, limits.block_size, entries(src.size())));
+                    w, tokens, blocks_needed, limits.pool.block_size, entries(src.size())));
   if (task.isEngineSlot() && task.getEngineSlot() >= kMaxEngineSlots)
     return invalid(fmt::format("{}: engine_slot {} is out of range: slots are 0..{}", w,
                                task.getEngineSlot(), kMaxEngineSlots - 1));
@@ -231,7 +223,7 @@ Status validate(schema::SwapTask::Reader swap, const Limits& limits) {
                                entries(device.size()), host.size()));
   if (device.size() == 0) return invalid(fmt::format("{}: device_block_ids is empty", w));
   if (Status s =
-          check_block_list(w, "device_block_ids", device, limits.num_blocks, "device pool", true);
+          check_block_list(w, "device_block_ids", device, limits.pool.num_blocks, "device pool", true);
       !s)
     return s;
   if (Status s = check_block_list(w, "host_block_ids", host, limits.host_blocks, "host pool", true);
@@ -256,7 +248,7 @@ Status validate(schema::ExpectArrival::Reader expect, const Limits& limits) {
     return invalid(fmt::format("{}: this is a {} instance; declare an expected request to the "
                                "decode instance its KV cache goes to",
                                w, role_name(static_cast<Role>(limits.role))));
-  if (Status s = check_block_list(w, "dest_block_ids", expect.getDestBlockIds(), limits.num_blocks,
+  if (Status s = check_block_list(w, "dest_block_ids", expect.getDestBlockIds(), limits.pool.num_blocks,
                                   "pool", true);
       !s)
     return s;
@@ -293,22 +285,22 @@ Status validate(schema::RegisterPool::Reader reg, const Limits& limits) {
   if (tier > 1)
     return invalid(fmt::format("{}: tier {} is unknown (expected device or host)", w, tier));
   const bool host_tier = pool.getTier() == schema::PoolDescriptor::Tier::HOST;
-  const uint32_t want_blocks = host_tier ? limits.host_blocks : limits.num_blocks;
+  const uint32_t want_blocks = host_tier ? limits.host_blocks : limits.pool.num_blocks;
   const struct {
     const char* field;
     uint64_t got;
     uint64_t want;
   } geometry[] = {
-      {"num_layers", pool.getNumLayers(), limits.num_layers},
-      {"extra_layers", pool.getExtraLayers(), limits.extra_layers},
+      {"num_layers", pool.getNumLayers(), limits.pool.num_layers},
+      {"extra_layers", pool.getExtraLayers(), limits.pool.extra_layers},
       {"num_blocks", pool.getNumBlocks(), want_blocks},
       {"extra_layer_blocks", pool.getExtraLayerBlocks(),
-       limits.extra_layers ? limits.extra_layer_blocks : 0},
-      {"kv_heads", pool.getKvHeads(), limits.kv_heads},
-      {"block_size", pool.getBlockSize(), limits.block_size},
-      {"head_dim", pool.getHeadDim(), limits.head_dim},
-      {"dtype", static_cast<uint64_t>(pool.getDtype()), limits.dtype},
-      {"has_scales", pool.getHasScales() ? 1U : 0U, limits.has_scales ? 1U : 0U},
+       limits.pool.extra_layers ? limits.pool.extra_layer_blocks : 0},
+      {"kv_heads", pool.getKvHeads(), limits.pool.kv_heads},
+      {"block_size", pool.getBlockSize(), limits.pool.block_size},
+      {"head_dim", pool.getHeadDim(), limits.pool.head_dim},
+      {"dtype", static_cast<uint64_t>(pool.getDtype()), limits.pool.dtype},
+      {"has_scales", pool.getHasScales() ? 1U : 0U, limits.pool.has_scales != 0 ? 1U : 0U},
   };
   for (const auto& g : geometry) {
     if (g.got != g.want)

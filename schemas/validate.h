@@ -16,6 +16,7 @@
 
 #include "schemas/kvrelay.capnp.h"
 #include "instance/instance_config.h"
+#include "instance/pool_geometry.h"
 #include "shm/result.h"
 
 namespace kvrelay::messages {
@@ -31,20 +32,14 @@ inline constexpr uint32_t kMaxDeadlineMs = 3'600'000;
 // The parts of an instance's configuration that bound its messages.
 struct Limits {
   uint32_t tp_size = 1;
-  uint32_t num_layers = 1;
-  uint32_t extra_layers = 0;
-  uint32_t num_blocks = 1;          // device tier (this instance's pool)
-  uint32_t extra_layer_blocks = 0;  // blocks in each extra layer
-  uint32_t host_blocks = 0;         // host tier of swap tasks; 0 means none
-  uint32_t block_size = 1;
-  uint32_t kv_heads = 1;
-  uint32_t head_dim = 1;
-  uint32_t dtype = 0;
-  bool has_scales = false;
-  uint32_t protocols = 7;  // bit 0 ipc, 1 tcp, 2 rdma: what this instance accepts
-  uint32_t role = 2;       // Role (instance/instance_config.h); decode by default
+  // This instance's (device tier) pool; one block of one token by default.
+  PoolGeometry pool = {.num_layers = 1, .num_blocks = 1, .kv_heads = 1, .block_size = 1,
+                       .head_dim = 1};
+  uint32_t host_blocks = 0;  // host tier of swap tasks; 0 means none
+  uint32_t protocols = 7;    // bit 0 ipc, 1 tcp, 2 rdma: what this instance accepts
+  uint32_t role = 2;         // Role (instance/instance_config.h); decode by default
   static Limits from(const InstanceConfig& config);
-  uint32_t total_layers() const { return num_layers + extra_layers; }
+  uint32_t total_layers() const { return pool.total_layers(); }
 };
 
 // request ids: 1..128 printable ASCII characters without spaces.

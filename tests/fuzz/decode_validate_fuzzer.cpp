@@ -21,14 +21,14 @@ using namespace kvrelay::messages;
 Limits fuzz_limits() {
   Limits l;
   l.tp_size = 2;
-  l.num_layers = 32;
-  l.extra_layers = 1;
-  l.extra_layer_blocks = 64;
-  l.num_blocks = 512;
+  l.pool.num_layers = 32;
+  l.pool.extra_layers = 1;
+  l.pool.extra_layer_blocks = 64;
+  l.pool.num_blocks = 512;
   l.host_blocks = 1024;
-  l.block_size = 64;
-  l.kv_heads = 1;
-  l.head_dim = 128;
+  l.pool.block_size = 64;
+  l.pool.kv_heads = 1;
+  l.pool.head_dim = 128;
   return l;
 }
 

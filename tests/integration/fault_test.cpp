@@ -12,6 +12,7 @@
 #include "integration/dump_json.h"
 #include "integration/two_instances.h"
 #include "schemas/codec.h"
+#include "schemas/message_ring.h"
 #include "schemas/message_builders.h"
 #include "schemas/records.h"
 #include "instance/control_segment.h"

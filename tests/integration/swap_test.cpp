@@ -7,6 +7,7 @@
 
 #include "integration/two_instances.h"
 #include "schemas/codec.h"
+#include "schemas/message_ring.h"
 #include "instance/control_segment.h"
 #include "shm/liveness.h"
 

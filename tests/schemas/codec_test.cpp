@@ -2,6 +2,7 @@
 // and read back in place; malformed records rejected with kCorrupt; and the
 // reference `capnp decode` tool reading a record we wrote.
 #include "schemas/codec.h"
+#include "schemas/message_ring.h"
 
 #include <gtest/gtest.h>
 

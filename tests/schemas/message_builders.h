@@ -16,12 +16,12 @@ namespace kvrelay::testing {
 inline messages::Limits example_limits() {
   messages::Limits l;
   l.tp_size = 2;
-  l.num_layers = 32;
-  l.num_blocks = 512;
+  l.pool.num_layers = 32;
+  l.pool.num_blocks = 512;
   l.host_blocks = 1024;
-  l.block_size = 64;
-  l.kv_heads = 1;
-  l.head_dim = 128;
+  l.pool.block_size = 64;
+  l.pool.kv_heads = 1;
+  l.pool.head_dim = 128;
   return l;
 }
 
