@@ -85,7 +85,7 @@ class ControlSegment {
   LockState coordinator_liveness() const { return locks().probe(0); }
   // A worker's claim on its rank, held for its life: false when another live
   // process serves the rank.
-  bool lock_rank(uint32_t rank) const;
+  [[nodiscard]] bool lock_rank(uint32_t rank) const;
   LockState rank_liveness(uint32_t rank) const;
 
   LivenessSlot& coordinator_slot() const { return liveness()[0]; }

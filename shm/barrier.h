@@ -78,7 +78,7 @@ class Barrier {
   // passed first (this arrival is then withdrawn, the round goes on without
   // it). Spins briefly before parking, unless there are more parties than
   // CPUs: then a spinning waiter would only keep a late arriver off its CPU.
-  BarrierResult wait(Deadline deadline);
+  [[nodiscard]] BarrierResult wait(Deadline deadline);
 
   // Supervisor: aborts the current round (every waiter returns kAborted at
   // once) and re-arms the barrier for `survivors` parties. Returns the

@@ -73,7 +73,7 @@ void disarm_all() {
   g_count.store(0, std::memory_order_release);
 }
 
-void hit(const char* name) {
+void hit(const char* name) noexcept {
   const int n = g_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
     Point& p = g_points[i];

@@ -28,7 +28,7 @@ enum class Action { kNone, kKill, kStop, kExit };
 void arm(std::string_view name, Action action, uint32_t nth = 1);
 void disarm_all();
 // Called by KVRELAY_FAULT_POINT; a single relaxed load when nothing is armed.
-void hit(const char* name);
+void hit(const char* name) noexcept;
 
 }  // namespace kvrelay::fault
 

@@ -39,11 +39,11 @@ struct LockSpace {
   LockSpace at(uint64_t offset) const { return {fd, base + offset}; }
   // Takes an exclusive lock on byte base + offset. False when another open
   // file description holds it (or the file does not allow it).
-  bool try_lock(uint64_t offset = 0) const;
+  [[nodiscard]] bool try_lock(uint64_t offset = 0) const;
   void unlock(uint64_t offset = 0) const;
   // Whether another open file description holds byte base + offset. One
   // fcntl: about half a microsecond.
-  LockState probe(uint64_t offset = 0) const;
+  [[nodiscard]] LockState probe(uint64_t offset = 0) const;
 };
 
 }  // namespace kvrelay

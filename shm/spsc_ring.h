@@ -186,7 +186,7 @@ class SpscRing {
   Result<SpscProducer<T>> lease_producer() const;
 
   // Consumer. Returns false when no record waits.
-  bool try_pop(T& out) {
+  [[nodiscard]] bool try_pop(T& out) noexcept {
     uint64_t r = c_.consumer_index();
     for (uint64_t steps = 0; steps <= c_.capacity; ++steps) {
       std::atomic<uint64_t>& seq = c_.sequence(r);
@@ -278,7 +278,7 @@ class SpscRing {
 
  private:
   explicit SpscRing(SpscCore core) : c_(std::move(core)) {}
-  void advance(uint64_t next) {
+  void advance(uint64_t next) noexcept {
     c_.next_read = next;
     c_.h->read_index.store(next, std::memory_order_relaxed);
   }
@@ -308,7 +308,7 @@ class SpscProducer {
   ~SpscProducer() { release(); }
 
   // Returns false, and counts a full event, when the ring is full.
-  bool try_push(const T& record) {
+  [[nodiscard]] bool try_push(const T& record) noexcept {
     std::atomic<uint64_t>& next = *next_;
     uint64_t w = next.load(std::memory_order_relaxed);
     for (;;) {

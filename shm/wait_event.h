@@ -78,7 +78,7 @@ bool wait_until(WaitEvent& ev, Ready&& ready, Deadline deadline,
 
 // Call after publishing data (with a release store) that may make a waiter's
 // condition true. Costs a compiler barrier and one load when nobody waits.
-inline void notify_waiters(WaitEvent& ev) {
+inline void notify_waiters(WaitEvent& ev) noexcept {
   light_fence();  // publish, then look for waiters (see top)
   if (ev.waiters.load(std::memory_order_relaxed) == 0) return;
   ev.sequence.fetch_add(1, std::memory_order_release);

@@ -66,7 +66,7 @@ class Arrivals {
   Status expect(uint64_t handle, const std::string& id, const std::vector<uint32_t>& blocks);
   // Withdraws it (cancel, timeout): true when it was declared. Its event
   // (kWithdrawn) comes once no payload of it is being written any more.
-  bool withdraw(uint64_t handle);
+  [[nodiscard]] bool withdraw(uint64_t handle);
 
   // Before a write: ok (then landed() or abandoned() must follow), or why it
   // must not be written.

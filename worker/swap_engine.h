@@ -57,7 +57,7 @@ class SwapEngine {
   void submit(uint64_t handle, schema::SwapTask::Reader task, uint32_t progress_slot,
               uint32_t progress_generation);
   // True if the handle was a swap of this engine (it will report kCancelled).
-  bool cancel(uint64_t handle);
+  [[nodiscard]] bool cancel(uint64_t handle);
   std::vector<SwapReport> take_reports();
   bool has_reports() const { return reports_ready_.load(std::memory_order_acquire) != 0; }
   size_t pending() const;

@@ -60,7 +60,7 @@ class Transports final : public Transport {
   Status expect(uint64_t handle, schema::ExpectArrival::Reader expect);
   // A cancel or timeout of an expected request: true when it was one (its
   // answer comes through take_arrivals()).
-  bool withdraw(uint64_t handle);
+  [[nodiscard]] bool withdraw(uint64_t handle);
   // Work of every turn: replays what ipc writers say landed here, and sends
   // what this rank's ipc writes landed that waited for room. True when
   // something was done.

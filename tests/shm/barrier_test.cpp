@@ -99,7 +99,7 @@ TEST(BarrierProcesses, KilledParticipantAbortsTheOthersAndTheRearmedBarrierServe
   const pid_t victim = testing::fork_child([&] {
     Barrier mine(*state);
     for (int i = 0; i < 100; ++i)
-      mine.wait(Deadline::after(60s));
+      if (mine.wait(Deadline::after(60s)) != BarrierResult::kOk) return 1;
     victim_done.signal();
     pause();
     return 0;
