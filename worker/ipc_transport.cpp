@@ -118,10 +118,13 @@ Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instan
   if (!control) return control.error();
   const std::string key = fmt::format("{}/{}", peer_instance, peer_rank);
   auto it = pools_.find(key);
-  // Keep the mapping while the peer's segment is the same (re-mapping a pool
-  // costs a populate of every page); a restarted peer has a new one.
-  if (it != pools_.end() && it->second.control == *control && !it->second.pool->truncated())
-    return it->second;
+  // Keep the mapping while the peer's segment and its pool are the same
+  // (re-mapping a pool costs a populate of every page); a restarted peer has
+  // a new segment, a decode engine that registered its own pool a new pool.
+  if (it != pools_.end() && it->second.control == *control && !it->second.pool->truncated()) {
+    Result<std::string> published = find_pool(**control, peer_rank, PoolTier::kDevice);
+    if (published && *published == it->second.pool->name()) return it->second;
+  }
   const InstanceConfig& peer = (*control)->config();
   if (peer.role != static_cast<uint32_t>(Role::kDecode))
     return make_error(Errc::kInvalidArgument,

@@ -17,10 +17,7 @@
 #include "shm/liveness.h"
 #include "instance/pool_segment.h"
 #include "shm/process_logging.h"
-#include "worker/pools.h"
-#include "worker/send_scheduler.h"
-#include "worker/swap_engine.h"
-#include "worker/transports.h"
+#include "worker/data_plane.h"
 #include "worker/worker_counters.h"
 
 namespace kvrelay::worker {
@@ -79,18 +76,22 @@ class Worker {
                      {"layer_copy_bytes", "bytes"},
                      {"layer_copy_rate", "MB/s"}});
     register_self(slot_, SlotState::kStarting);
-    Result<std::unique_ptr<LocalPool>> device =
-        open_or_create_pool(control_, rank_, PoolTier::kDevice);
-    if (!device) return device.error();
-    device_pool_ = std::move(device).value();
-    if (config_.host_blocks > 0) {
-      Result<std::unique_ptr<LocalPool>> host =
-          open_or_create_pool(control_, rank_, PoolTier::kHost);
-      if (!host) return host.error();
-      host_pool_ = std::move(host).value();
-    }
-    if (Status s = use_device_pool(); !s) return s;
-    start_swap_engine();
+    DataPlane::Hooks hooks;
+    hooks.report = [this](uint64_t handle, ReportKind kind, uint64_t bytes,
+                          const std::string& message, uint64_t first_copy_ns) {
+      report(handle, kind, bytes, message, first_copy_ns);
+    };
+    hooks.latency = [this](uint32_t, uint64_t to_done, uint64_t copy, uint64_t bytes) {
+      CounterWriter w(counters_);
+      w.record(kSignalToCopyDoneNs, to_done);
+      w.record(kLayerCopyNs, copy);
+      w.record(kLayerCopyBytes, bytes);
+      if (copy > 0) w.record(kLayerCopyMBps, bytes * 1000 / copy);
+    };
+    Result<std::unique_ptr<DataPlane>> data = DataPlane::open(control_, rank_, network_, doorbell_,
+                                                              std::move(hooks));
+    if (!data) return data.error();
+    data_ = std::move(data).value();
     return {};
   }
 
@@ -123,22 +124,21 @@ class Worker {
                        fmt::format("cannot serve the registered pool: {}", broken_));
       bool busy = drain_signals();
       busy = drain_tasks() || busy;
-      if (transports_->has_completions()) {
-        scheduler_->poll_transfers();
+      if (!broken_.empty()) continue;  // a RegisterPool left nothing to serve
+      if (data_->transports().has_completions()) {
+        data_->scheduler().poll_transfers();
         busy = true;
       }
       drain_swap_reports();
-      busy = transports_->tick() || busy;
+      busy = data_->transports().tick() || busy;
       drain_arrivals();
       flush_reports();
       mirror_counters();
-      for (const LocalPool* pool : {device_pool_.get(), host_pool_.get()}) {
-        if (pool != nullptr && pool->truncated())
-          return give_up(control_, rank_, kExitUnusable,
-                         fmt::format("its pool /{} was truncated by another process; exiting so "
-                                     "that a new worker recreates it",
-                                     pool->name()));
-      }
+      if (const LocalPool* pool = data_->truncated_pool())
+        return give_up(control_, rank_, kExitUnusable,
+                       fmt::format("its pool /{} was truncated by another process; exiting so "
+                                   "that a new worker recreates it",
+                                   pool->name()));
       if (control_.segment().truncated())
         return give_up(control_, rank_, kExitUnusable,
                        "the instance's control segment was truncated by another process");
@@ -164,8 +164,9 @@ class Worker {
             doorbell_,
             [&] {
               return task_ring_.readable() || signal_ring_.readable() ||
-                     transports_->has_completions() || transports_->has_arrivals() ||
-                     (swap_ && swap_->has_reports()) || g_stop != 0;
+                     data_->transports().has_completions() ||
+                     data_->transports().has_arrivals() ||
+                     (data_->swap() != nullptr && data_->swap()->has_reports()) || g_stop != 0;
             },
             Deadline::after(50ms));
       }
@@ -190,9 +191,11 @@ class Worker {
   }
 
   bool drain_tasks() {
+    if (!broken_.empty()) return false;
     const size_t n = task_ring_.read(
         [&](const MpscRecord& rec) {
           CounterWriter(counters_).add(kTasks);
+          if (!broken_.empty()) return;  // the data plane is gone: the worker exits
           if (rec.defect != nullptr ||
               rec.type != static_cast<int32_t>(schema::MessageType::WORKER_TASK)) {
             spdlog::error("rank {}: unexpected record (type {}{}) on the task ring", rank_,
@@ -209,6 +212,9 @@ class Worker {
 
   Status handle(schema::WorkerTask::Reader t) {
     const uint64_t h = t.getHandle();
+    SendScheduler& scheduler = data_->scheduler();
+    Transports& transports = data_->transports();
+    SwapEngine* swap = data_->swap();
     switch (t.which()) {
       case schema::WorkerTask::BIND: {
         // Every signal the engine pushed before it submitted this task is in
@@ -222,81 +228,59 @@ class Worker {
         std::optional<uint64_t> watermark;
         if (task.hasSignalWatermarks() && rank_ < task.getSignalWatermarks().size())
           watermark = task.getSignalWatermarks()[rank_];
-        scheduler_->on_bind(h, task, watermark);
+        scheduler.on_bind(h, task, watermark);
         break;
       }
-      case schema::WorkerTask::DEST: scheduler_->on_dest(h, t.getDest()); break;
+      case schema::WorkerTask::DEST: scheduler.on_dest(h, t.getDest()); break;
       case schema::WorkerTask::CANCEL:
-        if (transports_->withdraw(h)) break;  // answered once its writes in progress end
-        if (!(swap_ && swap_->cancel(h))) scheduler_->on_cancel(h);
+        if (transports.withdraw(h)) break;  // answered once its writes in progress end
+        if (!(swap != nullptr && swap->cancel(h))) scheduler.on_cancel(h);
         break;
       case schema::WorkerTask::EXPECT:
-        if (Status s = transports_->expect(h, t.getExpect()); !s)
+        if (Status s = transports.expect(h, t.getExpect()); !s)
           report(h, ReportKind::kFailed, 0, s.error().message);
         break;
       case schema::WorkerTask::CONNECT: {
-        Status s = transports_->check_connect(t.getConnect());
+        Status s = transports.check_connect(t.getConnect());
         report(h, s ? ReportKind::kConnected : ReportKind::kConnectFailed, 0,
                s ? "" : s.error().message);
         break;
       }
       case schema::WorkerTask::SWAP:
-        if (swap_) {
-          swap_->submit(h, t.getSwap(), t.getProgressSlot(), t.getProgressGeneration());
+        if (swap != nullptr) {
+          swap->submit(h, t.getSwap(), t.getProgressSlot(), t.getProgressGeneration());
         } else {
           report(h, ReportKind::kFailed, 0,
                  "this instance has no host tier (--num-host-blocks is 0)");
         }
         break;
-      case schema::WorkerTask::REGISTER_POOL: register_pool(h, t.getRegisterPool()); break;
+      case schema::WorkerTask::REGISTER_POOL: {
+        const PoolRegistration r = data_->register_pool(t.getRegisterPool());
+        report(h, r.registered ? ReportKind::kPoolRegistered : ReportKind::kPoolRejected, 0,
+               r.message);
+        if (r.broken) broken_ = r.message;
+        break;
+      }
       case schema::WorkerTask::SHUTDOWN: shutdown_ = true; break;
       case schema::WorkerTask::SESSION_ENDED:
-        scheduler_->on_session_ended(t.getSessionEnded());
+        scheduler.on_session_ended(t.getSessionEnded());
         break;
     }
     return {};
   }
 
-  // Builds the transports and the scheduler over the device pool.
-  Status use_device_pool() {
-    Result<std::unique_ptr<Transports>> transports =
-        Transports::create(config_, rank_, *device_pool_, network_, &doorbell_, &control_);
-    if (!transports) return transports.error();
-    transports_ = std::move(transports).value();
-    scheduler_ = std::make_unique<SendScheduler>(
-        rank_, device_pool_->geometry(), *transports_,
-        [this](uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
-               uint64_t first_copy_ns) { report(handle, kind, bytes, message, first_copy_ns); });
-    scheduler_->set_latency_observer(
-        [this](uint32_t, uint64_t to_done, uint64_t copy, uint64_t bytes) {
-          CounterWriter w(counters_);
-          w.record(kSignalToCopyDoneNs, to_done);
-          w.record(kLayerCopyNs, copy);
-          w.record(kLayerCopyBytes, bytes);
-          if (copy > 0) w.record(kLayerCopyMBps, bytes * 1000 / copy);
-        });
-    return {};
-  }
-
-  void start_swap_engine() {
-    swap_.reset();
-    if (host_pool_)
-      swap_ = std::make_unique<SwapEngine>(rank_, *device_pool_, *host_pool_,
-                                           kernels::make_host_copy_engine(),
-                                           &control_.swap_progress(), doorbell_);
-  }
-
   void drain_swap_reports() {
-    if (!swap_ || !swap_->has_reports()) return;
-    for (const SwapReport& r : swap_->take_reports())
+    SwapEngine* swap = data_->swap();
+    if (swap == nullptr || !swap->has_reports()) return;
+    for (const SwapReport& r : swap->take_reports())
       report(r.handle, r.kind, r.bytes, r.message, r.first_copy_ns);
   }
 
   // Expected requests (tcp, ipc): arrived, failed (a write broke its
   // rules), or withdrawn (the answer to a cancel).
   void drain_arrivals() {
-    if (!transports_->has_arrivals()) return;
-    for (const ArrivalEvent& e : transports_->take_arrivals()) {
+    if (!data_->transports().has_arrivals()) return;
+    for (const ArrivalEvent& e : data_->transports().take_arrivals()) {
       switch (e.kind) {
         case ArrivalEvent::kArrived:
           report(e.handle, ReportKind::kFinished, e.bytes, "");
@@ -311,50 +295,10 @@ class Worker {
     }
   }
 
-  void register_pool(uint64_t handle, schema::PoolDescriptor::Reader d) {
-    if (d.getLocation() != schema::PoolDescriptor::Location::HOST_SEGMENT) {
-      report(handle, ReportKind::kPoolRejected, 0, "CUDA IPC pools need a CUDA build and a GPU");
-      return;
-    }
-    const PoolTier tier =
-        d.getTier() == schema::PoolDescriptor::Tier::HOST ? PoolTier::kHost : PoolTier::kDevice;
-    if (scheduler_->live_requests() != 0 || (swap_ && swap_->pending() != 0)) {
-      report(handle, ReportKind::kPoolRejected, 0,
-             fmt::format("{} requests are in flight; register pools before sending",
-                         scheduler_->live_requests()));
-      return;
-    }
-    const PoolGeometry expected = PoolGeometry::from(config_, tier);
-    Result<HostPool> pool = HostPool::open(d.getSegmentName().cStr(), &expected);
-    if (!pool) {
-      report(handle, ReportKind::kPoolRejected, 0, pool.error().message);
-      return;
-    }
-    publish_pool(control_, rank_, tier, pool->name(), pool->bytes(), false);
-    auto owned = std::make_unique<HostSegmentPool>(std::move(pool).value());
-    swap_.reset();  // it holds the old pools
-    if (tier == PoolTier::kDevice) {
-      // The scheduler and transports (a tcp listener writes into the pool
-      // from the network thread) go before the pool they refer to.
-      scheduler_.reset();
-      transports_.reset();
-      device_pool_ = std::move(owned);
-      if (Status s = use_device_pool(); !s) {
-        report(handle, ReportKind::kPoolRejected, 0, s.error().message);
-        broken_ = s.error().message;
-        return;
-      }
-    } else {
-      host_pool_ = std::move(owned);
-    }
-    start_swap_engine();
-    report(handle, ReportKind::kPoolRegistered, 0, "");
-  }
-
   bool drain_signals() {
     size_t n = 0;
     while (n < kSignalBatch && signal_ring_.try_pop(signals_[n])) {
-      scheduler_->on_signal(signals_[n], signal_ring_.consumer_position() - 1);
+      data_->scheduler().on_signal(signals_[n], signal_ring_.consumer_position() - 1);
       ++n;
     }
     return n > 0;
@@ -384,7 +328,7 @@ class Worker {
   }
 
   void mirror_counters() {
-    const SchedulerCounters& c = scheduler_->counters();
+    const SchedulerCounters& c = data_->scheduler().counters();
     auto set = [&](uint32_t id, uint64_t v) {
       counters_.values[id].store(v, std::memory_order_relaxed);
     };
@@ -414,11 +358,7 @@ class Worker {
   WaitEvent& doorbell_;
   WaitEvent& coordinator_doorbell_;
   CachedPeerJudge coordinator_;
-  std::unique_ptr<LocalPool> device_pool_;
-  std::unique_ptr<LocalPool> host_pool_;
-  std::unique_ptr<Transports> transports_;     // after the pools: it refers to them
-  std::unique_ptr<SendScheduler> scheduler_;  // after the transports
-  std::unique_ptr<SwapEngine> swap_;  // after the pools: it refers to them
+  std::unique_ptr<DataPlane> data_;
   std::deque<WorkerReport> pending_reports_;
   LayerSignal signals_[kSignalBatch] = {};
   bool shutdown_ = false;
