@@ -3,9 +3,9 @@
 #include <memory>
 #include <string>
 
+#include "instance/pool_segment.h"
 #include "kvrelay.h"
 #include "kvrelay/client.h"
-#include "instance/pool_segment.h"
 
 struct kvrelay_client {
   kvrelay::Client client;

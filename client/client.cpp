@@ -9,16 +9,16 @@
 #include <mutex>
 #include <thread>
 
+#include "instance/control_segment.h"
+#include "instance/pool_segment.h"
+#include "instance/swap_progress.h"
 #include "schemas/codec.h"
 #include "schemas/message_ring.h"
 #include "schemas/pool_descriptor.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
-#include "instance/control_segment.h"
 #include "shm/liveness.h"
-#include "instance/pool_segment.h"
 #include "shm/process_identity.h"
-#include "instance/swap_progress.h"
 
 namespace kvrelay {
 

@@ -13,16 +13,16 @@
 #include "coordinator/ring_writer.h"
 #include "coordinator/submission_reader.h"
 #include "coordinator/task_table.h"
+#include "instance/control_segment.h"
+#include "instance/peer_instances.h"
+#include "instance/pool_segment.h"
+#include "instance/swap_progress.h"
 #include "schemas/codec.h"
 #include "schemas/records.h"
 #include "shm/barrier.h"
-#include "instance/control_segment.h"
 #include "shm/counters.h"
 #include "shm/liveness.h"
-#include "instance/peer_instances.h"
-#include "instance/pool_segment.h"
 #include "shm/process_logging.h"
-#include "instance/swap_progress.h"
 
 namespace kvrelay::coordinator {
 

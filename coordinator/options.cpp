@@ -4,16 +4,16 @@
 #include <sys/statvfs.h>
 
 #include <CLI/CLI.hpp>
+#include <boost/asio/ip/address.hpp>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <filesystem>
-#include <boost/asio/ip/address.hpp>
 
+#include "instance/auth_key.h"
 #include "instance/names.h"
 #include "instance/pool_geometry.h"
 #include "instance/pool_segment.h"
-#include "instance/auth_key.h"
 
 namespace kvrelay::coordinator {
 
@@ -128,8 +128,8 @@ Status network_options(const InstanceConfig& c, const std::string& listen_addres
   const std::string absolute = std::filesystem::absolute(key_file).string();
   Result<AuthKey> key = AuthKey::load(absolute);
   if (!key) return make_error(key.code(), "--auth-key-file: " + key.error().message);
-  worker_args = {"--listen-address", listen_address, "--auth-key-file", absolute, "--tcp-lanes",
-                 std::to_string(lanes)};
+  worker_args = {"--listen-address", listen_address, "--auth-key-file",
+                 absolute,           "--tcp-lanes",  std::to_string(lanes)};
   return {};
 }
 

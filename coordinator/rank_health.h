@@ -20,8 +20,8 @@
 
 #include "coordinator/options.h"
 #include "coordinator/supervisor.h"
-#include "shm/clock.h"
 #include "instance/control_segment.h"
+#include "shm/clock.h"
 
 namespace kvrelay::coordinator {
 

@@ -53,10 +53,10 @@
 #include <vector>
 
 #include "coordinator/tombstones.h"
+#include "instance/instance_config.h"
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
-#include "instance/instance_config.h"
 
 namespace kvrelay::coordinator {
 

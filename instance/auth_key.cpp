@@ -18,9 +18,8 @@ namespace kvrelay {
 Result<AuthKey> AuthKey::load(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("cannot open the auth key file {}: {}", path,
-                                  std::strerror(errno)));
+    return make_error(Errc::kInvalidArgument, fmt::format("cannot open the auth key file {}: {}",
+                                                          path, std::strerror(errno)));
   struct stat st {};
   std::vector<uint8_t> bytes;
   Status status;

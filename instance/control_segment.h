@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "instance/control_layout.h"
+#include "instance/segment_header.h"
 #include "shm/owner_lock.h"
 #include "shm/segment.h"
-#include "instance/segment_header.h"
 
 namespace kvrelay {
 

@@ -4,9 +4,9 @@
 
 #include <cstring>
 
+#include "instance/names.h"
 #include "shm/bits.h"
 #include "shm/mpsc_ring.h"
-#include "instance/names.h"
 
 namespace kvrelay {
 

@@ -15,8 +15,8 @@
 
 #include "instance/control_segment.h"
 #include "instance/pool_geometry.h"
-#include "shm/segment.h"
 #include "instance/segment_header.h"
+#include "shm/segment.h"
 
 namespace kvrelay {
 

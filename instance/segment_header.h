@@ -21,16 +21,16 @@
 #include <string>
 #include <type_traits>
 
-#include "shm/barrier.h"
-#include "shm/counters.h"
 #include "instance/instance_config.h"
 #include "instance/instance_status.h"
+#include "instance/swap_progress.h"
+#include "shm/barrier.h"
+#include "shm/counters.h"
 #include "shm/intake_table.h"
 #include "shm/liveness.h"
 #include "shm/mpsc_ring.h"
 #include "shm/result.h"
 #include "shm/spsc_ring.h"
-#include "instance/swap_progress.h"
 #include "shm/wait_event.h"
 
 namespace kvrelay {

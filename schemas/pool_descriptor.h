@@ -2,8 +2,8 @@
 // RegisterPool and the tcp transport's hello both carry it.
 #pragma once
 
-#include "schemas/kvrelay.capnp.h"
 #include "instance/pool_geometry.h"
+#include "schemas/kvrelay.capnp.h"
 
 namespace kvrelay::messages {
 

@@ -141,7 +141,8 @@ Status validate(schema::CacheTask::Reader task, const Limits& limits) {
   const std::string w = who("CacheTask", task.getRequestId());
   const auto src = task.getSrcBlockIds();
   if (src.size() == 0) return invalid(fmt::format("{}: src_block_ids is empty", w));
-  if (Status s = check_block_list(w, "src_block_ids", src, limits.pool.num_blocks, "pool", false); !s)
+  if (Status s = check_block_list(w, "src_block_ids", src, limits.pool.num_blocks, "pool", false);
+      !s)
     return s;
   const uint64_t tokens = task.getNeedPrefillTokens();
   if (tokens == 0) return invalid(fmt::format("{}: need_prefill_tokens is 0", w));
@@ -222,8 +223,8 @@ Status validate(schema::SwapTask::Reader swap, const Limits& limits) {
     return invalid(fmt::format("{}: device_block_ids has {} but host_block_ids has {}", w,
                                entries(device.size()), host.size()));
   if (device.size() == 0) return invalid(fmt::format("{}: device_block_ids is empty", w));
-  if (Status s =
-          check_block_list(w, "device_block_ids", device, limits.pool.num_blocks, "device pool", true);
+  if (Status s = check_block_list(w, "device_block_ids", device, limits.pool.num_blocks,
+                                  "device pool", true);
       !s)
     return s;
   if (Status s = check_block_list(w, "host_block_ids", host, limits.host_blocks, "host pool", true);
@@ -245,11 +246,12 @@ Status validate(schema::ExpectArrival::Reader expect, const Limits& limits) {
   if (Status s = validate_request_id("ExpectArrival", expect.getRequestId()); !s) return s;
   const std::string w = who("ExpectArrival", expect.getRequestId());
   if (limits.role != static_cast<uint32_t>(Role::kDecode))
-    return invalid(fmt::format("{}: this is a {} instance; declare an expected request to the "
-                               "decode instance its KV cache goes to",
-                               w, role_name(static_cast<Role>(limits.role))));
-  if (Status s = check_block_list(w, "dest_block_ids", expect.getDestBlockIds(), limits.pool.num_blocks,
-                                  "pool", true);
+    return invalid(
+        fmt::format("{}: this is a {} instance; declare an expected request to the "
+                    "decode instance its KV cache goes to",
+                    w, role_name(static_cast<Role>(limits.role))));
+  if (Status s = check_block_list(w, "dest_block_ids", expect.getDestBlockIds(),
+                                  limits.pool.num_blocks, "pool", true);
       !s)
     return s;
   if (expect.getDeadlineMs() > kMaxDeadlineMs)

@@ -14,9 +14,9 @@
 #include <optional>
 #include <string_view>
 
-#include "schemas/kvrelay.capnp.h"
 #include "instance/instance_config.h"
 #include "instance/pool_geometry.h"
+#include "schemas/kvrelay.capnp.h"
 #include "shm/result.h"
 
 namespace kvrelay::messages {
@@ -33,8 +33,8 @@ inline constexpr uint32_t kMaxDeadlineMs = 3'600'000;
 struct Limits {
   uint32_t tp_size = 1;
   // This instance's (device tier) pool; one block of one token by default.
-  PoolGeometry pool = {.num_layers = 1, .num_blocks = 1, .kv_heads = 1, .block_size = 1,
-                       .head_dim = 1};
+  PoolGeometry pool = {
+      .num_layers = 1, .num_blocks = 1, .kv_heads = 1, .block_size = 1, .head_dim = 1};
   uint32_t host_blocks = 0;  // host tier of swap tasks; 0 means none
   uint32_t protocols = 7;    // bit 0 ipc, 1 tcp, 2 rdma: what this instance accepts
   uint32_t role = 2;         // Role (instance/instance_config.h); decode by default

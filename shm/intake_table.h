@@ -152,9 +152,9 @@ class IntakeOwner {
   std::atomic<uint32_t>* claims_;
   uint32_t blocks_;
   std::unordered_map<uint64_t, Claim> claims_by_key_;  // our own copy: open claims
-  std::vector<uint64_t> entry_key_;                      // our copy of each entry's key
-  std::vector<uint64_t> entry_closed_ns_;                // 0: open or free
-  std::vector<uint32_t> local_claims_;                   // our copy of each block's claim
+  std::vector<uint64_t> entry_key_;                    // our copy of each entry's key
+  std::vector<uint64_t> entry_closed_ns_;              // 0: open or free
+  std::vector<uint32_t> local_claims_;                 // our copy of each block's claim
 };
 
 }  // namespace kvrelay

@@ -17,7 +17,7 @@ constexpr uint64_t kGoneNs = 60'000'000'000ull;
 // this many, for this long.
 constexpr size_t kRememberEarly = 1 << 18;
 constexpr uint64_t kEarlyNs = 60'000'000'000ull;
-}
+}  // namespace
 
 Arrivals::Arrivals(const PoolGeometry& pool, WaitEvent* doorbell)
     : pool_(pool),
@@ -34,9 +34,9 @@ Status Arrivals::expect(uint64_t handle, const std::string& id,
                       fmt::format("request '{}' is expected here already", id));
   for (uint32_t b : blocks) {
     if (b >= owner_.size())
-      return make_error(Errc::kInvalidArgument,
-                        fmt::format("destination block {} is outside the pool's {} blocks", b,
-                                    owner_.size()));
+      return make_error(
+          Errc::kInvalidArgument,
+          fmt::format("destination block {} is outside the pool's {} blocks", b, owner_.size()));
     if (owner_[b] != 0)
       return make_error(Errc::kInvalidArgument,
                         fmt::format("destination block {} is expected by request '{}' already", b,
@@ -78,9 +78,10 @@ void Arrivals::credit_early(uint64_t key, Expected& e) {
   for (const EarlyWrite& w : writes) {
     for (uint32_t b = w.first; b <= w.last; ++b) {
       if (owner_[b] != key) {
-        const std::string why = fmt::format("a write of request '{}' went to destination block "
-                                            "{} before it was declared, which it did not declare",
-                                            e.id, b);
+        const std::string why = fmt::format(
+            "a write of request '{}' went to destination block "
+            "{} before it was declared, which it did not declare",
+            e.id, b);
         e.withdrawn = true;
         e.failure = why;
         if (e.writing == 0) finish(key, ArrivalEvent::kFailed, why);
@@ -164,16 +165,17 @@ Status Arrivals::admit(const LandedWrite& f) {
   forget_old_gone();
   auto gone = gone_ids_.find(f.request_key);
   if (gone != gone_ids_.end())
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("request '{}' has already arrived here or was withdrawn",
-                                  gone->second));
+    return make_error(
+        Errc::kInvalidArgument,
+        fmt::format("request '{}' has already arrived here or was withdrawn", gone->second));
   auto mine = expected_.find(f.request_key);
   for (uint32_t b = first; b <= last; ++b) {
     if (owner_[b] == f.request_key && mine != expected_.end()) continue;
     if (mine != expected_.end()) {
-      const std::string why = fmt::format("a write of request '{}' goes to destination block {}, "
-                                          "which it did not declare",
-                                          mine->second.id, b);
+      const std::string why = fmt::format(
+          "a write of request '{}' goes to destination block {}, "
+          "which it did not declare",
+          mine->second.id, b);
       if (!mine->second.withdrawn) {
         mine->second.withdrawn = true;  // it fails once its writes in progress are done
         mine->second.failure = why;
@@ -211,8 +213,7 @@ void Arrivals::landed(const LandedWrite& f) {
   auto it = expected_.find(f.request_key);
   if (it == expected_.end()) {  // undeclared: counts if it is declared soon
     undeclared_write_over(f.request_key);
-    if (f.request_key != 0 && gone_ids_.count(f.request_key) == 0)
-      remember_early(f, first, last);
+    if (f.request_key != 0 && gone_ids_.count(f.request_key) == 0) remember_early(f, first, last);
     return;
   }
   Expected& e = it->second;
@@ -222,9 +223,10 @@ void Arrivals::landed(const LandedWrite& f) {
   for (uint32_t b = first; b <= last && !e.withdrawn; ++b) {
     if (owner_[b] == f.request_key) continue;
     e.withdrawn = true;
-    e.failure = fmt::format("a write of request '{}' went to destination block {}, which it did "
-                            "not declare",
-                            e.id, b);
+    e.failure = fmt::format(
+        "a write of request '{}' went to destination block {}, which it did "
+        "not declare",
+        e.id, b);
   }
   if (e.withdrawn) {
     if (e.writing == 0)

@@ -31,8 +31,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "shm/clock.h"
 #include "instance/pool_geometry.h"
+#include "shm/clock.h"
 #include "shm/result.h"
 #include "shm/wait_event.h"
 #include "worker/request_key.h"

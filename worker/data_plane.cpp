@@ -35,12 +35,12 @@ DataPlane::DataPlane(const ControlSegment& control, uint32_t rank, NetworkOption
 DataPlane::~DataPlane() = default;
 
 Status DataPlane::serve_device_pool() {
-  Result<std::unique_ptr<Transports>> transports = Transports::create(
-      control_.config(), rank_, *device_pool_, network_, &doorbell_, &control_);
+  Result<std::unique_ptr<Transports>> transports =
+      Transports::create(control_.config(), rank_, *device_pool_, network_, &doorbell_, &control_);
   if (!transports) return transports.error();
   transports_ = std::move(transports).value();
-  scheduler_ = std::make_unique<SendScheduler>(rank_, device_pool_->geometry(), *transports_,
-                                               hooks_.report);
+  scheduler_ =
+      std::make_unique<SendScheduler>(rank_, device_pool_->geometry(), *transports_, hooks_.report);
   scheduler_->set_latency_observer(hooks_.latency);
   return {};
 }
@@ -75,8 +75,8 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
   // A pool this worker created and the engine's now replaces is nobody's
   // any more: its name goes (the coordinator removes only the pools the
   // directory lists as kvrelay's at shutdown), its memory once unmapped.
-  const bool ours = control_.pool_directory().slots[rank_][static_cast<uint32_t>(tier)]
-                        .created_by_kvrelay != 0;
+  const bool ours =
+      control_.pool_directory().slots[rank_][static_cast<uint32_t>(tier)].created_by_kvrelay != 0;
   Result<std::string> replaced = find_pool(control_, rank_, tier);
   publish_pool(control_, rank_, tier, pool->name(), pool->bytes(), false);
   if (ours && replaced && *replaced != pool->name()) (void)SharedSegment::unlink(*replaced);

@@ -45,8 +45,8 @@ class DataPlane {
   // everything over them. `doorbell`: the worker's, rung by the transports
   // and the swap engine.
   static Result<std::unique_ptr<DataPlane>> open(const ControlSegment& control, uint32_t rank,
-                                                 const NetworkOptions& network,
-                                                 WaitEvent& doorbell, Hooks hooks);
+                                                 const NetworkOptions& network, WaitEvent& doorbell,
+                                                 Hooks hooks);
   ~DataPlane();
   DataPlane(const DataPlane&) = delete;
   DataPlane& operator=(const DataPlane&) = delete;

@@ -10,44 +10,42 @@ namespace kvrelay::worker {
 
 Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& pool,
                      Arrivals& arrivals) {
-  return messages::with_message<schema::IpcLanded>(
-      payload, [&](schema::IpcLanded::Reader landed) -> Status {
-        const auto firsts = landed.getFirstBlocks();
-        const auto counts = landed.getBlockCounts();
-        const uint32_t layer = landed.getLayer();
-        if (firsts.size() != counts.size())
-          return make_error(Errc::kInvalidArgument,
-                            fmt::format("{} first blocks but {} counts", firsts.size(),
-                                        counts.size()));
-        if (layer >= pool.total_layers())
-          return make_error(Errc::kInvalidArgument,
-                            fmt::format("layer {} does not exist (the pool has {})", layer,
-                                        pool.total_layers()));
-        const uint32_t blocks = pool.blocks_in_layer(layer);
-        for (uint32_t i = 0; i < firsts.size(); ++i) {
-          const uint64_t first = firsts[i], count = counts[i];
-          if (count == 0 || first + count > blocks)
-            return make_error(Errc::kInvalidArgument,
-                              fmt::format("blocks {}..{} of layer {} are outside its {} blocks",
-                                          first, first + count, layer, blocks));
+  return messages::with_message<
+      schema::IpcLanded>(payload, [&](schema::IpcLanded::Reader landed) -> Status {
+    const auto firsts = landed.getFirstBlocks();
+    const auto counts = landed.getBlockCounts();
+    const uint32_t layer = landed.getLayer();
+    if (firsts.size() != counts.size())
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("{} first blocks but {} counts", firsts.size(), counts.size()));
+    if (layer >= pool.total_layers())
+      return make_error(
+          Errc::kInvalidArgument,
+          fmt::format("layer {} does not exist (the pool has {})", layer, pool.total_layers()));
+    const uint32_t blocks = pool.blocks_in_layer(layer);
+    for (uint32_t i = 0; i < firsts.size(); ++i) {
+      const uint64_t first = firsts[i], count = counts[i];
+      if (count == 0 || first + count > blocks)
+        return make_error(Errc::kInvalidArgument,
+                          fmt::format("blocks {}..{} of layer {} are outside its {} blocks", first,
+                                      first + count, layer, blocks));
+    }
+    for (uint32_t i = 0; i < firsts.size(); ++i) {
+      for (uint32_t t = 0; t < pool.tensors_per_layer(); ++t) {
+        const uint64_t block = pool.block_bytes(static_cast<PoolTensor>(t));
+        const LandedWrite w{landed.getRequestKey(), layer, t, firsts[i] * block, counts[i] * block};
+        // A refused write wrote nothing: admitting it only applies the
+        // rules (a declared request's write outside its blocks fails it).
+        if (!arrivals.admit(w)) continue;
+        if (landed.getRefused()) {
+          arrivals.abandoned(w);
+        } else {
+          arrivals.landed(w);
         }
-        for (uint32_t i = 0; i < firsts.size(); ++i) {
-          for (uint32_t t = 0; t < pool.tensors_per_layer(); ++t) {
-            const uint64_t block = pool.block_bytes(static_cast<PoolTensor>(t));
-            const LandedWrite w{landed.getRequestKey(), layer, t, firsts[i] * block,
-                                counts[i] * block};
-            // A refused write wrote nothing: admitting it only applies the
-            // rules (a declared request's write outside its blocks fails it).
-            if (!arrivals.admit(w)) continue;
-            if (landed.getRefused()) {
-              arrivals.abandoned(w);
-            } else {
-              arrivals.landed(w);
-            }
-          }
-        }
-        return {};
-      });
+      }
+    }
+    return {};
+  });
 }
 
 Result<std::unique_ptr<IpcIntake>> IpcIntake::open(const ControlSegment& control, uint32_t rank,
@@ -76,9 +74,8 @@ IpcIntake::IpcIntake(MpscRing ring, std::span<std::byte> table, uint32_t blocks,
 
 Status IpcIntake::expect(uint64_t handle, uint64_t key, std::span<const uint32_t> blocks) {
   if (Status s = owner_.open(key, blocks, mono_now_ns()); !s)
-    return make_error(s.code(),
-                      fmt::format("rank {}: cannot claim its blocks for ipc writers: {}", rank_,
-                                  s.error().message));
+    return make_error(s.code(), fmt::format("rank {}: cannot claim its blocks for ipc writers: {}",
+                                            rank_, s.error().message));
   keys_[handle] = key;
   return {};
 }

@@ -28,9 +28,9 @@
 #include <unordered_map>
 
 #include "instance/control_segment.h"
+#include "instance/pool_geometry.h"
 #include "shm/intake_table.h"
 #include "shm/mpsc_ring.h"
-#include "instance/pool_geometry.h"
 #include "worker/arrivals.h"
 
 namespace kvrelay::worker {

@@ -116,13 +116,13 @@ bool IpcIntakeWriter::flush() {
   bool sent = false;
   while (!pending_.empty()) {
     Pending& p = pending_.front();
-    Status s = producer_.try_write(static_cast<int32_t>(schema::MessageType::IPC_LANDED),
-                                   p.record);
+    Status s = producer_.try_write(static_cast<int32_t>(schema::MessageType::IPC_LANDED), p.record);
     if (!s && s.code() == Errc::kFull && mono_now_ns() - p.since_ns < kGiveUpAfterNs) break;
     if (!s)
-      spdlog::warn("decode rank {}'s intake ring: dropped a landed record ({}); its request "
-                   "there ends at its deadline",
-                   rank_, s.error().message);
+      spdlog::warn(
+          "decode rank {}'s intake ring: dropped a landed record ({}); its request "
+          "there ends at its deadline",
+          rank_, s.error().message);
     if (p.releases_write && !writes_.empty()) writes_.pop_front();
     pending_.pop_front();
     sent = true;

@@ -38,8 +38,7 @@ class IpcIntakeWriter {
 
   // Decode rank `rank` of `instance`. kNotFound when that instance has no
   // intake (it is not a decode instance).
-  static Result<std::shared_ptr<IpcIntakeWriter>> open(const std::string& instance,
-                                                       uint32_t rank);
+  static Result<std::shared_ptr<IpcIntakeWriter>> open(const std::string& instance, uint32_t rank);
   ~IpcIntakeWriter();
 
   // Before writing `runs` of `layer` for the request named `key`: ok (then

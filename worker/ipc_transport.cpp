@@ -144,17 +144,17 @@ Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instan
                       fmt::format("peer instance '{}': {}", peer_instance, s.error().message));
   Result<std::shared_ptr<IpcIntakeWriter>> intake = IpcIntakeWriter::open(peer_instance, peer_rank);
   if (!intake)
-    return make_error(intake.code(), fmt::format("peer instance '{}': {}", peer_instance,
-                                                 intake.error().message));
+    return make_error(intake.code(),
+                      fmt::format("peer instance '{}': {}", peer_instance, intake.error().message));
   Mapped m{*control, std::make_shared<const HostSegmentPool>(std::move(pool).value()),
            std::move(intake).value()};
   pools_[key] = m;
   return m;
 }
 
-std::shared_ptr<Destination> IpcTransport::destination_for(std::shared_ptr<const LocalPool> peer,
-                                                           std::string peer_name,
-                                                           std::shared_ptr<IpcIntakeWriter> intake) {
+std::shared_ptr<Destination> IpcTransport::destination_for(
+    std::shared_ptr<const LocalPool> peer, std::string peer_name,
+    std::shared_ptr<IpcIntakeWriter> intake) {
   return std::make_shared<PoolDestination>(*this, std::move(peer), std::move(peer_name),
                                            std::move(intake));
 }
@@ -167,10 +167,9 @@ Result<std::shared_ptr<Destination>> IpcTransport::resolve(schema::CacheDest::Re
   const std::string instance = dest.getPeerInstance().cStr();
   Result<Mapped> m = mapped(instance, devices[rank_]);
   if (!m) return m.error();
-  return destination_for(m->pool,
-                         fmt::format("decode instance '{}' rank {} over ipc", instance,
-                                     devices[rank_]),
-                         m->intake);
+  return destination_for(
+      m->pool, fmt::format("decode instance '{}' rank {} over ipc", instance, devices[rank_]),
+      m->intake);
 }
 
 Status IpcTransport::check_connect(schema::ConnectTask::Reader connect) {

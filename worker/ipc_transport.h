@@ -53,7 +53,7 @@ class IpcTransport final : public Transport {
  private:
   class PoolDestination;
   struct Scratch {
-    LayerCopyScratch copy;        // the runs the engine reads until done
+    LayerCopyScratch copy;       // the runs the engine reads until done
     std::vector<BlockRun> runs;  // for the decode rank's intake
   };
   struct InFlight {
@@ -82,7 +82,7 @@ class IpcTransport final : public Transport {
   PeerInstances peers_;
   std::unordered_map<std::string, Mapped> pools_;  // by "<instance>/<rank>"
   std::deque<InFlight> in_flight_;
-  std::vector<std::unique_ptr<Scratch>> spare_scratch_;  // no allocation per layer
+  std::vector<std::unique_ptr<Scratch>> spare_scratch_;       // no allocation per layer
   std::vector<std::shared_ptr<IpcIntakeWriter>> backlogged_;  // intakes with records waiting
 };
 

@@ -8,9 +8,9 @@
 #include <memory>
 #include <string>
 
-#include "kernels/copy_engine.h"
 #include "instance/pool_geometry.h"
 #include "instance/pool_segment.h"
+#include "kernels/copy_engine.h"
 #include "shm/result.h"
 
 namespace kvrelay::worker {

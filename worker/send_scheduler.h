@@ -56,9 +56,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "instance/pool_geometry.h"
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
-#include "instance/pool_geometry.h"
 #include "worker/transport.h"
 
 namespace kvrelay::worker {
@@ -88,8 +88,7 @@ class SendScheduler {
   using LatencyObserver = std::function<void(uint32_t layer, uint64_t signal_to_done_ns,
                                              uint64_t copy_ns, uint64_t bytes)>;
 
-  SendScheduler(uint32_t rank, const PoolGeometry& local, Transport& transport,
-                Reporter reporter);
+  SendScheduler(uint32_t rank, const PoolGeometry& local, Transport& transport, Reporter reporter);
   ~SendScheduler();
   SendScheduler(const SendScheduler&) = delete;
   SendScheduler& operator=(const SendScheduler&) = delete;

@@ -24,11 +24,11 @@
 #include <thread>
 #include <vector>
 
+#include "instance/instance_status.h"
+#include "instance/swap_progress.h"
 #include "kernels/copy_engine.h"
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
-#include "instance/instance_status.h"
-#include "instance/swap_progress.h"
 #include "shm/wait_event.h"
 #include "worker/layer_copy.h"
 #include "worker/local_pool.h"

@@ -25,8 +25,8 @@ Transports::~Transports() {
   net_.reset();
 }
 
-Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& config,
-                                                       uint32_t rank, const LocalPool& local,
+Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& config, uint32_t rank,
+                                                       const LocalPool& local,
                                                        const NetworkOptions& network,
                                                        WaitEvent* doorbell,
                                                        const ControlSegment* control) {

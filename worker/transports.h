@@ -17,12 +17,12 @@
 #include <memory>
 #include <string>
 
+#include "instance/auth_key.h"
 #include "instance/instance_config.h"
 #include "shm/wait_event.h"
 #include "worker/arrivals.h"
 #include "worker/ipc_intake.h"
 #include "worker/ipc_transport.h"
-#include "instance/auth_key.h"
 #include "worker/tcp/net_thread.h"
 #include "worker/tcp/tcp_receiver.h"
 #include "worker/tcp/tcp_transport.h"

@@ -9,13 +9,13 @@
 #include <memory>
 #include <thread>
 
+#include "instance/control_segment.h"
+#include "instance/pool_segment.h"
 #include "schemas/codec.h"
 #include "schemas/records.h"
 #include "shm/barrier.h"
-#include "instance/control_segment.h"
 #include "shm/counters.h"
 #include "shm/liveness.h"
-#include "instance/pool_segment.h"
 #include "shm/process_logging.h"
 #include "worker/data_plane.h"
 #include "worker/worker_counters.h"
@@ -88,8 +88,8 @@ class Worker {
       w.record(kLayerCopyBytes, bytes);
       if (copy > 0) w.record(kLayerCopyMBps, bytes * 1000 / copy);
     };
-    Result<std::unique_ptr<DataPlane>> data = DataPlane::open(control_, rank_, network_, doorbell_,
-                                                              std::move(hooks));
+    Result<std::unique_ptr<DataPlane>> data =
+        DataPlane::open(control_, rank_, network_, doorbell_, std::move(hooks));
     if (!data) return data.error();
     data_ = std::move(data).value();
     return {};
@@ -164,8 +164,7 @@ class Worker {
             doorbell_,
             [&] {
               return task_ring_.readable() || signal_ring_.readable() ||
-                     data_->transports().has_completions() ||
-                     data_->transports().has_arrivals() ||
+                     data_->transports().has_completions() || data_->transports().has_arrivals() ||
                      (data_->swap() != nullptr && data_->swap()->has_reports()) || g_stop != 0;
             },
             Deadline::after(50ms));
@@ -282,15 +281,11 @@ class Worker {
     if (!data_->transports().has_arrivals()) return;
     for (const ArrivalEvent& e : data_->transports().take_arrivals()) {
       switch (e.kind) {
-        case ArrivalEvent::kArrived:
-          report(e.handle, ReportKind::kFinished, e.bytes, "");
-          break;
+        case ArrivalEvent::kArrived: report(e.handle, ReportKind::kFinished, e.bytes, ""); break;
         case ArrivalEvent::kFailed:
           report(e.handle, ReportKind::kFailed, e.bytes, e.message);
           break;
-        case ArrivalEvent::kWithdrawn:
-          report(e.handle, ReportKind::kCancelled, e.bytes, "");
-          break;
+        case ArrivalEvent::kWithdrawn: report(e.handle, ReportKind::kCancelled, e.bytes, ""); break;
       }
     }
   }

@@ -36,9 +36,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)arrivals.expect(3, "c", {});
   std::vector<uint64_t> words(size / 8);
   if (!words.empty()) std::memcpy(words.data(), data, words.size() * 8);
-  (void)replay_landed(
-      std::span<const std::byte>(reinterpret_cast<const std::byte*>(words.data()), words.size() * 8),
-      g, arrivals);
+  (void)replay_landed(std::span<const std::byte>(reinterpret_cast<const std::byte*>(words.data()),
+                                                 words.size() * 8),
+                      g, arrivals);
   (void)arrivals.take();
   return 0;
 }

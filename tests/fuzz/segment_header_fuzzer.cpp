@@ -19,12 +19,12 @@
 #include <string>
 #include <vector>
 
-#include "instance_view.h"
-#include "render.h"
-#include "schemas/records.h"
 #include "instance/control_segment.h"
 #include "instance/names.h"
 #include "instance/pool_segment.h"
+#include "instance_view.h"
+#include "render.h"
+#include "schemas/records.h"
 
 namespace {
 

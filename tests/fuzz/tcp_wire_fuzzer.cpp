@@ -31,9 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     body.assign(*len / 8, 0);
     std::memcpy(body.data(), data + at, *len);
     at += *len;
-    Result<Inbound> in =
-        decode_envelope(std::span<const std::byte>(reinterpret_cast<const std::byte*>(body.data()),
-                                                   *len));
+    Result<Inbound> in = decode_envelope(
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(body.data()), *len));
     if (!in) return 0;
     if (in->kind == kvrelay::schema::TcpEnvelope::FRAME) {
       (void)check_frame(in->frame, g);

@@ -19,8 +19,7 @@ namespace {
 // The real thing: a writer process holding its lease on a decode rank's
 // intake ring is SIGKILLed while its announcement stands.
 TEST(IntakeTableProcesses, AWriterKilledWhileWritingNoLongerHoldsUpAClose) {
-  std::string instance =
-      testing::unique_instance("intake-kill");
+  std::string instance = testing::unique_instance("intake-kill");
   InstanceConfig config = default_config(instance, 1);
   config.role = static_cast<uint32_t>(Role::kDecode);
   Result<ControlSegment> control = ControlSegment::create(config);

@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "integration/two_instances.h"
 #include "instance/control_segment.h"
 #include "instance/names.h"
+#include "integration/two_instances.h"
 
 namespace kvrelay::testing {
 namespace {

@@ -9,9 +9,9 @@
 #include <set>
 #include <thread>
 
+#include "instance/control_segment.h"
 #include "integration/dump_json.h"
 #include "integration/two_instances.h"
-#include "instance/control_segment.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::testing {

@@ -9,13 +9,13 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "instance/control_segment.h"
 #include "integration/dump_json.h"
 #include "integration/two_instances.h"
 #include "schemas/codec.h"
-#include "schemas/message_ring.h"
 #include "schemas/message_builders.h"
+#include "schemas/message_ring.h"
 #include "schemas/records.h"
-#include "instance/control_segment.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::testing {

@@ -14,14 +14,14 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "instance/control_segment.h"
+#include "instance/names.h"
 #include "integration/dump_json.h"
 #include "integration/two_instances.h"
 #include "schemas/codec.h"
 #include "schemas/message_builders.h"
 #include "schemas/records.h"
-#include "instance/control_segment.h"
 #include "shm/liveness.h"
-#include "instance/names.h"
 
 namespace kvrelay::testing {
 namespace {

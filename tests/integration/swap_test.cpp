@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include "instance/control_segment.h"
 #include "integration/two_instances.h"
 #include "schemas/codec.h"
 #include "schemas/message_ring.h"
-#include "instance/control_segment.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::testing {

@@ -11,9 +11,9 @@
 
 #include <thread>
 
+#include "instance/control_segment.h"
 #include "integration/request_driver.h"
 #include "integration/tcp_hosts.h"
-#include "instance/control_segment.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::testing {

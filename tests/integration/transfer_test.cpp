@@ -12,10 +12,10 @@
 #include <optional>
 #include <random>
 
-#include "integration/tcp_hosts.h"
-#include "integration/two_instances.h"
 #include "instance/control_layout.h"
 #include "instance/control_segment.h"
+#include "integration/tcp_hosts.h"
+#include "integration/two_instances.h"
 #include "shm/counters.h"
 
 namespace kvrelay::testing {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "instance/pool_segment.h"
 #include "kv_pattern.h"
 #include "kvrelay/client.h"
-#include "instance/pool_segment.h"
 #include "support/instance.h"
 #include "support/processes.h"
 

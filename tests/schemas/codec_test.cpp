@@ -2,7 +2,6 @@
 // and read back in place; malformed records rejected with kCorrupt; and the
 // reference `capnp decode` tool reading a record we wrote.
 #include "schemas/codec.h"
-#include "schemas/message_ring.h"
 
 #include <gtest/gtest.h>
 
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "schemas/message_builders.h"
+#include "schemas/message_ring.h"
 #include "support/processes.h"
 
 namespace kvrelay::messages {

@@ -82,8 +82,8 @@ TEST_F(DataPlaneTest, ItMapsTheRanksPoolsOfTheInstancesGeometryAndSwapsBetweenTh
 }
 
 TEST_F(DataPlaneTest, ARegisteredDevicePoolReplacesTheOldOneAndEverythingOverIt) {
-  const std::string mine = engine_pool(PoolGeometry::from(config_, PoolTier::kDevice),
-                                       PoolTier::kDevice);
+  const std::string mine =
+      engine_pool(PoolGeometry::from(config_, PoolTier::kDevice), PoolTier::kDevice);
   const std::string ours = data_->device_pool().name();
   const PoolRegistration r = register_pool(mine, PoolTier::kDevice);
   EXPECT_TRUE(r.registered) << r.message;
@@ -99,8 +99,8 @@ TEST_F(DataPlaneTest, APoolOfAnotherGeometryIsRefusedAndNothingChanges) {
   const std::string before = data_->device_pool().name();
   PoolGeometry wrong = PoolGeometry::from(config_, PoolTier::kDevice);
   wrong.head_dim = 16;
-  const PoolRegistration r = register_pool(engine_pool(wrong, PoolTier::kDevice),
-                                           PoolTier::kDevice);
+  const PoolRegistration r =
+      register_pool(engine_pool(wrong, PoolTier::kDevice), PoolTier::kDevice);
   EXPECT_FALSE(r.registered);
   EXPECT_FALSE(r.broken);
   EXPECT_NE(r.message.find("head_dim"), std::string::npos) << r.message;

@@ -1,7 +1,5 @@
 // The tcp transport's wire format and key: what is accepted, what is refused
 // and how the refusal reads.
-#include "worker/tcp/wire.h"
-
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -11,6 +9,7 @@
 #include <fstream>
 
 #include "instance/auth_key.h"
+#include "worker/tcp/wire.h"
 
 namespace kvrelay::worker::tcp {
 namespace {
@@ -70,8 +69,8 @@ TEST(TcpWire, ALengthThatIsNoEnvelopeIsRefused) {
     EXPECT_FALSE(parse_length(std::span<const uint8_t, 4>(p, 4))) << len;
   }
   const std::string http = "GET / HTTP/1.1\r\n";  // someone else's protocol on the port
-  EXPECT_FALSE(parse_length(std::span<const uint8_t, 4>(
-      reinterpret_cast<const uint8_t*>(http.data()), 4)));
+  EXPECT_FALSE(
+      parse_length(std::span<const uint8_t, 4>(reinterpret_cast<const uint8_t*>(http.data()), 4)));
 }
 
 TEST(TcpWire, GarbageEnvelopesAreErrorsNotCrashes) {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "instance/pool_segment.h"
 #include "instances.h"
 #include "kvrelay/client.h"
-#include "instance/pool_segment.h"
 
 namespace kvrelay::bench {
 

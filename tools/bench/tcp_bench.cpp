@@ -6,16 +6,15 @@
 // number of connections (a 24-byte header per run, writev, a one-byte ack
 // per layer), in one run. Scattered block ids, 1 KiB..1 MiB blocks.
 // Target (issue "Cross-host transfer"): >= 90% of the baseline at >= 16 KiB.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <arpa/inet.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
-
-#include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -130,8 +129,8 @@ void send_baseline(int fd, const worker::LocalPool& pool, const std::vector<uint
         headers.push_back(
             {layer, t | (last ? kLastFrame : 0), bytes[i].dst_offset, bytes[i].bytes});
         iov.push_back({&headers.back(), sizeof(BaselineHeader)});
-        iov.push_back({pool.tensor(layer, static_cast<PoolTensor>(t)) + bytes[i].src_offset,
-                       bytes[i].bytes});
+        iov.push_back(
+            {pool.tensor(layer, static_cast<PoolTensor>(t)) + bytes[i].src_offset, bytes[i].bytes});
       }
     }
     size_t at = 0;
@@ -188,8 +187,8 @@ struct Ports {
 };
 
 // Host B: both receivers on one pool, until the parent closes `control`.
-int run_receivers(const sim::TwoHosts& hosts, const AuthKey& key,
-                  const PoolGeometry& g, uint32_t lanes, int report_fd, int control_fd) {
+int run_receivers(const sim::TwoHosts& hosts, const AuthKey& key, const PoolGeometry& g,
+                  uint32_t lanes, int report_fd, int control_fd) {
   if (Status s = hosts.enter(false); !s) {
     fmt::print(stderr, "{}\n", s.error().message);
     return 1;

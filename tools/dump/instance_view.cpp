@@ -2,9 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "instance/control_layout.h"
 #include "schemas/records.h"
 #include "shm/barrier.h"
-#include "instance/control_layout.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::dump {

@@ -7,10 +7,10 @@
 #include <CLI/CLI.hpp>
 
 #include "instances.h"
-#include "two_hosts.h"
 #include "kvrelay/client.h"
 #include "simulator.h"
 #include "swap_scenario.h"
+#include "two_hosts.h"
 
 using namespace kvrelay;
 
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     std::string list;
     for (uint16_t p : ports)
       list += (list.empty() ? "" : ",") + std::to_string(p);
-    decode_flags = {"--protocol", "ipc,tcp",        "--tcp-ports",     list,
+    decode_flags = {"--protocol",      "ipc,tcp",     "--tcp-ports",      list,
                     "--auth-key-file", auth_key_file, "--listen-address", o.peer_address};
     prefill_flags = {"--protocol", "ipc,tcp", "--auth-key-file", auth_key_file};
   }

@@ -12,12 +12,12 @@
 #include <unordered_map>
 
 #include "block_allocator.h"
-#include "kv_pattern.h"
 #include "instance/control_layout.h"
 #include "instance/control_segment.h"
+#include "instance/pool_segment.h"
+#include "kv_pattern.h"
 #include "shm/counters.h"
 #include "shm/liveness.h"
-#include "instance/pool_segment.h"
 
 namespace kvrelay::sim {
 
@@ -130,8 +130,8 @@ class Simulation {
     }
     report_.aborted = !fatal_.empty();
     if (report_.aborted) report_.first_error = fatal_;
-    report_.timed_out = !report_.aborted && (finished_count_ < o_.requests ||
-                                             arrived_count_ < expected_arrivals());
+    report_.timed_out =
+        !report_.aborted && (finished_count_ < o_.requests || arrived_count_ < expected_arrivals());
     report_.soak = o_.kill_every_ms != 0;
     report_.expect_arrivals = o_.expect_arrivals;
     drain_completions(Deadline::after(200ms));  // an extra completion would show up here
@@ -237,8 +237,7 @@ class Simulation {
       r->late_dest = std::uniform_real_distribution<double>(0, 1)(rng_) < o_.late_dest_rate;
       check_untouched(*r);
       if (o_.expect_arrivals)
-        submit(decode_.submit(ExpectSpec{r->id, r->blocks.dst, 0}, Deadline::after(10s)),
-               r->id);
+        submit(decode_.submit(ExpectSpec{r->id, r->blocks.dst, 0}, Deadline::after(10s)), r->id);
       CacheTaskSpec t;
       t.request_id = r->id;
       t.src_block_ids = r->blocks.src;
@@ -516,9 +515,9 @@ class Simulation {
     if (it == requests_.end() || c.kind != CompletionKind::kArrived) {
       ++report_.missing_or_extra;
       if (report_.first_error.empty())
-        report_.first_error = fmt::format("unexpected decode-side completion for '{}': {} {}",
-                                          c.request_id, completion_status_name(c.status),
-                                          c.message);
+        report_.first_error =
+            fmt::format("unexpected decode-side completion for '{}': {} {}", c.request_id,
+                        completion_status_name(c.status), c.message);
       return;
     }
     SimRequest& r = *it->second;
@@ -528,8 +527,8 @@ class Simulation {
     if (c.status == CompletionStatus::kFinished) {
       ++report_.arrived;
     } else if (report_.first_error.empty() && o_.kill_every_ms == 0) {
-      report_.first_error = fmt::format("'{}' arrived {}: {}", r.id,
-                                        completion_status_name(c.status), c.message);
+      report_.first_error =
+          fmt::format("'{}' arrived {}: {}", r.id, completion_status_name(c.status), c.message);
     }
     release(r);
   }
@@ -596,9 +595,10 @@ std::string SimReport::summary() const {
       "requests          {} ({} finished, {} failed, {} without exactly one completion)\n",
       requests, finished, failed, missing_or_extra);
   if (expect_arrivals)
-    s += fmt::format("arrived           {} of {} expected requests completed `arrived` on the "
-                     "decode side\n",
-                     arrived, requests);
+    s += fmt::format(
+        "arrived           {} of {} expected requests completed `arrived` on the "
+        "decode side\n",
+        arrived, requests);
   s += fmt::format("bytes moved       {:.1f} MiB in {:.2f} s ({:.2f} GB/s over the whole run)\n",
                    bytes / 1048576.0, seconds, seconds > 0 ? bytes / seconds / 1e9 : 0);
   s += fmt::format(

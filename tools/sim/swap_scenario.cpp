@@ -7,8 +7,8 @@
 #include <random>
 
 #include "block_allocator.h"
-#include "kv_pattern.h"
 #include "instance/pool_segment.h"
+#include "kv_pattern.h"
 
 namespace kvrelay::sim {
 

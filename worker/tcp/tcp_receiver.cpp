@@ -33,10 +33,9 @@ struct TcpReceiver::Shared {
   ReceiverOptions options;
   std::shared_ptr<ReceiverStats> stats;
   Arrivals& arrivals;  // options.arrivals keeps it
-  uint64_t epoch = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count());
+  uint64_t epoch = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::system_clock::now().time_since_epoch())
+                                             .count());
   std::vector<std::weak_ptr<Channel>> connections;
   bool stopped = false;
 };
@@ -78,8 +77,8 @@ class Connection final : public Channel {
     if (refusing_) return;
     refusing_ = true;
     ++shared_->stats->refused;
-    spdlog::warn("rank {}: tcp connection from {} refused: {}", shared_->options.rank,
-                 peer_name(), why);
+    spdlog::warn("rank {}: tcp connection from {} refused: {}", shared_->options.rank, peer_name(),
+                 why);
     HelloAck no;
     no.accepted = false;
     no.reason = why;
@@ -129,8 +128,9 @@ class Connection final : public Channel {
     switch (in.kind) {
       case schema::TcpEnvelope::HEARTBEAT: return read_next();
       case schema::TcpEnvelope::FRAME: return on_frame(in.frame);
-      default: return close(fmt::format("unexpected message (kind {}) after the handshake",
-                                        static_cast<int>(in.kind)));
+      default:
+        return close(fmt::format("unexpected message (kind {}) after the handshake",
+                                 static_cast<int>(in.kind)));
     }
   }
 
@@ -145,8 +145,8 @@ class Connection final : public Channel {
     std::byte* base =
         ok ? shared_->pool.tensor(f.layer, static_cast<PoolTensor>(f.tensor)) : nullptr;
     if (ok && base == nullptr)
-      ok = make_error(Errc::kInvalidArgument, fmt::format("layer {} tensor {} does not exist",
-                                                          f.layer, f.tensor));
+      ok = make_error(Errc::kInvalidArgument,
+                      fmt::format("layer {} tensor {} does not exist", f.layer, f.tensor));
     if (ok) ok = shared_->arrivals.admit(landed_write(f));  // the declared requests' blocks
     if (!ok) {
       ++shared_->stats->refused_frames;
@@ -173,8 +173,8 @@ class Connection final : public Channel {
   void drop(const FrameHeader& f, std::function<void()> after) {
     constexpr uint64_t kMaxDrop = 1ull << 32;
     if (f.bytes > kMaxDrop)
-      return close(fmt::format("a refused frame of {} bytes; closing rather than reading it",
-                               f.bytes));
+      return close(
+          fmt::format("a refused frame of {} bytes; closing rather than reading it", f.bytes));
     discard_payload(f.bytes, std::move(after));
   }
 
@@ -190,8 +190,8 @@ class Connection final : public Channel {
     handshake_.cancel();
     if (payload_in_progress_) shared_->arrivals.abandoned(landed_write(*payload_in_progress_));
     if (state_ == State::kServing) {
-      spdlog::info("rank {}: tcp connection from {} closed: {}", shared_->options.rank,
-                   peer_name(), reason);
+      spdlog::info("rank {}: tcp connection from {} closed: {}", shared_->options.rank, peer_name(),
+                   reason);
     } else if (!refusing_) {  // gone (or silent) before it authenticated
       ++shared_->stats->refused;
       spdlog::warn("rank {}: tcp connection from {} refused: {}", shared_->options.rank,
@@ -205,7 +205,7 @@ class Connection final : public Channel {
   bool refusing_ = false;
   Nonce nonce_{};
   std::vector<uint8_t> peer_nonce_;
-  std::unordered_set<uint64_t> refused_;  // transfers refused, until their last frame
+  std::unordered_set<uint64_t> refused_;            // transfers refused, until their last frame
   std::optional<FrameHeader> payload_in_progress_;  // admitted, its payload being read
 };
 

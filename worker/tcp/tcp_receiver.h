@@ -16,9 +16,9 @@
 #include <memory>
 #include <string>
 
-#include "worker/local_pool.h"
-#include "worker/arrivals.h"
 #include "instance/auth_key.h"
+#include "worker/arrivals.h"
+#include "worker/local_pool.h"
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
 

@@ -24,9 +24,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "instance/auth_key.h"
 #include "shm/wait_event.h"
 #include "worker/local_pool.h"
-#include "instance/auth_key.h"
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
 #include "worker/transport.h"

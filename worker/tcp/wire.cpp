@@ -37,8 +37,8 @@ void append(capnp::MessageBuilder& message, std::vector<std::byte>& out) {
 }  // namespace
 
 Result<uint32_t> parse_length(std::span<const uint8_t, 4> p) {
-  const uint32_t len = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
-                       uint32_t{p[3]} << 24;
+  const uint32_t len =
+      uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
   if (len == 0 || len % 8 != 0 || len > kMaxEnvelopeBytes)
     return make_error(Errc::kCorrupt,
                       fmt::format("a message of {} bytes is not a kvrelay tcp envelope (whole "
@@ -183,9 +183,9 @@ void encode_heartbeat(std::vector<std::byte>& out) {
 
 Status check_frame(const FrameHeader& f, const PoolGeometry& g) {
   if (f.layer >= g.total_layers())
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("frame for layer {}, but the pool has {} layers", f.layer,
-                                  g.total_layers()));
+    return make_error(
+        Errc::kInvalidArgument,
+        fmt::format("frame for layer {}, but the pool has {} layers", f.layer, g.total_layers()));
   if (f.tensor >= g.tensors_per_layer())
     return make_error(Errc::kInvalidArgument,
                       fmt::format("frame for tensor {}, but the pool has {} tensors per layer",
@@ -209,13 +209,12 @@ Status check_frame(const FrameHeader& f, const PoolGeometry& g) {
 
 Status check_hello(const Hello& hello, const std::string& instance, const PoolGeometry& local) {
   if (hello.version != kWireVersion)
-    return make_error(Errc::kVersionMismatch,
-                      fmt::format("wire protocol version {} here, {} at the peer", kWireVersion,
-                                  hello.version));
+    return make_error(
+        Errc::kVersionMismatch,
+        fmt::format("wire protocol version {} here, {} at the peer", kWireVersion, hello.version));
   if (!hello.expected_instance.empty() && hello.expected_instance != instance)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("this is instance '{}', not '{}'", instance,
-                                  hello.expected_instance));
+    return make_error(Errc::kInvalidArgument, fmt::format("this is instance '{}', not '{}'",
+                                                          instance, hello.expected_instance));
   return check_compatible(local, hello.pool);
 }
 

@@ -22,11 +22,11 @@
 #include <string_view>
 #include <vector>
 
-#include "schemas/kvrelay.capnp.h"
+#include "instance/auth_key.h"
 #include "instance/pool_geometry.h"
+#include "schemas/kvrelay.capnp.h"
 #include "shm/result.h"
 #include "worker/request_key.h"
-#include "instance/auth_key.h"
 
 namespace kvrelay::worker::tcp {
 
@@ -34,7 +34,6 @@ inline constexpr uint32_t kWireVersion = 1;
 // No control message comes near this; a larger length means the stream is
 // not a kvrelay peer's (or lost its framing).
 inline constexpr uint32_t kMaxEnvelopeBytes = 64 * 1024;
-
 
 struct FrameHeader {
   uint64_t transfer = 0;

@@ -55,8 +55,8 @@
 #include <string_view>
 #include <vector>
 
-#include "shm/clock.h"
 #include "instance/instance_config.h"
+#include "shm/clock.h"
 #include "shm/result.h"
 
 namespace kvrelay {
