@@ -511,6 +511,9 @@ class Simulation {
 
   // The decode engine's completion of an expected request.
   void on_arrival(const Completion& c) {
+    // The answer to a cancel that raced the request's own end (it had
+    // arrived, or failed on the decode side, already): not the request's.
+    if (c.kind == CompletionKind::kCancel && c.status == CompletionStatus::kRejected) return;
     auto it = requests_.find(c.request_id);
     if (it == requests_.end() || c.kind != CompletionKind::kArrived) {
       ++report_.missing_or_extra;
