@@ -11,6 +11,7 @@
 #include "coordinator/engine_sessions.h"
 #include "coordinator/rank_health.h"
 #include "coordinator/ring_writer.h"
+#include "coordinator/shared_state_guard.h"
 #include "coordinator/submission_reader.h"
 #include "coordinator/task_table.h"
 #include "instance/control_segment.h"
@@ -65,7 +66,8 @@ class Coordinator : public Sink, public RankHealth::Listener {
         submit_(control_.submit_ring().value()),
         completions_(make_writer(control_.completion_ring(), nullptr, "completion ring")),
         sessions_(submit_),
-        health_(control_, options_, *this) {
+        health_(control_, options_, *this),
+        guard_(control_, counters_) {
     submit_.set_stall_timeout(std::chrono::milliseconds(config_.stall_timeout_ms));
     for (uint32_t r = 0; r < config_.tp_size; ++r) {
       tasks_.push_back(
@@ -82,7 +84,6 @@ class Coordinator : public Sink, public RankHealth::Listener {
     std::vector<std::string_view> labels(std::begin(kCoordinatorCounterLabels),
                                          std::end(kCoordinatorCounterLabels));
     define_counters(counters_, labels, {{"request_latency", "ns"}});
-    last_report_repairs_.assign(config_.tp_size, 0);
   }
 
   // ---- Sink ----
@@ -178,7 +179,9 @@ class Coordinator : public Sink, public RankHealth::Listener {
     for (;;) {
       const uint64_t now = mono_now_ns();
       heartbeat(control_.coordinator_slot());
-      keep_shared_state(now);
+      if (!broken_)
+        broken_ =
+            guard_.check(now, state_, CoordinatorRings{submit_, completions_, tasks_, reports_});
       if (broken_) break;
       // Backpressure: while a reader lags, leave submissions in their ring.
       bool busy = !congested() && read_submissions(now);
@@ -307,64 +310,6 @@ class Coordinator : public Sink, public RankHealth::Listener {
     control_.set_state(s);
   }
 
-  // Shared state other processes could have overwritten: put back what we
-  // own, log what we found once, and decide whether the instance can go on.
-  void keep_shared_state(uint64_t now) {
-    if (control_.segment().truncated()) {  // checked every turn: nothing shared can be trusted
-      broken_ = "its control segment was truncated by another process";
-      return;
-    }
-    if (now < next_state_check_ns_) return;
-    next_state_check_ns_ = now + 10'000'000ULL;
-    CounterWriter counters(counters_);
-    if (control_.header().state.load(std::memory_order_acquire) != static_cast<uint32_t>(state_)) {
-      spdlog::error(
-          "the instance state in the segment header was overwritten (with {}); "
-          "restored to {}",
-          control_.header().state.load(), instance_state_name(static_cast<uint32_t>(state_)));
-      control_.set_state(state_);
-      counters.add(kSharedStateRepairs);
-    }
-    const SlotSnapshot me = read_slot(control_.coordinator_slot());
-    if (me.owner.pid != self_pid() || me.state != SlotState::kReady) {
-      if (state_ != InstanceState::kInitialising) {
-        spdlog::error("the coordinator's liveness slot was overwritten (pid {}); restored",
-                      me.owner.pid);
-        register_self(control_.coordinator_slot(), SlotState::kReady);
-        counters.add(kSharedStateRepairs);
-      }
-    }
-    if (auto what = submit_.take_corruption()) {
-      spdlog::error("submit ring: {}", *what);
-      counters.add(kSharedStateRepairs);
-    }
-    if (auto what = completions_.producer().take_corruption()) {
-      spdlog::error("completion ring: {}", *what);
-      counters.add(kSharedStateRepairs);
-    }
-    for (uint32_t r = 0; r < tasks_.size(); ++r) {
-      if (auto what = tasks_[r].producer().take_corruption()) {
-        spdlog::error("task ring of rank {}: {}", r, *what);
-        counters.add(kSharedStateRepairs);
-      }
-      const uint64_t repairs = reports_[r].header().corrupt_events.load(std::memory_order_relaxed);
-      if (repairs != last_report_repairs_[r]) {
-        spdlog::error("report ring of rank {}: its shared state was overwritten ({} repairs)", r,
-                      repairs - last_report_repairs_[r]);
-        last_report_repairs_[r] = repairs;
-        counters.add(kSharedStateRepairs);
-      }
-    }
-    if (control_.segment().truncated())
-      broken_ = "its control segment was truncated by another process";
-    else if (submit_.corrupt())
-      broken_ =
-          "the submit ring holds records whose boundaries cannot be trusted (written by a "
-          "process that bypassed the client library)";
-    else if (completions_.producer().ring().corrupt())
-      broken_ = "the completion ring's reader found records whose boundaries cannot be trusted";
-  }
-
   void mirror_counters() {
     const TableCounters& t = table_->counters();
     auto set = [&](uint32_t id, uint64_t v) {
@@ -427,12 +372,11 @@ class Coordinator : public Sink, public RankHealth::Listener {
   std::unique_ptr<TaskTable> table_;
   EngineSessions sessions_;
   RankHealth health_;
+  SharedStateGuard guard_;
   PeerInstances peers_;
   SubmissionStats submission_stats_;
   InstanceState state_ = InstanceState::kInitialising;
   std::optional<std::string> broken_;
-  uint64_t next_state_check_ns_ = 0;
-  std::vector<uint64_t> last_report_repairs_;
   std::vector<uint64_t> ack_targets_;  // per rank: what workers must have read before an ack
 };
 
