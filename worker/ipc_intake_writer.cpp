@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "schemas/codec.h"
 #include "shm/clock.h"
@@ -46,8 +47,11 @@ Status IpcIntakeWriter::admit(uint64_t key, uint32_t layer, std::span<const Bloc
   const uint64_t epoch = view_.announce(writes_.empty() ? 0 : writes_.front());
   const IntakeLookup mine = view_.lookup(key, mono_now_ns());
   auto refuse = [&](std::string why, bool tell) -> Status {
-    if (tell) queue(key, layer, runs, true, false);
     announce_oldest();
+    if (tell) {
+      queue(key, layer, runs, true, false);
+      flush();  // the rank fails its request now
+    }
     return make_error(Errc::kInvalidArgument, std::move(why));
   };
   if (mine.state == IntakeState::kClosed)
@@ -86,11 +90,12 @@ void IpcIntakeWriter::landed(uint64_t key, uint32_t layer, std::span<const Block
 
 void IpcIntakeWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockRun> runs,
                             bool refused, bool releases_write) {
-  const uint64_t now = mono_now_ns();
   size_t done = 0;
   do {
     const size_t n = std::min(kRunsPerRecord, runs.size() - done);
-    capnp::MallocMessageBuilder message(static_cast<unsigned>(16 + n));
+    // The first segment in our own zeroed scratch: no allocation per record.
+    scratch_.assign(16 + n, capnp::word{});
+    capnp::MallocMessageBuilder message(kj::arrayPtr(scratch_.data(), scratch_.size()));
     auto landed = message.initRoot<schema::IpcLanded>();
     landed.setRequestKey(key);
     landed.setLayer(layer);
@@ -102,18 +107,34 @@ void IpcIntakeWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockR
       counts.set(static_cast<unsigned>(i), runs[done + i].count);
     }
     done += n;
+    const bool last = releases_write && (refused || done == runs.size());
+    const size_t bytes = messages::encoded_bytes(message);
+    // Straight into the ring when nothing waits before it and there is room.
+    if (pending_.empty()) {
+      Status s = producer_.write_with(
+          static_cast<int32_t>(schema::MessageType::IPC_LANDED), bytes,
+          [&](std::span<std::byte> out) {
+            messages::encode_into(message, out);
+            return true;
+          },
+          Deadline::now());
+      if (s) {
+        if (last && !writes_.empty()) writes_.pop_front();
+        sent_ = true;
+        continue;
+      }
+    }
     Pending p;
-    p.record.resize(messages::encoded_bytes(message));
+    p.record.resize(bytes);
     messages::encode_into(message, p.record);
-    p.releases_write = releases_write && done == runs.size();
-    p.since_ns = now;
+    p.releases_write = last;
+    p.since_ns = mono_now_ns();
     pending_.push_back(std::move(p));
-    if (refused) break;  // the first runs are enough to fail the request
-  } while (done < runs.size());
+  } while (!refused && done < runs.size());  // the first runs are enough to fail a request
 }
 
 bool IpcIntakeWriter::flush() {
-  bool sent = false;
+  bool sent = std::exchange(sent_, false);
   while (!pending_.empty()) {
     Pending& p = pending_.front();
     Status s = producer_.try_write(static_cast<int32_t>(schema::MessageType::IPC_LANDED), p.record);

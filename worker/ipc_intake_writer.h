@@ -16,6 +16,8 @@
 // Not thread-safe: the worker's thread calls it.
 #pragma once
 
+#include <capnp/common.h>
+
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -73,6 +75,8 @@ class IpcIntakeWriter {
   uint32_t rank_;
   std::deque<uint64_t> writes_;  // epochs the admitted writes read, oldest first
   std::deque<Pending> pending_;
+  std::vector<capnp::word> scratch_;  // a record's first segment
+  bool sent_ = false;                 // records went out since the last flush()
 };
 
 }  // namespace kvrelay::worker

@@ -1,0 +1,120 @@
+// Both sides of a decode rank's ipc intake in one process, over a real
+// decode control segment: the writer (a prefill worker's) checks the rank's
+// claims before each write and says what landed; the rank replays that into
+// its expected requests. A record the full ring has no room for waits at the
+// writer, with its announcement, and goes out in order once there is room.
+#include "worker/ipc_intake.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "instance/names.h"
+#include "support/processes.h"
+#include "worker/ipc_intake_writer.h"
+#include "worker/request_key.h"
+
+namespace kvrelay::worker {
+namespace {
+
+class IpcIntakeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string name =
+        testing::unique_instance(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    if (name.size() > kMaxInstanceNameBytes) name.resize(kMaxInstanceNameBytes);
+    config_ = default_config(name, 1);
+    config_.role = static_cast<uint32_t>(Role::kDecode);
+    config_.num_layers = 2;
+    config_.num_blocks = 64;
+    Result<ControlSegment> c = ControlSegment::create(config_);
+    ASSERT_TRUE(c) << c.error().message;
+    control_ = std::make_unique<ControlSegment>(std::move(c).value());
+    geometry_ = PoolGeometry::from(config_, PoolTier::kDevice);
+    arrivals_ = std::make_shared<Arrivals>(geometry_, nullptr);
+    Result<std::unique_ptr<IpcIntake>> intake = IpcIntake::open(*control_, 0, geometry_, arrivals_);
+    ASSERT_TRUE(intake) << intake.error().message;
+    intake_ = std::move(intake).value();
+    Result<std::shared_ptr<IpcIntakeWriter>> writer = IpcIntakeWriter::open(name, 0);
+    ASSERT_TRUE(writer) << writer.error().message;
+    writer_ = std::move(writer).value();
+  }
+  void TearDown() override {
+    writer_.reset();
+    intake_.reset();
+    if (control_) (void)control_->unlink();
+  }
+  void expect(uint64_t handle, const std::string& id, const std::vector<uint32_t>& blocks) {
+    ASSERT_TRUE(arrivals_->expect(handle, id, blocks));
+    ASSERT_TRUE(intake_->expect(handle, request_key(id), blocks));
+  }
+  // What a prefill worker does for one layer of `runs`.
+  Status write(const std::string& id, uint32_t layer, const std::vector<BlockRun>& runs) {
+    Status s = writer_->admit(request_key(id), layer, runs);
+    if (s) writer_->landed(request_key(id), layer, runs);
+    return s;
+  }
+
+  InstanceConfig config_{};
+  PoolGeometry geometry_;
+  std::unique_ptr<ControlSegment> control_;
+  std::shared_ptr<Arrivals> arrivals_;
+  std::unique_ptr<IpcIntake> intake_;
+  std::shared_ptr<IpcIntakeWriter> writer_;
+};
+
+TEST_F(IpcIntakeTest, WhatTheWriterSaysLandedCompletesTheExpectedRequestOnce) {
+  expect(1, "r", {4, 5, 6});
+  for (uint32_t l = 0; l < 2; ++l)
+    ASSERT_TRUE(write("r", l, {{0, 4, 3}}));
+  EXPECT_GT(intake_->drain(), 0u);
+  auto events = arrivals_->take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived);
+  EXPECT_EQ(events[0].bytes, 2 * 2 * 3 * geometry_.block_bytes(PoolTensor::kKey));
+  intake_->close(1);
+  EXPECT_TRUE(intake_->settled(1));
+  Status late = write("r", 0, {{0, 4, 1}});
+  ASSERT_FALSE(late);
+  EXPECT_NE(late.error().message.find("already arrived"), std::string::npos)
+      << late.error().message;
+}
+
+TEST_F(IpcIntakeTest, TheWriterRefusesForeignWritesAndTellsTheRankOfAStrayOne) {
+  expect(1, "owner", {10, 11});
+  Status foreign = write("intruder", 0, {{0, 11, 1}});
+  ASSERT_FALSE(foreign);
+  EXPECT_NE(foreign.error().message.find("declared by another request"), std::string::npos);
+  Status stray = write("owner", 0, {{0, 11, 2}});  // 11 and 12: 12 is not its
+  ASSERT_FALSE(stray);
+  EXPECT_NE(stray.error().message.find("did not declare"), std::string::npos);
+  EXPECT_GT(intake_->drain(), 0u);
+  auto events = arrivals_->take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kFailed);
+  EXPECT_NE(events[0].message.find("which it did not declare"), std::string::npos);
+}
+
+TEST_F(IpcIntakeTest, RecordsThatFindTheRingFullWaitAtTheWriterAndHoldUpAWithdrawal) {
+  expect(1, "big", {0});
+  // Fill the ring with records of another (undeclared) request's writes.
+  int written = 0;
+  while (!writer_->backlog() && written < 100000) {
+    ASSERT_TRUE(write("filler", 1, {{0, 30, 1}}));
+    ++written;
+  }
+  ASSERT_TRUE(writer_->backlog()) << "the ring never filled";
+  ASSERT_TRUE(writer_->admit(request_key("big"), 0, std::vector<BlockRun>{{0, 0, 1}}));
+  writer_->landed(request_key("big"), 0, std::vector<BlockRun>{{0, 0, 1}});
+  intake_->close(1);  // withdrawn while its record waits at the writer
+  EXPECT_FALSE(intake_->settled(1)) << "its write may still be in progress";
+  while (intake_->readable() || writer_->backlog()) {
+    intake_->drain(1024);
+    writer_->flush();
+  }
+  EXPECT_TRUE(intake_->settled(1)) << "every record went out; nothing is announced any more";
+}
+
+}  // namespace
+}  // namespace kvrelay::worker
