@@ -17,6 +17,7 @@
 #include "schemas/pool_descriptor.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
+#include "shm/intake_table.h"
 #include "shm/liveness.h"
 #include "shm/process_identity.h"
 
@@ -357,6 +358,11 @@ Status Client::submit(const ExpectSpec& spec, Deadline deadline) {
                spec.dest_block_ids);
   e.setDeadlineMs(spec.deadline_ms);
   if (Status v = messages::validate(e.asReader(), impl_->limits); !v) return v;
+  // Before the declaration is on its way: prefill workers that write here
+  // from now on check the ranks' claims and say what they wrote.
+  for (uint32_t r = 0; r < impl_->config.tp_size; ++r)
+    if (std::span<std::byte> table = impl_->control.intake_table(r); !table.empty())
+      mark_intake_in_use(table);
   return impl_->write(MessageType::EXPECT_ARRIVAL, msg, deadline);
 }
 

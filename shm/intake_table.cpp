@@ -26,6 +26,11 @@ uint32_t intake_home(uint64_t key) {
   return static_cast<uint32_t>((key * 0x9E3779B97F4A7C15ull) >> 32) & (kIntakeEntries - 1);
 }
 
+void mark_intake_in_use(std::span<std::byte> region) {
+  auto* h = reinterpret_cast<IntakeTableHeader*>(region.data());
+  if (h->in_use.load(std::memory_order_relaxed) == 0) h->in_use.store(1, std::memory_order_seq_cst);
+}
+
 void initialize_intake_table(std::span<std::byte> region) {
   auto* h = new (region.data()) IntakeTableHeader{};
   h->epoch.store(1, std::memory_order_relaxed);

@@ -69,7 +69,12 @@ static_assert(sizeof(IntakeWriterSlot) == 64);
 
 struct IntakeTableHeader {
   std::atomic<uint64_t> epoch;  // the owner's; starts at 1 and only grows
-  uint8_t reserved[56];
+  // 1 once anybody may claim blocks here (set before the first claim is
+  // asked for, by whoever asks): until then writers skip the table and say
+  // nothing of what they wrote, so that the path of those who never claim
+  // costs one load.
+  std::atomic<uint32_t> in_use;
+  uint8_t reserved[52];
   IntakeWriterSlot writers[kIntakeWriters];
   IntakeEntry entries[kIntakeEntries];
   // Followed by std::atomic<uint32_t> claim[blocks]: entry index + 1, 0: unclaimed.
@@ -84,6 +89,8 @@ constexpr size_t intake_table_bytes(uint32_t blocks) {
 void initialize_intake_table(std::span<std::byte> region);
 // The entry where a key's probe window starts.
 uint32_t intake_home(uint64_t key);
+// Marks the table in use (see IntakeTableHeader::in_use); any process.
+void mark_intake_in_use(std::span<std::byte> region);
 
 // What a writer finds for a key.
 struct IntakeLookup {
@@ -106,6 +113,9 @@ class IntakeWriterView {
   // The writes in progress now hold `oldest` (0: none).
   void set_announcement(uint64_t oldest);
 
+  // Whether anybody may claim blocks here yet: when not, writers need not
+  // look or tell (acquire: claims made after the mark are seen).
+  bool in_use() const { return h_->in_use.load(std::memory_order_acquire) != 0; }
   IntakeLookup lookup(uint64_t key, uint64_t now_ns) const;
   // The entry index + 1 that claims `block`, 0 when unclaimed (or out of range).
   uint32_t claim_of(uint32_t block) const;

@@ -43,6 +43,9 @@ class IpcIntakeWriter {
   static Result<std::shared_ptr<IpcIntakeWriter>> open(const std::string& instance, uint32_t rank);
   ~IpcIntakeWriter();
 
+  // Whether the decode rank's claims are in use: until its engine declares
+  // a request, admit() and landed() need not be called.
+  bool in_use() const { return view_.in_use(); }
   // Before writing `runs` of `layer` for the request named `key`: ok (then
   // landed() or abandon_last() must follow), or why the rank's claims refuse
   // it. A refusal that breaks a declared request's rule is told to the rank,

@@ -9,6 +9,10 @@
 
 namespace kvrelay::worker {
 
+namespace {
+const std::shared_ptr<IpcIntakeWriter> kNone;
+}
+
 class IpcTransport::PoolDestination final : public Destination {
  public:
   PoolDestination(IpcTransport& transport, std::shared_ptr<const LocalPool> peer, std::string name,
@@ -47,9 +51,12 @@ Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
                             std::span<const BlockRun> runs,
                             const std::shared_ptr<const LocalPool>& peer,
                             const std::shared_ptr<IpcIntakeWriter>& intake) {
-  if (intake) {
-    if (Status s = intake->admit(ticket.request_key, layer, runs); !s) {
-      if (intake->backlog()) note_backlog(intake);
+  // Until the decode engine asks for an expected request, its ranks' claims
+  // are empty and nobody counts: skip them (one load).
+  const std::shared_ptr<IpcIntakeWriter>& tracked = intake && intake->in_use() ? intake : kNone;
+  if (tracked) {
+    if (Status s = tracked->admit(ticket.request_key, layer, runs); !s) {
+      if (tracked->backlog()) note_backlog(tracked);
       return s;
     }
   }
@@ -63,13 +70,13 @@ Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
   Result<StartedLayerCopy> started =
       start_layer_copy(*engine_, local_, *peer, layer, runs, scratch->copy);
   if (!started) {
-    if (intake) intake->abandon_last();
+    if (tracked) tracked->abandon_last();
     spare_scratch_.push_back(std::move(scratch));
     return started.error();
   }
-  if (intake) scratch->runs.assign(runs.begin(), runs.end());
+  if (tracked) scratch->runs.assign(runs.begin(), runs.end());
   in_flight_.push_back(
-      InFlight{ticket, started->ticket, started->bytes, layer, peer, intake, std::move(scratch)});
+      InFlight{ticket, started->ticket, started->bytes, layer, peer, tracked, std::move(scratch)});
   return {};
 }
 

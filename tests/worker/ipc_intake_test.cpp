@@ -64,6 +64,12 @@ class IpcIntakeTest : public ::testing::Test {
   std::shared_ptr<IpcIntakeWriter> writer_;
 };
 
+TEST_F(IpcIntakeTest, WritersSkipTheClaimsUntilTheDecodeEngineDeclaresARequest) {
+  EXPECT_FALSE(writer_->in_use()) << "nobody declared anything: nothing to check or tell";
+  mark_intake_in_use(control_->intake_table(0));  // what Client::submit(ExpectSpec) does first
+  EXPECT_TRUE(writer_->in_use());
+}
+
 TEST_F(IpcIntakeTest, WhatTheWriterSaysLandedCompletesTheExpectedRequestOnce) {
   expect(1, "r", {4, 5, 6});
   for (uint32_t l = 0; l < 2; ++l)
