@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "coordinator/coordinator_counters.h"
-#include "instance/names.h"
 #include "shm/liveness.h"
 #include "support/processes.h"
 
@@ -22,9 +21,7 @@ constexpr uint64_t kMs = 1'000'000;
 class SharedStateGuardTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string name =
-        testing::unique_instance(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    if (name.size() > kMaxInstanceNameBytes) name.resize(kMaxInstanceNameBytes);
+    const std::string name = testing::current_test_instance();
     Result<ControlSegment> c = ControlSegment::create(default_config(name, 1));
     ASSERT_TRUE(c) << c.error().message;
     control_ = std::make_unique<ControlSegment>(std::move(c).value());

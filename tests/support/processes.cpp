@@ -1,6 +1,7 @@
 #include "support/processes.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -69,6 +70,10 @@ std::string unique_instance(const std::string& suffix) {
     name = name.substr(0, 30) + name.substr(name.size() - 30);
   }
   return name;
+}
+
+std::string current_test_instance() {
+  return unique_instance(::testing::UnitTest::GetInstance()->current_test_info()->name());
 }
 
 uint64_t rss_kib(pid_t pid) {

@@ -32,6 +32,8 @@ void kill_child(pid_t pid);
 // "t<pid>-<suffix>": unique per test process, a valid instance name (other
 // characters become '_', long names keep their start and end).
 std::string unique_instance(const std::string& suffix);
+// unique_instance() of the running GoogleTest test's name.
+std::string current_test_instance();
 
 // What /proc says of a process: resident memory (KiB) and CPU time used so
 // far (user + system, in clock ticks); 0 when it is gone.

@@ -17,9 +17,7 @@ namespace {
 class DataPlaneTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string name =
-        testing::unique_instance(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    if (name.size() > kMaxInstanceNameBytes) name.resize(kMaxInstanceNameBytes);
+    const std::string name = testing::current_test_instance();
     config_ = default_config(name, 1);
     config_.num_layers = 2;
     config_.num_blocks = 16;

@@ -10,7 +10,6 @@
 #include <memory>
 #include <vector>
 
-#include "instance/names.h"
 #include "support/processes.h"
 #include "worker/ipc_intake_writer.h"
 #include "worker/request_key.h"
@@ -21,9 +20,7 @@ namespace {
 class IpcIntakeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string name =
-        testing::unique_instance(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    if (name.size() > kMaxInstanceNameBytes) name.resize(kMaxInstanceNameBytes);
+    const std::string name = testing::current_test_instance();
     config_ = default_config(name, 1);
     config_.role = static_cast<uint32_t>(Role::kDecode);
     config_.num_layers = 2;
