@@ -9,11 +9,15 @@
 // and that nothing outside the requests' destination blocks changed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
+#include <thread>
 
+#include "instance/control_segment.h"
 #include "integration/request_driver.h"
 #include "integration/tcp_hosts.h"
+#include "shm/intake_table.h"
 
 namespace kvrelay::testing {
 namespace {
@@ -57,6 +61,25 @@ class ExpectedArrivals : public ::testing::TestWithParam<Protocol> {
   uint64_t request_bytes(const sim::RequestBlocks& r) {
     const uint64_t block = env->dst_pool(0).geometry().block_bytes(PoolTensor::kKey);
     return r.dst.size() * kLayers * 2 * block * env->tp();
+  }
+  // Waits until every decode rank has taken the declaration of `blocks`
+  // (its claims are visible in the rank's intake table): the rule that
+  // nobody else writes into them holds from then on. Nothing tells an
+  // engine when that is; these tests need the order exact.
+  void wait_until_declared(const std::vector<uint32_t>& blocks) {
+    Result<ControlSegment> c = ControlSegment::attach(
+        env->decode().name(), AttachOptions{.access = SegmentAccess::kReadOnly});
+    ASSERT_TRUE(c) << c.error().message;
+    const uint32_t n = intake_blocks(c->config());
+    const Deadline until = Deadline::after(5s);
+    for (uint32_t rank = 0; rank < env->tp(); ++rank) {
+      const IntakeWriterView claims(c->intake_table(rank), n, 0);  // only read
+      while (!std::all_of(blocks.begin(), blocks.end(),
+                          [&](uint32_t b) { return claims.claim_of(b) != 0; })) {
+        ASSERT_FALSE(until.passed()) << "rank " << rank << " never took the declaration";
+        std::this_thread::sleep_for(1ms);
+      }
+    }
   }
   bool poisoned(const sim::RequestBlocks& r) {
     for (uint32_t rank = 0; rank < env->tp(); ++rank)
@@ -155,6 +178,7 @@ TEST_P(ExpectedArrivals, WritesIntoBlocksAnotherRequestDeclaredAreRefusedAndThat
   sim::RequestBlocks intruder = driver->blocks(3);
   intruder.dst = owner.dst;  // a buggy engine sends another request into them
   ASSERT_TRUE(decode_engine().submit(ExpectSpec{"owner", owner.dst, 20'000}, Deadline::after(5s)));
+  wait_until_declared(owner.dst);
   driver->submit("intruder", intruder, 0);
   driver->layers_done(0, kLayers);
   const Completion refused = env->wait_for("intruder");
@@ -180,6 +204,7 @@ TEST_P(ExpectedArrivals, ADeclaredRequestWrittenOutsideItsBlocksFailsOnBothSides
   std::vector<uint32_t> declared = r.dst;
   declared.back() = driver->blocks(1).dst[0];  // the sender's last block is not among them
   ASSERT_TRUE(decode_engine().submit(ExpectSpec{"astray", declared, 20'000}, Deadline::after(5s)));
+  wait_until_declared(declared);
   driver->submit("astray", r, 0);
   driver->layers_done(0, kLayers);
   const Completion sent = env->wait_for("astray");
