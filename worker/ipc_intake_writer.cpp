@@ -94,8 +94,9 @@ void IpcIntakeWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockR
   do {
     const size_t n = std::min(kRunsPerRecord, runs.size() - done);
     // The first segment in our own zeroed scratch: no allocation per record.
-    scratch_.assign(16 + n, capnp::word{});
-    capnp::MallocMessageBuilder message(kj::arrayPtr(scratch_.data(), scratch_.size()));
+    scratch_.assign(16 + n, 0);
+    capnp::MallocMessageBuilder message(
+        kj::arrayPtr(reinterpret_cast<capnp::word*>(scratch_.data()), scratch_.size()));
     auto landed = message.initRoot<schema::IpcLanded>();
     landed.setRequestKey(key);
     landed.setLayer(layer);

@@ -16,8 +16,6 @@
 // Not thread-safe: the worker's thread calls it.
 #pragma once
 
-#include <capnp/common.h>
-
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -78,8 +76,8 @@ class IpcIntakeWriter {
   uint32_t rank_;
   std::deque<uint64_t> writes_;  // epochs the admitted writes read, oldest first
   std::deque<Pending> pending_;
-  std::vector<capnp::word> scratch_;  // a record's first segment
-  bool sent_ = false;                 // records went out since the last flush()
+  std::vector<uint64_t> scratch_;  // a record's first segment (capnp words, zeroed)
+  bool sent_ = false;              // records went out since the last flush()
 };
 
 }  // namespace kvrelay::worker
