@@ -3,7 +3,6 @@
 #include <memory>
 #include <string>
 
-#include "instance/pool_segment.h"
 #include "kvrelay.h"
 #include "kvrelay/client.h"
 
@@ -12,7 +11,7 @@ struct kvrelay_client {
 };
 
 struct kvrelay_pool {
-  std::unique_ptr<kvrelay::HostPool> pool;
+  std::unique_ptr<kvrelay::PoolView> pool;
 };
 
 namespace {
@@ -129,7 +128,7 @@ int kvrelay_rank_ready(const kvrelay_client* client, uint32_t rank) {
 }
 
 uint32_t kvrelay_tp_size(const kvrelay_client* client) {
-  return client == nullptr ? 0 : client->client.config().tp_size;
+  return client == nullptr ? 0 : client->client.info().tp_size;
 }
 
 uint32_t kvrelay_request_tag(const char* request_id) {
@@ -236,7 +235,7 @@ kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int 
   KVRELAY_NEED(client);
   KVRELAY_NEED(segment_name);
   KVRELAY_DEADLINE(deadline, timeout_ms);
-  return from(client->client.register_pool(PoolSpec{rank, host_tier != 0, segment_name}, deadline));
+  return from(client->client.register_pool(PoolSpec{rank, host_tier != 0 ? PoolTier::kHost : PoolTier::kDevice, segment_name}, deadline));
 }
 
 kvrelay_status kvrelay_own_signals(kvrelay_client* client, uint32_t rank) {
@@ -309,9 +308,10 @@ kvrelay_status kvrelay_open_pool(const kvrelay_client* client, uint32_t rank, in
                                  kvrelay_pool** out) {
   KVRELAY_NEED(client);
   KVRELAY_NEED(out);
-  Result<std::unique_ptr<HostPool>> p = client->client.open_pool(rank, host_tier != 0);
+  Result<PoolView> p =
+      client->client.open_pool(rank, host_tier != 0 ? PoolTier::kHost : PoolTier::kDevice);
   if (!p) return fail(to_status(p.code()), p.error().message);
-  *out = new kvrelay_pool{std::move(p).value()};
+  *out = new kvrelay_pool{std::make_unique<PoolView>(std::move(p).value())};
   return KVRELAY_OK;
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "client/views.h"
 #include "instance/control_segment.h"
 #include "instance/pool_segment.h"
 #include "instance/swap_progress.h"
@@ -90,6 +91,7 @@ static_assert(static_cast<int>(Protocol::kRdma) ==
 struct Client::Impl {
   ControlSegment control;
   InstanceConfig config;
+  InstanceInfo info;  // config, in the public types
   MpscRing submit_view;  // for judging sessions
   MpscProducer submit;   // this session's producer slot
   uint32_t session;
@@ -107,6 +109,7 @@ struct Client::Impl {
   Impl(ControlSegment c, MpscRing submit_ring, MpscProducer producer)
       : control(std::move(c)),
         config(control.config()),
+        info(instance_info_of(config)),
         submit_view(std::move(submit_ring)),
         submit(std::move(producer)),
         session(records::session_id(submit.slot(), submit.generation())),
@@ -268,8 +271,8 @@ uint32_t Client::request_tag(std::string_view request_id) {
   return records::request_tag(request_id);
 }
 
-const InstanceConfig& Client::config() const {
-  return impl_->config;
+const InstanceInfo& Client::info() const {
+  return impl_->info;
 }
 uint64_t Client::epoch() const {
   return impl_->control.epoch();
@@ -379,13 +382,12 @@ Status Client::submit(const ConnectSpec& spec, Deadline deadline) {
 }
 
 Status Client::register_pool(const PoolSpec& spec, Deadline deadline) {
-  const PoolTier tier = spec.host_tier ? PoolTier::kHost : PoolTier::kDevice;
-  const PoolGeometry g = PoolGeometry::from(impl_->config, tier);
+  const PoolGeometry g = impl_->info.pool(spec.tier);
   capnp::MallocMessageBuilder msg;
   auto p = msg.initRoot<schema::RegisterPool>().initPool();
   p.setRank(spec.rank);
-  p.setTier(spec.host_tier ? schema::PoolDescriptor::Tier::HOST
-                           : schema::PoolDescriptor::Tier::DEVICE);
+  p.setTier(spec.tier == PoolTier::kHost ? schema::PoolDescriptor::Tier::HOST
+                                          : schema::PoolDescriptor::Tier::DEVICE);
   p.setLocation(schema::PoolDescriptor::Location::HOST_SEGMENT);
   p.setSegmentName(spec.segment_name);
   messages::set_shape(p, g);
@@ -584,13 +586,12 @@ Result<Completion> Client::wait(Deadline deadline) {
   }
 }
 
-Result<std::unique_ptr<HostPool>> Client::open_pool(uint32_t rank, bool host_tier) const {
-  Result<std::string> name =
-      find_pool(impl_->control, rank, host_tier ? PoolTier::kHost : PoolTier::kDevice);
+Result<PoolView> Client::open_pool(uint32_t rank, PoolTier tier) const {
+  Result<std::string> name = find_pool(impl_->control, rank, tier);
   if (!name) return name.error();
   Result<HostPool> pool = HostPool::open(*name, nullptr);
   if (!pool) return pool.error();
-  return std::make_unique<HostPool>(std::move(pool).value());
+  return pool_view_of(std::move(pool).value());
 }
 
 }  // namespace kvrelay

@@ -136,8 +136,8 @@ Status network_options(const InstanceConfig& c, const std::string& listen_addres
 }  // namespace
 
 uint64_t pool_bytes_per_rank(const InstanceConfig& c) {
-  uint64_t bytes = HostPool::segment_bytes(PoolGeometry::from(c, PoolTier::kDevice));
-  if (c.host_blocks > 0) bytes += HostPool::segment_bytes(PoolGeometry::from(c, PoolTier::kHost));
+  uint64_t bytes = HostPool::segment_bytes(pool_geometry_of(c, PoolTier::kDevice));
+  if (c.host_blocks > 0) bytes += HostPool::segment_bytes(pool_geometry_of(c, PoolTier::kHost));
   return bytes;
 }
 
@@ -298,7 +298,7 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
                       "blocks of {} bytes per tensor) but /dev/shm has {:.1f} GiB free",
                       per_rank * tp / 1073741824.0, tp, per_rank / 1073741824.0,
                       c.num_layers + c.extra_layers, c.num_blocks,
-                      PoolGeometry::from(c, PoolTier::kDevice).block_bytes(PoolTensor::kKey),
+                      pool_geometry_of(c, PoolTier::kDevice).block_bytes(PoolTensor::kKey),
                       avail / 1073741824.0));
   }
   o.config = c;

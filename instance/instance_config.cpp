@@ -29,16 +29,6 @@ const char* dtype_name(CacheDtype d) {
   return "invalid";
 }
 
-uint32_t dtype_bytes(CacheDtype d) {
-  switch (d) {
-    case CacheDtype::kBf16:
-    case CacheDtype::kFp16: return 2;
-    case CacheDtype::kUint8:
-    case CacheDtype::kFp8: return 1;
-  }
-  return 0;
-}
-
 InstanceConfig default_config(std::string_view instance, uint32_t tp_size) {
   InstanceConfig c{};
   std::memcpy(c.instance, instance.data(), std::min(instance.size(), sizeof(c.instance) - 1));

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "kvrelay/types.h"
 #include "shm/result.h"
 
 namespace kvrelay {
@@ -21,13 +22,6 @@ inline constexpr uint32_t kMaxTpSize = 16;
 // The smallest completion ring: its records (an eighth of it) hold any
 // completion, whose texts are capped.
 inline constexpr uint32_t kMinCompletionRingBytes = 16384;
-
-enum class Role : uint32_t { kMixed = 0, kPrefill = 1, kDecode = 2 };
-enum class CacheDtype : uint32_t { kBf16 = 0, kFp16 = 1, kUint8 = 2, kFp8 = 3 };
-
-const char* role_name(Role r);
-const char* dtype_name(CacheDtype d);
-uint32_t dtype_bytes(CacheDtype d);
 
 // Plain data, fixed size: it lives in shared memory. Every numeric field is
 // validated by validate_config() before a process trusts it.

@@ -34,7 +34,6 @@ struct alignas(64) InstanceStatus {
 // in the host default, or the engine through RegisterPool) so that peers can
 // find it: a prefill worker maps the decode instance's rank-r pool through
 // this directory.
-enum class PoolTier : uint32_t { kDevice = 0, kHost = 1 };
 inline constexpr uint32_t kPoolTiers = 2;
 inline constexpr size_t kPoolNameBytes = 128;
 

@@ -1,63 +1,26 @@
-// The shape of one rank's KV pool (DESIGN.md section 6): num_layers (plus
-// speculative extra layers) x {K, V[, K scale, V scale]} tensors of shape
-// [num_blocks, kv_heads, block_size, head_dim]; scales are float32
-// [num_blocks, kv_heads, block_size]. Extra layers hold extra_layer_blocks
-// blocks each.
+// The shape of one rank's KV pool (the public struct: kvrelay/pool_geometry.h)
+// as an instance's configuration decides it.
 #pragma once
 
-#include <cstdint>
-
 #include "instance/instance_config.h"
-#include "instance/instance_status.h"
+#include "kvrelay/pool_geometry.h"
 
 namespace kvrelay {
 
-enum class PoolTensor : uint32_t { kKey = 0, kValue = 1, kKeyScale = 2, kValueScale = 3 };
-
-struct PoolGeometry {
-  uint32_t num_layers = 0;
-  uint32_t extra_layers = 0;
-  uint32_t num_blocks = 0;
-  uint32_t extra_layer_blocks = 0;
-  uint32_t kv_heads = 0;
-  uint32_t block_size = 0;  // tokens
-  uint32_t head_dim = 0;
-  uint32_t dtype = 0;       // CacheDtype
-  uint32_t has_scales = 0;  // 1: K and V scale tensors follow V in each layer
-  uint32_t reserved = 0;
-
-  // The device tier has num_blocks blocks, the host tier host_blocks.
-  static PoolGeometry from(const InstanceConfig& c, PoolTier tier) {
-    PoolGeometry g;
-    g.num_layers = c.num_layers;
-    g.extra_layers = c.extra_layers;
-    g.num_blocks = tier == PoolTier::kHost ? c.host_blocks : c.num_blocks;
-    g.extra_layer_blocks =
-        c.extra_layers > 0 ? (tier == PoolTier::kHost ? c.host_blocks : c.extra_layer_blocks) : 0;
-    g.kv_heads = c.kv_heads;
-    g.block_size = c.block_size;
-    g.head_dim = c.head_dim;
-    g.dtype = c.dtype;
-    g.has_scales = c.has_scales;
-    return g;
-  }
-
-  uint32_t total_layers() const { return num_layers + extra_layers; }
-  uint32_t tensors_per_layer() const { return has_scales ? 4 : 2; }
-  uint32_t blocks_in_layer(uint32_t layer) const {
-    return layer < num_layers ? num_blocks : extra_layer_blocks;
-  }
-  // Bytes of one block of one tensor.
-  uint64_t block_bytes(PoolTensor t) const {
-    const uint64_t cells = uint64_t{kv_heads} * block_size;
-    if (t == PoolTensor::kKeyScale || t == PoolTensor::kValueScale) return cells * 4;
-    return cells * head_dim * dtype_bytes(static_cast<CacheDtype>(dtype));
-  }
-  uint64_t tensor_bytes(uint32_t layer, PoolTensor t) const {
-    return uint64_t{blocks_in_layer(layer)} * block_bytes(t);
-  }
-  bool operator==(const PoolGeometry&) const = default;
-};
-static_assert(sizeof(PoolGeometry) == 40);
+// The device tier has num_blocks blocks, the host tier host_blocks.
+inline PoolGeometry pool_geometry_of(const InstanceConfig& c, PoolTier tier) {
+  PoolGeometry g;
+  g.num_layers = c.num_layers;
+  g.extra_layers = c.extra_layers;
+  g.num_blocks = tier == PoolTier::kHost ? c.host_blocks : c.num_blocks;
+  g.extra_layer_blocks =
+      c.extra_layers > 0 ? (tier == PoolTier::kHost ? c.host_blocks : c.extra_layer_blocks) : 0;
+  g.kv_heads = c.kv_heads;
+  g.block_size = c.block_size;
+  g.head_dim = c.head_dim;
+  g.dtype = c.dtype;
+  g.has_scales = c.has_scales;
+  return g;
+}
 
 }  // namespace kvrelay

@@ -113,7 +113,7 @@ Status check_peer_instance(const std::string& who, capnp::Text::Reader instance)
 Limits Limits::from(const InstanceConfig& c) {
   Limits l;
   l.tp_size = c.tp_size;
-  l.pool = PoolGeometry::from(c, PoolTier::kDevice);
+  l.pool = pool_geometry_of(c, PoolTier::kDevice);
   l.host_blocks = c.host_blocks;
   l.protocols = c.protocols;
   l.role = c.role;

@@ -3,8 +3,12 @@
 # (DESIGN.md section 1): shm/ knows nothing of kvrelay's instances, requests
 # or messages; instance/ builds on shm/; schemas/ (the messages) on both;
 # kernels/ knows nothing of rings; coordinator/, worker/ and client/ sit on
-# top and never include each other. Prints every include that runs the wrong
-# way and exits 1 if there is one. Run from anywhere; ctest runs it.
+# top and never include each other. Below them all sits the public
+# vocabulary that engines and kvrelay's own code share (client/include/kvrelay/
+# result.h, deadline.h, types.h, pool_geometry.h); the rest of client/include
+# (the client itself) is for client/ only, and client/include includes nothing
+# but itself and the standard library. Prints every include that runs the
+# wrong way and exits 1 if there is one. Run from anywhere; ctest runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,12 +24,16 @@ allowed() {
   esac
 }
 
+vocabulary=" kvrelay/result.h kvrelay/deadline.h kvrelay/types.h kvrelay/pool_geometry.h "
+
 bad=0
 for folder in shm instance schemas kernels coordinator worker client; do
   ok=" $(allowed "$folder") "
   while IFS=: read -r file line text; do
     target=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]+"([^/"]+)\/.*/\1/' <<<"$text")
     [ "$target" = "$text" ] && continue  # an include without a folder
+    header=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1/' <<<"$text")
+    case "$vocabulary" in *" $header "*) continue ;; esac
     case "$ok" in *" $target "*) ;; *)
       echo "$file:$line: $folder/ includes $target/ ($text)"
       bad=1
@@ -34,5 +42,11 @@ for folder in shm instance schemas kernels coordinator worker client; do
   done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"[^"]+/' "$folder" \
              --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh' || true)
 done
+# The public headers: only each other and the standard library.
+while IFS=: read -r file line text; do
+  echo "$file:$line: a public header includes kvrelay's insides ($text)"
+  bad=1
+done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' client/include \
+           | grep -vE '#[[:space:]]*include[[:space:]]+"kvrelay(/[a-z_]+)?\.h"' || true)
 if [ "$bad" -eq 0 ]; then echo "layering: every include runs downwards"; fi
 exit "$bad"

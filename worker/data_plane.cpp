@@ -66,7 +66,7 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
                               scheduler_->live_requests());
     return out;
   }
-  const PoolGeometry expected = PoolGeometry::from(control_.config(), tier);
+  const PoolGeometry expected = pool_geometry_of(control_.config(), tier);
   Result<HostPool> pool = HostPool::open(d.getSegmentName().cStr(), &expected);
   if (!pool) {
     out.message = pool.error().message;

@@ -9,7 +9,7 @@ namespace kvrelay::worker {
 
 Result<std::unique_ptr<LocalPool>> open_or_create_pool(const ControlSegment& control, uint32_t rank,
                                                        PoolTier tier) {
-  const PoolGeometry geometry = PoolGeometry::from(control.config(), tier);
+  const PoolGeometry geometry = pool_geometry_of(control.config(), tier);
   const char* kind = tier == PoolTier::kHost ? "host" : "device";
   const std::string name =
       pool_segment_name(control.instance(), tier == PoolTier::kHost ? "host" : "pool", rank);

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "kvrelay/client.h"
-#include "shm/clock.h"
 
 namespace kvrelay::python {
 

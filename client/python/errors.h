@@ -5,7 +5,7 @@
 
 #include <pybind11/pybind11.h>
 
-#include "shm/result.h"
+#include "kvrelay/result.h"
 
 namespace kvrelay::python {
 

@@ -93,14 +93,16 @@ class CompletionIterator {
   double timeout_s_;
 };
 
-py::dict config_dict(const InstanceConfig& c) {
-  return py::dict(
-      "instance"_a = std::string(c.instance), "role"_a = role_name(static_cast<Role>(c.role)),
-      "tp_size"_a = c.tp_size, "num_layers"_a = c.num_layers, "extra_layers"_a = c.extra_layers,
-      "num_blocks"_a = c.num_blocks, "extra_layer_blocks"_a = c.extra_layer_blocks,
-      "host_blocks"_a = c.host_blocks, "block_size"_a = c.block_size, "kv_heads"_a = c.kv_heads,
-      "head_dim"_a = c.head_dim, "dtype"_a = dtype_name(static_cast<CacheDtype>(c.dtype)),
-      "has_scales"_a = c.has_scales != 0, "request_deadline_ms"_a = c.request_deadline_ms);
+py::dict config_dict(const InstanceInfo& c) {
+  const PoolGeometry& g = c.device_pool;
+  return py::dict("instance"_a = c.instance, "role"_a = role_name(c.role), "tp_size"_a = c.tp_size,
+                  "num_layers"_a = g.num_layers, "extra_layers"_a = g.extra_layers,
+                  "num_blocks"_a = g.num_blocks, "extra_layer_blocks"_a = g.extra_layer_blocks,
+                  "host_blocks"_a = c.host_pool.num_blocks, "block_size"_a = g.block_size,
+                  "kv_heads"_a = g.kv_heads, "head_dim"_a = g.head_dim,
+                  "dtype"_a = dtype_name(static_cast<CacheDtype>(g.dtype)),
+                  "has_scales"_a = g.has_scales != 0,
+                  "request_deadline_ms"_a = c.request_deadline_ms);
 }
 
 void define_client(py::module_& m) {
@@ -112,10 +114,10 @@ void define_client(py::module_& m) {
       .def(py::init<const std::string&, double>(), py::arg("instance"), py::arg("timeout") = 30.0,
            "Attaches to `instance`, waiting up to `timeout` seconds for it to be ready.")
       .def_property_readonly("instance",
-                             [](PyClient& c) { return std::string(c.config().instance); })
-      .def_property_readonly("tp_size", [](PyClient& c) { return c.config().tp_size; })
-      .def_property_readonly("num_layers", [](PyClient& c) { return c.config().num_layers; })
-      .def_property_readonly("config", [](PyClient& c) { return config_dict(c.config()); })
+                             [](PyClient& c) { return c.info().instance; })
+      .def_property_readonly("tp_size", [](PyClient& c) { return c.info().tp_size; })
+      .def_property_readonly("num_layers", [](PyClient& c) { return c.info().device_pool.num_layers; })
+      .def_property_readonly("config", [](PyClient& c) { return config_dict(c.info()); })
       .def_property_readonly("closed", &PyClient::closed_now)
       .def_property_readonly(
           "epoch", [](PyClient& c) { return c.with_client([](Client& cl) { return cl.epoch(); }); })
@@ -256,7 +258,7 @@ void define_client(py::module_& m) {
              double timeout) {
             const Deadline d = to_deadline(timeout);
             check(c.with_client([&](Client& cl) {
-              return cl.register_pool(PoolSpec{rank, host_tier, segment_name}, d);
+              return cl.register_pool(PoolSpec{rank, host_tier ? PoolTier::kHost : PoolTier::kDevice, segment_name}, d);
             }));
           },
           py::arg("rank"), py::arg("segment_name"), py::kw_only(), py::arg("host_tier") = false,
@@ -309,7 +311,7 @@ void define_client(py::module_& m) {
       .def(
           "open_pool",
           [](PyClient& c, uint32_t rank, bool host_tier) {
-            return PyPool(c.open_pool(rank, host_tier));
+            return PyPool(c.open_pool(rank, host_tier ? PoolTier::kHost : PoolTier::kDevice));
           },
           py::arg("rank"), py::kw_only(), py::arg("host_tier") = false)
 
@@ -318,9 +320,9 @@ void define_client(py::module_& m) {
       .def("__exit__", [](PyClient& c, py::handle, py::handle, py::handle) { c.close(); })
       .def("__repr__", [](PyClient& c) {
         if (c.closed_now()) return std::string("<kvrelay.Client (closed)>");
-        const InstanceConfig& cfg = c.config();
-        return fmt::format("<kvrelay.Client instance='{}' role={} tp_size={}>", cfg.instance,
-                           role_name(static_cast<Role>(cfg.role)), cfg.tp_size);
+        const InstanceInfo& info = c.info();
+        return fmt::format("<kvrelay.Client instance='{}' role={} tp_size={}>", info.instance,
+                           role_name(info.role), info.tp_size);
       });
 }
 

@@ -4,7 +4,6 @@
 
 #include "convert.h"
 #include "errors.h"
-#include "instance/pool_segment.h"
 
 namespace py = pybind11;
 
@@ -18,7 +17,7 @@ PyClient::PyClient(const std::string& instance, double timeout_s) : instance_(in
   }();
   if (!c) raise(c.error());
   client_.emplace(std::move(c).value());
-  config_ = client_->config();
+  info_ = client_->info();
 }
 
 void PyClient::closed() const {
@@ -26,9 +25,9 @@ void PyClient::closed() const {
         fmt::format("this kvrelay.Client of instance '{}' is closed", instance_));
 }
 
-const InstanceConfig& PyClient::config() {
+const InstanceInfo& PyClient::info() {
   if (!client_) closed();
-  return config_;
+  return info_;
 }
 
 std::optional<Completion> PyClient::poll() {
@@ -81,11 +80,10 @@ void PyClient::push_layer_done(uint32_t rank, uint64_t step, uint32_t layer, boo
   }));
 }
 
-std::unique_ptr<HostPool> PyClient::open_pool(uint32_t rank, bool host_tier) {
-  Result<std::unique_ptr<HostPool>> pool =
-      with_client([&](Client& client) { return client.open_pool(rank, host_tier); });
+std::unique_ptr<PoolView> PyClient::open_pool(uint32_t rank, PoolTier tier) {
+  Result<PoolView> pool = with_client([&](Client& client) { return client.open_pool(rank, tier); });
   if (!pool) raise(pool.error());
-  return std::move(pool).value();
+  return std::make_unique<PoolView>(std::move(pool).value());
 }
 
 void PyClient::close() {

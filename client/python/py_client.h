@@ -53,15 +53,15 @@ class PyClient {
   void close();
   bool closed_now() const { return !client_; }
 
-  const InstanceConfig& config();
-  std::unique_ptr<HostPool> open_pool(uint32_t rank, bool host_tier);
+  const InstanceInfo& info();
+  std::unique_ptr<PoolView> open_pool(uint32_t rank, PoolTier tier);
 
  private:
   [[noreturn]] void closed() const;
 
   std::string instance_;
   std::optional<Client> client_;
-  InstanceConfig config_{};
+  InstanceInfo info_;
   std::shared_mutex life_mutex_;  // shared: a call in progress; exclusive: close()
   std::mutex completion_mutex_;
 };

@@ -13,7 +13,7 @@ namespace {
 // The object behind a block's memoryview: it owns a reference to the mapping,
 // so a view outlives neither the pool nor the block's memory.
 struct BlockBuffer {
-  std::shared_ptr<HostPool> pool;
+  std::shared_ptr<PoolView> pool;
   std::byte* data;
   uint64_t bytes;
 };

@@ -7,16 +7,16 @@
 #include <memory>
 #include <string>
 
-#include "instance/pool_segment.h"
+#include "kvrelay/pool_view.h"
 
 namespace kvrelay::python {
 
 class PyPool {
  public:
-  explicit PyPool(std::unique_ptr<HostPool> pool) : pool_(std::move(pool)) {}
+  explicit PyPool(std::unique_ptr<PoolView> pool) : pool_(std::move(pool)) {}
 
   const PoolGeometry& geometry() const { return pool_->geometry(); }
-  const std::string& name() const { return pool_->name(); }
+  const std::string& name() const { return pool_->segment_name(); }
   // A memoryview of one block of one tensor; the view keeps the mapping alive.
   pybind11::memoryview block(uint32_t layer, pybind11::handle tensor, uint32_t block_id) const;
   // Bytes of one block of `tensor`.
@@ -24,7 +24,7 @@ class PyPool {
 
  private:
   PoolTensor to_tensor(pybind11::handle tensor) const;
-  std::shared_ptr<HostPool> pool_;
+  std::shared_ptr<PoolView> pool_;
 };
 
 void define_pool(pybind11::module_& m);

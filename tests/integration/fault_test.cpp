@@ -331,9 +331,9 @@ TEST(FaultProcesses, KilledCoordinatorIsNoticedByWorkersAndClientsAndANewOneTake
   // A new coordinator replaces the stale segment and serves requests.
   auto again = Instance::start(p);
   EXPECT_EQ(again->client().epoch(), old_epoch + 1);
-  auto src = again->client().open_pool(0, false).value();
+  auto src = again->client().open_pool(0, PoolTier::kDevice).value();
   sim::RequestBlocks r{3, {1, 2}, {3, 4}};
-  sim::fill_request(*src, 0, r);
+  sim::fill_request(src, 0, r);
   ASSERT_TRUE(again->client()
                   .submit(CacheTaskSpec{"after-restart", r.src, 32, 0, std::nullopt, 0},
                           Deadline::after(5s))
@@ -351,7 +351,7 @@ TEST(FaultProcesses, KilledCoordinatorIsNoticedByWorkersAndClientsAndANewOneTake
   auto done = again->client().wait(Deadline::after(20s));
   ASSERT_TRUE(done.ok()) << done.error().message;
   EXPECT_EQ(done->status, CompletionStatus::kFinished) << done->message;
-  EXPECT_EQ(sim::check_request(*decode->client().open_pool(0, false).value(), 0, r), 0u);
+  EXPECT_EQ(sim::check_request(decode->client().open_pool(0, PoolTier::kDevice).value(), 0, r), 0u);
   EXPECT_EQ(again->stop(), 0);
   EXPECT_EQ(decode->stop(), 0);
   EXPECT_TRUE(again->leftover_segments().empty());

@@ -181,7 +181,7 @@ TEST(LifecycleProcesses, ExternalWorkersModeServesRequests) {
   ASSERT_TRUE(client.ok()) << client.error().message;
   sim::RequestBlocks r{9, {1, 2}, {3, 4}};
   for (uint32_t rank = 0; rank < 2; ++rank)
-    sim::fill_request(*client->open_pool(rank, false).value(), rank, r);
+    sim::fill_request(client->open_pool(rank, PoolTier::kDevice).value(), rank, r);
   CacheTaskSpec t{"ext", r.src, 2 * 16, 0, std::nullopt, 0};
   ASSERT_TRUE(client->submit(t, Deadline::after(5s)).ok());
   CacheDestSpec dst;
@@ -201,7 +201,7 @@ TEST(LifecycleProcesses, ExternalWorkersModeServesRequests) {
   EXPECT_EQ(c->status, CompletionStatus::kFinished) << c->message;
   uint64_t wrong = 0;
   for (uint32_t rank = 0; rank < 2; ++rank)
-    wrong += sim::check_request(*decode->client().open_pool(rank, false).value(), rank, r);
+    wrong += sim::check_request(decode->client().open_pool(rank, PoolTier::kDevice).value(), rank, r);
   EXPECT_EQ(wrong, 0u);
   EXPECT_EQ(prefill->stop(), 0);
   for (pid_t w : workers) {

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "client/views.h"
 #include "instance/names.h"
 #include "instance/pool_segment.h"
 #include "integration/request_driver.h"
@@ -30,20 +31,20 @@ TEST(RegisteredPools, TransfersAfterADecodeEngineRegistersItsOwnPoolsLandInThem)
 
   Client& decode_engine = env.decode().client();
   const std::string decode = env.decode().name();
-  std::vector<std::unique_ptr<HostPool>> mine;
+  std::vector<std::unique_ptr<PoolView>> mine;  // the engine's own pools
   std::vector<std::string> replaced;
   for (uint32_t rank = 0; rank < env.tp(); ++rank) {
     const std::string name = pool_segment_name(decode, "engine", rank);
-    const PoolGeometry g = PoolGeometry::from(decode_engine.config(), PoolTier::kDevice);
+    const PoolGeometry g = decode_engine.info().device_pool;
     Result<HostPool> pool = HostPool::create(name, rank, PoolTier::kDevice, g);
     ASSERT_TRUE(pool) << pool.error().message;
-    mine.push_back(std::make_unique<HostPool>(std::move(pool).value()));
+    mine.push_back(std::make_unique<PoolView>(pool_view_of(std::move(pool).value())));
     for (uint32_t l = 0; l < g.total_layers(); ++l)
       for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
         for (uint32_t b = 0; b < g.num_blocks; ++b)
           sim::poison_block(*mine.back(), l, t, b);
-    replaced.push_back(env.dst_pool(rank).name());
-    ASSERT_TRUE(decode_engine.register_pool(PoolSpec{rank, false, name}, Deadline::after(5s)));
+    replaced.push_back(env.dst_pool(rank).segment_name());
+    ASSERT_TRUE(decode_engine.register_pool(PoolSpec{rank, PoolTier::kDevice, name}, Deadline::after(5s)));
     Result<Completion> c = decode_engine.wait(Deadline::after(20s));
     ASSERT_TRUE(c) << c.error().message;
     EXPECT_EQ(c->kind, CompletionKind::kRegisterPool);
@@ -64,7 +65,7 @@ TEST(RegisteredPools, TransfersAfterADecodeEngineRegistersItsOwnPoolsLandInThem)
           << "rank " << rank << " still wrote into the replaced pool";
   }
   for (const auto& p : mine)
-    (void)p->unlink();
+    (void)SharedSegment::unlink(p->segment_name());
   env.stop_and_check_clean();
 }
 

@@ -35,7 +35,7 @@ class RequestDriver {
   RequestDriver(TwoInstances& env, uint32_t layers, uint32_t block_tokens)
       : env_(env), layers_(layers), block_tokens_(block_tokens) {
     for (uint32_t rank = 0; rank < env_.tp(); ++rank) {
-      const HostPool& dst = env_.dst_pool(rank);
+      const PoolView& dst = env_.dst_pool(rank);
       for (uint32_t l = 0; l < layers_; ++l)
         for (uint32_t t = 0; t < 2; ++t)
           for (uint32_t b = 0; b < dst.geometry().num_blocks; ++b)

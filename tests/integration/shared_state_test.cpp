@@ -253,11 +253,11 @@ TEST_F(SharedState, APoolTruncatedUnderACopyFailsThatRequestAndTheRankRecovers) 
     usleep(20'000);
   ASSERT_TRUE(back()) << "rank 0 is back, served by a new worker";
   // The test's own mapping of the old pool is gone: map the new one.
-  auto fresh = env_->engine().open_pool(0, false);
+  auto fresh = env_->engine().open_pool(0, PoolTier::kDevice);
   ASSERT_TRUE(fresh.ok()) << fresh.error().message;
-  EXPECT_EQ((*fresh)->check_intact().code(), Errc::kOk);
+  EXPECT_EQ(fresh->check_intact().code(), Errc::kOk);
   sim::RequestBlocks next{3, {3}, {3}};
-  sim::fill_request(**fresh, 0, next);
+  sim::fill_request(*fresh, 0, next);
   sim::fill_request(env_->src_pool(1), 1, next);
   ASSERT_TRUE(env_->submit_task("after-truncation", next, 16, 2).ok());
   ASSERT_TRUE(env_->submit_dest("after-truncation", next).ok());

@@ -30,14 +30,14 @@ class Swap : public ::testing::Test {
     env_ = std::make_unique<TwoInstances>(
         ::testing::UnitTest::GetInstance()->current_test_info()->name(), a);
     for (uint32_t r = 0; r < 2; ++r)
-      host_.push_back(std::move(env_->engine().open_pool(r, true)).value());
+      host_.push_back(std::make_unique<PoolView>(std::move(env_->engine().open_pool(r, PoolTier::kHost)).value()));
   }
   void TearDown() override {
     host_.clear();
     if (env_) env_->stop_and_check_clean();
   }
   Client& engine() { return env_->engine(); }
-  const HostPool& device(uint32_t rank) { return env_->src_pool(rank); }
+  const PoolView& device(uint32_t rank) { return env_->src_pool(rank); }
 
   void fill_device(uint64_t tag, const std::vector<uint32_t>& blocks) {
     for (uint32_t rank = 0; rank < 2; ++rank)
@@ -51,7 +51,7 @@ class Swap : public ::testing::Test {
             sim::poison_block(device(rank), l, t, b);
   }
   // Wrong words in layer `layer` of `blocks` of `pool` against request `tag`'s pattern.
-  uint64_t wrong(const HostPool& pool, uint32_t rank, uint64_t tag,
+  uint64_t wrong(const PoolView& pool, uint32_t rank, uint64_t tag,
                  const std::vector<uint32_t>& blocks, uint32_t layer) {
     uint64_t w = 0;
     for (uint32_t t = 0; t < 2; ++t)
@@ -69,7 +69,7 @@ class Swap : public ::testing::Test {
     return engine().submit(s, Deadline::after(5s));
   }
   std::unique_ptr<TwoInstances> env_;
-  std::vector<std::unique_ptr<HostPool>> host_;
+  std::vector<std::unique_ptr<PoolView>> host_;
 };
 
 TEST_F(Swap, EvictThenLoadLayerByLayerRestoresEveryByteWhileTheForwardWaitsOnEachLayer) {

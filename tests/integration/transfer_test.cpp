@@ -73,7 +73,7 @@ class Differential {
 
   void poison_all() {
     for (uint32_t rank = 0; rank < env_.tp(); ++rank) {
-      for (const HostPool* pool : {&env_.src_pool(rank), &env_.dst_pool(rank)}) {
+      for (const PoolView* pool : {&env_.src_pool(rank), &env_.dst_pool(rank)}) {
         const PoolGeometry& g = pool->geometry();
         for (uint32_t l = 0; l < g.total_layers(); ++l)
           for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
@@ -108,7 +108,7 @@ class Differential {
       for (uint32_t j = 0; j < r.blocks.dst.size(); ++j)
         owner[r.blocks.dst[j]] = {&r, j};
     for (uint32_t rank = 0; rank < env_.tp(); ++rank) {
-      const HostPool& dst = env_.dst_pool(rank);
+      const PoolView& dst = env_.dst_pool(rank);
       for (uint32_t l = 0; l < layers_; ++l) {
         for (uint32_t b = 0; b < dst.geometry().blocks_in_layer(l); ++b) {
           auto it = owner.find(b);

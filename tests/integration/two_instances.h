@@ -50,8 +50,8 @@ class TwoInstances {
     prefill_ = Instance::start(base);
     tp_ = base.tp;
     for (uint32_t r = 0; r < tp_; ++r) {
-      src_.push_back(std::move(prefill_->client().open_pool(r, false)).value());
-      dst_.push_back(std::move(decode_->client().open_pool(r, false)).value());
+      src_.push_back(std::make_unique<PoolView>(std::move(prefill_->client().open_pool(r, PoolTier::kDevice)).value()));
+      dst_.push_back(std::make_unique<PoolView>(std::move(decode_->client().open_pool(r, PoolTier::kDevice)).value()));
     }
   }
 
@@ -67,8 +67,8 @@ class TwoInstances {
   Instance& prefill() { return *prefill_; }
   Instance& decode() { return *decode_; }
   uint32_t tp() const { return tp_; }
-  const HostPool& src_pool(uint32_t r) const { return *src_[r]; }
-  const HostPool& dst_pool(uint32_t r) const { return *dst_[r]; }
+  const PoolView& src_pool(uint32_t r) const { return *src_[r]; }
+  const PoolView& dst_pool(uint32_t r) const { return *dst_[r]; }
 
   void fill(const sim::RequestBlocks& r) {
     for (uint32_t rank = 0; rank < tp_; ++rank)
@@ -145,8 +145,8 @@ class TwoInstances {
   std::unique_ptr<Instance> decode_;
   std::unique_ptr<Instance> prefill_;
   uint32_t tp_ = 1;
-  std::vector<std::unique_ptr<HostPool>> src_;
-  std::vector<std::unique_ptr<HostPool>> dst_;
+  std::vector<std::unique_ptr<PoolView>> src_;
+  std::vector<std::unique_ptr<PoolView>> dst_;
   std::multimap<std::string, Completion> seen_;
   Route route_;
 };

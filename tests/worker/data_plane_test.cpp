@@ -71,9 +71,9 @@ class DataPlaneTest : public ::testing::Test {
 };
 
 TEST_F(DataPlaneTest, ItMapsTheRanksPoolsOfTheInstancesGeometryAndSwapsBetweenThem) {
-  EXPECT_EQ(data_->device_pool().geometry(), PoolGeometry::from(config_, PoolTier::kDevice));
+  EXPECT_EQ(data_->device_pool().geometry(), pool_geometry_of(config_, PoolTier::kDevice));
   ASSERT_NE(data_->host_pool(), nullptr);
-  EXPECT_EQ(data_->host_pool()->geometry(), PoolGeometry::from(config_, PoolTier::kHost));
+  EXPECT_EQ(data_->host_pool()->geometry(), pool_geometry_of(config_, PoolTier::kHost));
   EXPECT_NE(data_->swap(), nullptr) << "a host tier has a swap engine";
   EXPECT_EQ(data_->truncated_pool(), nullptr);
   EXPECT_EQ(data_->scheduler().live_requests(), 0u);
@@ -81,7 +81,7 @@ TEST_F(DataPlaneTest, ItMapsTheRanksPoolsOfTheInstancesGeometryAndSwapsBetweenTh
 
 TEST_F(DataPlaneTest, ARegisteredDevicePoolReplacesTheOldOneAndEverythingOverIt) {
   const std::string mine =
-      engine_pool(PoolGeometry::from(config_, PoolTier::kDevice), PoolTier::kDevice);
+      engine_pool(pool_geometry_of(config_, PoolTier::kDevice), PoolTier::kDevice);
   const std::string ours = data_->device_pool().name();
   const PoolRegistration r = register_pool(mine, PoolTier::kDevice);
   EXPECT_TRUE(r.registered) << r.message;
@@ -95,7 +95,7 @@ TEST_F(DataPlaneTest, ARegisteredDevicePoolReplacesTheOldOneAndEverythingOverIt)
 
 TEST_F(DataPlaneTest, APoolOfAnotherGeometryIsRefusedAndNothingChanges) {
   const std::string before = data_->device_pool().name();
-  PoolGeometry wrong = PoolGeometry::from(config_, PoolTier::kDevice);
+  PoolGeometry wrong = pool_geometry_of(config_, PoolTier::kDevice);
   wrong.head_dim = 16;
   const PoolRegistration r =
       register_pool(engine_pool(wrong, PoolTier::kDevice), PoolTier::kDevice);

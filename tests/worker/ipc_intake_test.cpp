@@ -28,7 +28,7 @@ class IpcIntakeTest : public ::testing::Test {
     Result<ControlSegment> c = ControlSegment::create(config_);
     ASSERT_TRUE(c) << c.error().message;
     control_ = std::make_unique<ControlSegment>(std::move(c).value());
-    geometry_ = PoolGeometry::from(config_, PoolTier::kDevice);
+    geometry_ = pool_geometry_of(config_, PoolTier::kDevice);
     arrivals_ = std::make_shared<Arrivals>(geometry_, nullptr);
     Result<std::unique_ptr<IpcIntake>> intake = IpcIntake::open(*control_, 0, geometry_, arrivals_);
     ASSERT_TRUE(intake) << intake.error().message;

@@ -29,12 +29,12 @@ Result<std::unique_ptr<InstancePair>> InstancePair::start(const sim::Geometry& g
   pair->decode_client_ = std::make_unique<Client>(std::move(decode).value());
   pair->prefill_client_ = std::make_unique<Client>(std::move(prefill).value());
   for (uint32_t r = 0; r < g.tp; ++r) {
-    auto src = pair->prefill_client_->open_pool(r, false);
+    auto src = pair->prefill_client_->open_pool(r, PoolTier::kDevice);
     if (!src) return src.error();
-    auto dst = pair->decode_client_->open_pool(r, false);
+    auto dst = pair->decode_client_->open_pool(r, PoolTier::kDevice);
     if (!dst) return dst.error();
-    pair->src_.push_back(std::move(src).value());
-    pair->dst_.push_back(std::move(dst).value());
+    pair->src_.push_back(std::make_unique<PoolView>(std::move(src).value()));
+    pair->dst_.push_back(std::make_unique<PoolView>(std::move(dst).value()));
   }
   return pair;
 }

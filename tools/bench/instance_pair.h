@@ -25,8 +25,8 @@ class InstancePair {
 
   Client& prefill() { return *prefill_client_; }
   const std::string& decode_name() const { return decode_name_; }
-  HostPool& src(uint32_t rank) { return *src_[rank]; }
-  HostPool& dst(uint32_t rank) { return *dst_[rank]; }
+  PoolView& src(uint32_t rank) { return *src_[rank]; }
+  PoolView& dst(uint32_t rank) { return *dst_[rank]; }
   uint32_t tp() const { return tp_; }
 
  private:
@@ -35,7 +35,7 @@ class InstancePair {
   uint32_t tp_ = 0;
   sim::ManagedInstance prefill_instance_, decode_instance_;
   std::unique_ptr<Client> prefill_client_, decode_client_;
-  std::vector<std::unique_ptr<HostPool>> src_, dst_;
+  std::vector<std::unique_ptr<PoolView>> src_, dst_;
 };
 
 }  // namespace kvrelay::bench

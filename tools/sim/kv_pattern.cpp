@@ -24,7 +24,7 @@ uint64_t seed_of(const BlockTag& t) {
 
 }  // namespace
 
-bool fill_block(const HostPool& pool, uint32_t block_id, const BlockTag& tag) {
+bool fill_block(const PoolView& pool, uint32_t block_id, const BlockTag& tag) {
   std::byte* p = pool.block(tag.layer, static_cast<PoolTensor>(tag.tensor), block_id);
   if (p == nullptr) return false;
   const uint64_t bytes = pool.geometry().block_bytes(static_cast<PoolTensor>(tag.tensor));
@@ -36,7 +36,7 @@ bool fill_block(const HostPool& pool, uint32_t block_id, const BlockTag& tag) {
   return true;
 }
 
-uint64_t check_block(const HostPool& pool, uint32_t block_id, const BlockTag& tag) {
+uint64_t check_block(const PoolView& pool, uint32_t block_id, const BlockTag& tag) {
   const std::byte* p = pool.block(tag.layer, static_cast<PoolTensor>(tag.tensor), block_id);
   const uint64_t bytes = pool.geometry().block_bytes(static_cast<PoolTensor>(tag.tensor));
   if (p == nullptr) return bytes / 8;
@@ -50,7 +50,7 @@ uint64_t check_block(const HostPool& pool, uint32_t block_id, const BlockTag& ta
   return wrong;
 }
 
-void poison_block(const HostPool& pool, uint32_t layer, uint32_t tensor, uint32_t block_id) {
+void poison_block(const PoolView& pool, uint32_t layer, uint32_t tensor, uint32_t block_id) {
   std::byte* p = pool.block(layer, static_cast<PoolTensor>(tensor), block_id);
   if (p == nullptr) return;
   const uint64_t bytes = pool.geometry().block_bytes(static_cast<PoolTensor>(tensor));
@@ -58,7 +58,7 @@ void poison_block(const HostPool& pool, uint32_t layer, uint32_t tensor, uint32_
     std::memcpy(p + w * 8, &kPoison, 8);
 }
 
-bool block_is_poisoned(const HostPool& pool, uint32_t layer, uint32_t tensor, uint32_t block_id) {
+bool block_is_poisoned(const PoolView& pool, uint32_t layer, uint32_t tensor, uint32_t block_id) {
   const std::byte* p = pool.block(layer, static_cast<PoolTensor>(tensor), block_id);
   if (p == nullptr) return false;
   const uint64_t bytes = pool.geometry().block_bytes(static_cast<PoolTensor>(tensor));
@@ -74,7 +74,7 @@ bool block_is_poisoned(const HostPool& pool, uint32_t layer, uint32_t tensor, ui
 
 namespace kvrelay::sim {
 
-void fill_request(const HostPool& pool, uint32_t rank, const RequestBlocks& r) {
+void fill_request(const PoolView& pool, uint32_t rank, const RequestBlocks& r) {
   const PoolGeometry& g = pool.geometry();
   for (uint32_t layer = 0; layer < g.total_layers(); ++layer)
     for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
@@ -82,7 +82,7 @@ void fill_request(const HostPool& pool, uint32_t rank, const RequestBlocks& r) {
         fill_block(pool, r.src[i], BlockTag{r.tag, layer, t, i, rank});
 }
 
-uint64_t check_request(const HostPool& pool, uint32_t rank, const RequestBlocks& r) {
+uint64_t check_request(const PoolView& pool, uint32_t rank, const RequestBlocks& r) {
   const PoolGeometry& g = pool.geometry();
   uint64_t wrong = 0;
   for (uint32_t layer = 0; layer < g.total_layers(); ++layer)

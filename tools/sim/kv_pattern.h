@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "instance/pool_segment.h"
+#include "kvrelay/pool_view.h"
 
 namespace kvrelay::sim {
 
@@ -22,13 +22,13 @@ struct BlockTag {
 
 // Writes the pattern of `tag` into one block of `pool`. False if the block
 // does not exist.
-bool fill_block(const HostPool& pool, uint32_t block_id, const BlockTag& tag);
+bool fill_block(const PoolView& pool, uint32_t block_id, const BlockTag& tag);
 // Checks one block. Returns the number of wrong 8-byte words (0: intact).
-uint64_t check_block(const HostPool& pool, uint32_t block_id, const BlockTag& tag);
+uint64_t check_block(const PoolView& pool, uint32_t block_id, const BlockTag& tag);
 // Fills a block with a constant "never written" marker, and checks for it:
 // the verification that nothing outside a request's destinations was touched.
-void poison_block(const HostPool& pool, uint32_t layer, uint32_t tensor, uint32_t block_id);
-bool block_is_poisoned(const HostPool& pool, uint32_t layer, uint32_t tensor, uint32_t block_id);
+void poison_block(const PoolView& pool, uint32_t layer, uint32_t tensor, uint32_t block_id);
+bool block_is_poisoned(const PoolView& pool, uint32_t layer, uint32_t tensor, uint32_t block_id);
 
 }  // namespace kvrelay::sim
 
@@ -46,9 +46,9 @@ struct RequestBlocks {
 
 // Writes the pattern of every block, layer and tensor of `r` into `pool`
 // (the prefill pool of `rank`).
-void fill_request(const HostPool& pool, uint32_t rank, const RequestBlocks& r);
+void fill_request(const PoolView& pool, uint32_t rank, const RequestBlocks& r);
 // Wrong 8-byte words over every destination block, layer and tensor of `r`
 // in `pool` (the decode pool of `rank`). 0: every byte arrived.
-uint64_t check_request(const HostPool& pool, uint32_t rank, const RequestBlocks& r);
+uint64_t check_request(const PoolView& pool, uint32_t rank, const RequestBlocks& r);
 
 }  // namespace kvrelay::sim

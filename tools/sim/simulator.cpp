@@ -69,20 +69,20 @@ class Simulation {
         prefill_(prefill),
         decode_(decode),
         rng_(o.seed) {
-    const InstanceConfig& c = prefill.config();
-    tp_ = c.tp_size;
-    layers_ = c.num_layers + c.extra_layers;
-    block_tokens_ = c.block_size;
+    const InstanceInfo& info = prefill.info();
+    tp_ = info.tp_size;
+    layers_ = info.device_pool.total_layers();
+    block_tokens_ = info.device_pool.block_size;
     for (uint32_t r = 0; r < tp_ && fatal_.empty(); ++r) {
-      auto src = prefill.open_pool(r, false);
-      auto dst = decode.open_pool(r, false);
+      auto src = prefill.open_pool(r, PoolTier::kDevice);
+      auto dst = decode.open_pool(r, PoolTier::kDevice);
       if (!src || !dst) {
         fatal_ = fmt::format("cannot map rank {}'s pools: {}", r,
                              !src ? src.error().message : dst.error().message);
         break;
       }
-      src_.push_back(std::move(src).value());
-      dst_.push_back(std::move(dst).value());
+      src_.push_back(std::make_unique<PoolView>(std::move(src).value()));
+      dst_.push_back(std::make_unique<PoolView>(std::move(dst).value()));
     }
     if (!fatal_.empty()) return;
     // The extra (speculative) layers may hold fewer blocks: allocate within both.
@@ -157,14 +157,14 @@ class Simulation {
   }
 
  private:
-  static uint32_t usable_blocks(const HostPool& p) {
+  static uint32_t usable_blocks(const PoolView& p) {
     const PoolGeometry& g = p.geometry();
     return g.extra_layers > 0 ? std::min(g.num_blocks, g.extra_layer_blocks) : g.num_blocks;
   }
 
   void poison_pools() {
     for (uint32_t r = 0; r < tp_; ++r) {
-      for (const HostPool* pool : {src_[r].get(), dst_[r].get()}) {
+      for (const PoolView* pool : {src_[r].get(), dst_[r].get()}) {
         const PoolGeometry& g = pool->geometry();
         for (uint32_t l = 0; l < g.total_layers(); ++l)
           for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
@@ -310,8 +310,7 @@ class Simulation {
   }
 
   std::vector<uint16_t> decode_tcp_ports() const {
-    const InstanceConfig& c = decode_.config();
-    return std::vector<uint16_t>(c.tcp_ports, c.tcp_ports + c.tp_size);
+    return decode_.info().tcp_ports;
   }
 
   void submit(const Status& s, const std::string& id) {
@@ -329,7 +328,7 @@ class Simulation {
 
   bool pools_intact() {
     for (uint32_t rank = 0; rank < tp_; ++rank)
-      for (const HostPool* pool : {src_[rank].get(), dst_[rank].get()})
+      for (const PoolView* pool : {src_[rank].get(), dst_[rank].get()})
         if (Status s = pool->check_intact(); !s) {
           stop(s.error().message);
           return false;
@@ -576,8 +575,8 @@ class Simulation {
   uint32_t tp_ = 1;
   uint32_t layers_ = 1;
   uint32_t block_tokens_ = 1;
-  std::vector<std::unique_ptr<HostPool>> src_;
-  std::vector<std::unique_ptr<HostPool>> dst_;
+  std::vector<std::unique_ptr<PoolView>> src_;
+  std::vector<std::unique_ptr<PoolView>> dst_;
   std::unique_ptr<BlockAllocator> src_alloc_;
   std::unique_ptr<BlockAllocator> dst_alloc_;
   std::map<std::string, std::unique_ptr<SimRequest>> requests_;

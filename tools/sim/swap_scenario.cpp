@@ -41,19 +41,19 @@ std::string SwapReportSummary::summary() const {
 
 SwapReportSummary run_swap_scenario(const SwapOptions& o, Client& client) {
   SwapReportSummary report;
-  const uint32_t tp = client.config().tp_size;
-  std::vector<std::unique_ptr<HostPool>> device, host;
+  const uint32_t tp = client.info().tp_size;
+  std::vector<std::unique_ptr<PoolView>> device, host;
   for (uint32_t r = 0; r < tp; ++r) {
-    auto d = client.open_pool(r, false);
-    auto h = client.open_pool(r, true);
+    auto d = client.open_pool(r, PoolTier::kDevice);
+    auto h = client.open_pool(r, PoolTier::kHost);
     if (!d || !h) {
       report.failed = 1;
       report.first_error =
           fmt::format("rank {}: {}", r, !d ? d.error().message : h.error().message);
       return report;
     }
-    device.push_back(std::move(d).value());
-    host.push_back(std::move(h).value());
+    device.push_back(std::make_unique<PoolView>(std::move(d).value()));
+    host.push_back(std::make_unique<PoolView>(std::move(h).value()));
   }
   const PoolGeometry& g = device[0]->geometry();
   BlockAllocator device_blocks(g.num_blocks, o.seed);

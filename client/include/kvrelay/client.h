@@ -42,6 +42,9 @@
 //    100 ms instead of hanging or pretending to succeed; attach again once a
 //    new coordinator is up.
 //
+// This header and the ones it includes (client/include/kvrelay/) are the
+// whole of what an engine compiles against: the standard library only.
+//
 // Errors are values (kvrelay::Result / Status) with a message to show:
 // kFull (ring full, nothing written), kCoordinatorGone, kInvalidArgument
 // (bad input; nothing was submitted), kTimeout, kTooLarge, kBusy.
@@ -55,14 +58,13 @@
 #include <string_view>
 #include <vector>
 
-#include "instance/instance_config.h"
-#include "shm/clock.h"
-#include "shm/result.h"
+#include "kvrelay/deadline.h"
+#include "kvrelay/instance_info.h"
+#include "kvrelay/pool_view.h"
+#include "kvrelay/result.h"
+#include "kvrelay/types.h"
 
 namespace kvrelay {
-
-class HostPool;
-enum class PoolTier : uint32_t;
 
 enum class Protocol : uint16_t { kIpc = 0, kTcp = 1, kRdma = 2 };
 
@@ -122,7 +124,7 @@ struct ConnectSpec {
 
 struct PoolSpec {
   uint32_t rank = 0;
-  bool host_tier = false;
+  PoolTier tier = PoolTier::kDevice;
   std::string segment_name;  // a host shared-memory pool segment (without '/')
 };
 
@@ -187,7 +189,8 @@ class Client {
   Client& operator=(Client&&) noexcept;
   ~Client();
 
-  const InstanceConfig& config() const;
+  // The instance's ranks, role, pool shapes, protocols and time limits.
+  const InstanceInfo& info() const;
   uint64_t epoch() const;
   // The original's cache_ready_signal: 1 when rank r is serving.
   bool rank_ready(uint32_t rank) const;
@@ -243,7 +246,7 @@ class Client {
 
   // Maps rank `rank`'s host-memory pool (the host default's "device" memory,
   // or the host tier), e.g. to write or check KV bytes.
-  Result<std::unique_ptr<HostPool>> open_pool(uint32_t rank, bool host_tier) const;
+  Result<PoolView> open_pool(uint32_t rank, PoolTier tier) const;
 
  private:
   struct Impl;

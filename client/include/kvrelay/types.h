@@ -1,0 +1,35 @@
+// The small enums of kvrelay's public face: what an instance does, what its
+// KV cache is made of, and where a pool lives. Self-contained; kvrelay's own
+// code uses these same definitions (the shared-memory layout stores them as
+// uint32_t, and schemas/validate.cpp checks every value read back).
+#pragma once
+
+#include <cstdint>
+
+namespace kvrelay {
+
+enum class Role : uint32_t { kMixed = 0, kPrefill = 1, kDecode = 2 };
+enum class CacheDtype : uint32_t { kBf16 = 0, kFp16 = 1, kUint8 = 2, kFp8 = 3 };
+
+// A rank's pool tiers: the device tier is what transfers read and write (host
+// memory in the host default), the host tier is where swaps evict to.
+enum class PoolTier : uint32_t { kDevice = 0, kHost = 1 };
+// The tensors of one layer: K and V, then (fp8 with scales) their
+// block-wise float32 scales.
+enum class PoolTensor : uint32_t { kKey = 0, kValue = 1, kKeyScale = 2, kValueScale = 3 };
+
+const char* role_name(Role r);
+const char* dtype_name(CacheDtype d);
+
+// Bytes of one element; 0 for a value outside the enum.
+constexpr uint32_t dtype_bytes(CacheDtype d) {
+  switch (d) {
+    case CacheDtype::kBf16:
+    case CacheDtype::kFp16: return 2;
+    case CacheDtype::kUint8:
+    case CacheDtype::kFp8: return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvrelay
