@@ -235,7 +235,9 @@ kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int 
   KVRELAY_NEED(client);
   KVRELAY_NEED(segment_name);
   KVRELAY_DEADLINE(deadline, timeout_ms);
-  return from(client->client.register_pool(PoolSpec{rank, host_tier != 0 ? PoolTier::kHost : PoolTier::kDevice, segment_name}, deadline));
+  return from(client->client.register_pool(
+      PoolSpec{rank, host_tier != 0 ? PoolTier::kHost : PoolTier::kDevice, segment_name},
+      deadline));
 }
 
 kvrelay_status kvrelay_own_signals(kvrelay_client* client, uint32_t rank) {

@@ -79,19 +79,10 @@ const char* completion_status_name(CompletionStatus s) {
   return "unknown";
 }
 
-static_assert(static_cast<int>(CompletionStatus::kRejected) ==
-              static_cast<int>(schema::Completion::Status::REJECTED));
-static_assert(static_cast<int>(CompletionKind::kCancel) ==
-              static_cast<int>(schema::Completion::Kind::CANCEL));
-static_assert(static_cast<int>(CompletionKind::kArrived) ==
-              static_cast<int>(schema::Completion::Kind::ARRIVED));
-static_assert(static_cast<int>(Protocol::kRdma) ==
-              static_cast<int>(schema::TransferProtocol::RDMA));
-
 struct Client::Impl {
   ControlSegment control;
   InstanceConfig config;
-  InstanceInfo info;  // config, in the public types
+  InstanceInfo info;     // config, in the public types
   MpscRing submit_view;  // for judging sessions
   MpscProducer submit;   // this session's producer slot
   uint32_t session;
@@ -387,7 +378,7 @@ Status Client::register_pool(const PoolSpec& spec, Deadline deadline) {
   auto p = msg.initRoot<schema::RegisterPool>().initPool();
   p.setRank(spec.rank);
   p.setTier(spec.tier == PoolTier::kHost ? schema::PoolDescriptor::Tier::HOST
-                                          : schema::PoolDescriptor::Tier::DEVICE);
+                                         : schema::PoolDescriptor::Tier::DEVICE);
   p.setLocation(schema::PoolDescriptor::Location::HOST_SEGMENT);
   p.setSegmentName(spec.segment_name);
   messages::set_shape(p, g);

@@ -113,10 +113,10 @@ void define_client(py::module_& m) {
   py::class_<PyClient>(m, "Client", "The engine-side client of one kvrelay instance.")
       .def(py::init<const std::string&, double>(), py::arg("instance"), py::arg("timeout") = 30.0,
            "Attaches to `instance`, waiting up to `timeout` seconds for it to be ready.")
-      .def_property_readonly("instance",
-                             [](PyClient& c) { return c.info().instance; })
+      .def_property_readonly("instance", [](PyClient& c) { return c.info().instance; })
       .def_property_readonly("tp_size", [](PyClient& c) { return c.info().tp_size; })
-      .def_property_readonly("num_layers", [](PyClient& c) { return c.info().device_pool.num_layers; })
+      .def_property_readonly("num_layers",
+                             [](PyClient& c) { return c.info().device_pool.num_layers; })
       .def_property_readonly("config", [](PyClient& c) { return config_dict(c.info()); })
       .def_property_readonly("closed", &PyClient::closed_now)
       .def_property_readonly(
@@ -258,7 +258,8 @@ void define_client(py::module_& m) {
              double timeout) {
             const Deadline d = to_deadline(timeout);
             check(c.with_client([&](Client& cl) {
-              return cl.register_pool(PoolSpec{rank, host_tier ? PoolTier::kHost : PoolTier::kDevice, segment_name}, d);
+              return cl.register_pool(
+                  PoolSpec{rank, host_tier ? PoolTier::kHost : PoolTier::kDevice, segment_name}, d);
             }));
           },
           py::arg("rank"), py::arg("segment_name"), py::kw_only(), py::arg("host_tier") = false,

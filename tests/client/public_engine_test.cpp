@@ -28,12 +28,12 @@ using namespace std::chrono_literals;
 
 int g_failures = 0;
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-      ++g_failures;                                                          \
-    }                                                                        \
+      ++g_failures;                                                                 \
+    }                                                                               \
   } while (0)
 
 constexpr uint32_t kLayers = 3;
@@ -83,8 +83,10 @@ size_t fill_or_check(const kvrelay::PoolView& pool, const std::vector<uint32_t>&
         if (p == nullptr) return SIZE_MAX;
         for (size_t o = 0; o < g.block_bytes(tensor); ++o) {
           const std::byte want = pattern(l, t, source_blocks[i], o);
-          if (!check) p[o] = want;
-          else if (p[o] != want) ++wrong;
+          if (!check)
+            p[o] = want;
+          else if (p[o] != want)
+            ++wrong;
         }
       }
     }

@@ -201,7 +201,8 @@ TEST(LifecycleProcesses, ExternalWorkersModeServesRequests) {
   EXPECT_EQ(c->status, CompletionStatus::kFinished) << c->message;
   uint64_t wrong = 0;
   for (uint32_t rank = 0; rank < 2; ++rank)
-    wrong += sim::check_request(decode->client().open_pool(rank, PoolTier::kDevice).value(), rank, r);
+    wrong +=
+        sim::check_request(decode->client().open_pool(rank, PoolTier::kDevice).value(), rank, r);
   EXPECT_EQ(wrong, 0u);
   EXPECT_EQ(prefill->stop(), 0);
   for (pid_t w : workers) {

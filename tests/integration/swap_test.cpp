@@ -30,7 +30,8 @@ class Swap : public ::testing::Test {
     env_ = std::make_unique<TwoInstances>(
         ::testing::UnitTest::GetInstance()->current_test_info()->name(), a);
     for (uint32_t r = 0; r < 2; ++r)
-      host_.push_back(std::make_unique<PoolView>(std::move(env_->engine().open_pool(r, PoolTier::kHost)).value()));
+      host_.push_back(std::make_unique<PoolView>(
+          std::move(env_->engine().open_pool(r, PoolTier::kHost)).value()));
   }
   void TearDown() override {
     host_.clear();

@@ -50,8 +50,10 @@ class TwoInstances {
     prefill_ = Instance::start(base);
     tp_ = base.tp;
     for (uint32_t r = 0; r < tp_; ++r) {
-      src_.push_back(std::make_unique<PoolView>(std::move(prefill_->client().open_pool(r, PoolTier::kDevice)).value()));
-      dst_.push_back(std::make_unique<PoolView>(std::move(decode_->client().open_pool(r, PoolTier::kDevice)).value()));
+      src_.push_back(std::make_unique<PoolView>(
+          std::move(prefill_->client().open_pool(r, PoolTier::kDevice)).value()));
+      dst_.push_back(std::make_unique<PoolView>(
+          std::move(decode_->client().open_pool(r, PoolTier::kDevice)).value()));
     }
   }
 

@@ -309,9 +309,7 @@ class Simulation {
     }
   }
 
-  std::vector<uint16_t> decode_tcp_ports() const {
-    return decode_.info().tcp_ports;
-  }
+  std::vector<uint16_t> decode_tcp_ports() const { return decode_.info().tcp_ports; }
 
   void submit(const Status& s, const std::string& id) {
     if (s) return;
