@@ -7,8 +7,10 @@
 #include <memory>
 #include <optional>
 
+#include "coordinator/completion_publisher.h"
 #include "coordinator/coordinator_counters.h"
 #include "coordinator/engine_sessions.h"
+#include "coordinator/hello_gate.h"
 #include "coordinator/rank_health.h"
 #include "coordinator/ring_writer.h"
 #include "coordinator/shared_state_guard.h"
@@ -65,6 +67,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
         counters_(control_.counters(kCoordinatorCounters)),
         submit_(control_.submit_ring().value()),
         completions_(make_writer(control_.completion_ring(), nullptr, "completion ring")),
+        publisher_(completions_, counters_, kRequestLatencyNs, [this] { mirror_counters(); }),
         sessions_(submit_),
         health_(control_, options_, *this),
         guard_(control_, counters_) {
@@ -91,25 +94,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
     tasks_[rank].write(MessageType::WORKER_TASK, task);
   }
 
-  void complete(capnp::MessageBuilder& completion) override {
-    // Stamped when published: the loop's clock may be older than the
-    // reports that completed the request.
-    auto stamp = completion.getRoot<schema::Completion>();
-    stamp.setCompletedNs(std::max(stamp.getCompletedNs(), mono_now_ns()));
-    auto c = stamp.asReader();
-    if (c.getStatus() == schema::Completion::Status::FINISHED && c.getSubmittedNs() != 0)
-      CounterWriter(counters_).record(kRequestLatencyNs, c.getCompletedNs() - c.getSubmittedNs());
-    // The table caps its texts; this is the last guard that a completion
-    // always fits one record.
-    if (messages::encoded_bytes(completion) > completions_.max_payload_bytes()) {
-      const std::string message = c.getMessage().cStr();
-      stamp.setMessage(message.substr(0, 200) + "... [cut: too long for the completion ring]");
-    }
-    // The engine that reads this completion and then runs kvrelay-dump must
-    // find it counted.
-    mirror_counters();
-    completions_.write(MessageType::COMPLETION, completion);
-  }
+  void complete(capnp::MessageBuilder& completion) override { publisher_.publish(completion); }
 
   bool rank_unresponsive(uint32_t rank, const std::string& why) override {
     return health_.stop_rank(rank, why);
@@ -248,7 +233,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
           dispatch_submission(rec, *table_, sessions_, submission_stats_, now);
         },
         256);
-    if (submission_stats_.hellos != hellos) ack_targets_.clear();  // wait for what follows too
+    if (submission_stats_.hellos != hellos) hello_gate_.retarget();  // wait for what follows too
     return n > 0;
   }
 
@@ -279,7 +264,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
       w.setSessionEnded(e.session);
       for (RingWriter& t : tasks_)
         t.write(MessageType::WORKER_TASK, msg);
-      ack_targets_.clear();
+      hello_gate_.retarget();
     }
   }
 
@@ -287,15 +272,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
   // before) has been read by every live worker (see engine_sessions.h).
   void acknowledge_sessions() {
     if (!sessions_.hello_pending()) return;
-    if (std::any_of(tasks_.begin(), tasks_.end(),
-                    [](const RingWriter& w) { return w.backlog() != 0; }))
-      return;
-    if (ack_targets_.empty())
-      for (const RingWriter& w : tasks_)
-        ack_targets_.push_back(w.written_up_to());
-    for (uint32_t r = 0; r < tasks_.size(); ++r)
-      if (health_.up(r) && !tasks_[r].consumed_up_to(ack_targets_[r])) return;
-    ack_targets_.clear();
+    if (!hello_gate_.open(tasks_, [this](uint32_t r) { return health_.up(r); })) return;
     if (sessions_.acknowledge_pending()) notify_waiters(status_.state_changed);
   }
 
@@ -312,9 +289,8 @@ class Coordinator : public Sink, public RankHealth::Listener {
 
   void mirror_counters() {
     const TableCounters& t = table_->counters();
-    auto set = [&](uint32_t id, uint64_t v) {
-      counters_.values[id].store(v, std::memory_order_relaxed);
-    };
+    CounterWriter mirror(counters_);
+    auto set = [&](uint32_t id, uint64_t v) { mirror.set(id, v); };
     set(kSubmitted, t.submitted);
     set(kFinished, t.finished);
     set(kErrors, t.errors);
@@ -367,6 +343,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
   CountersBlock& counters_;
   MpscRing submit_;
   RingWriter completions_;
+  CompletionPublisher publisher_;
   std::vector<RingWriter> tasks_;
   std::vector<SpscRing<WorkerReport>> reports_;
   std::unique_ptr<TaskTable> table_;
@@ -377,7 +354,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
   SubmissionStats submission_stats_;
   InstanceState state_ = InstanceState::kInitialising;
   std::optional<std::string> broken_;
-  std::vector<uint64_t> ack_targets_;  // per rank: what workers must have read before an ack
+  HelloGate hello_gate_;
 };
 
 }  // namespace

@@ -389,8 +389,7 @@ void TaskTable::on_swap(schema::SwapTask::Reader shared, uint64_t now_ns, uint32
 // The decode engine's word that a request's KV will arrive over tcp into
 // these blocks: every rank tracks it, and its completion (kind arrived)
 // comes when every rank has every byte.
-void TaskTable::on_expect(schema::ExpectArrival::Reader shared, uint64_t now_ns,
-                          uint32_t session) {
+void TaskTable::on_expect(schema::ExpectArrival::Reader shared, uint64_t now_ns, uint32_t session) {
   auto owned = copy_of(shared);
   const auto expect = owned->getRoot<schema::ExpectArrival>().asReader();
   if (Status s = messages::validate_request_id("ExpectArrival", expect.getRequestId()); !s) {

@@ -65,6 +65,10 @@ class CounterWriter {
     auto& v = b_->values[id % kMaxCounters];
     v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
+  // Mirrors a count kept elsewhere (a component's own counters).
+  void set(uint32_t id, uint64_t v) {
+    b_->values[id % kMaxCounters].store(v, std::memory_order_relaxed);
+  }
   void record(uint32_t histogram, uint64_t value);
 
  private:

@@ -324,9 +324,8 @@ class Worker {
 
   void mirror_counters() {
     const SchedulerCounters& c = data_->scheduler().counters();
-    auto set = [&](uint32_t id, uint64_t v) {
-      counters_.values[id].store(v, std::memory_order_relaxed);
-    };
+    CounterWriter mirror(counters_);
+    auto set = [&](uint32_t id, uint64_t v) { mirror.set(id, v); };
     set(kSignals, c.signals);
     set(kBadSignals, c.bad_signals);
     set(kLayerCopies, c.layer_copies);
