@@ -78,8 +78,8 @@ class Coordinator : public Sink, public RankHealth::Listener {
       reports_.push_back(control_.report_ring<WorkerReport>(r).value());
     }
     TableOptions table_options;
-    table_options.default_deadline_ns = uint64_t{config_.request_deadline_ms} * 1'000'000ULL;
-    table_options.withdraw_timeout_ns = uint64_t{config_.peer_timeout_ms} * 1'000'000ULL;
+    table_options.default_deadline = std::chrono::milliseconds(config_.request_deadline_ms);
+    table_options.withdraw_timeout = std::chrono::milliseconds(config_.peer_timeout_ms);
     table_options.own_instance = control_.instance();
     table_options.peer_info = [this](const std::string& peer) { return peer_info(peer); };
     table_ = std::make_unique<TaskTable>(messages::Limits::from(config_), std::move(table_options),
@@ -188,9 +188,9 @@ class Coordinator : public Sink, public RankHealth::Listener {
       }
       if (drain_until && (table_->live() == 0 || drain_until->passed())) break;
       if (busy) continue;
-      uint64_t wake = std::min<uint64_t>(next_deadline, now + 50'000'000ULL);
+      uint64_t wake = std::min<uint64_t>(next_deadline, now + ns_of(50ms));
       wake = std::min(wake, health_.next_due_ns());
-      if (sessions_.tracked() != 0) wake = std::min<uint64_t>(wake, now + 10'000'000ULL);
+      if (sessions_.tracked() != 0) wake = std::min<uint64_t>(wake, now + ns_of(10ms));
       wait_until(
           status_.coordinator_doorbell, [&] { return has_input() || g_stop != 0; },
           Deadline::at_ns(std::max(wake, now)));

@@ -5,7 +5,7 @@
 namespace kvrelay::coordinator {
 
 namespace {
-constexpr uint64_t kPollIntervalNs = 10'000'000;
+constexpr Nanos kPollInterval = std::chrono::milliseconds(10);
 }  // namespace
 
 void EngineSessions::seen(uint32_t slot, uint16_t generation) {
@@ -26,7 +26,7 @@ std::vector<EngineSessions::Ended> EngineSessions::poll(uint64_t now_ns, bool fo
   std::vector<Ended> out = std::move(ended_);
   ended_.clear();
   if (!force && pending_hellos_.empty() && now_ns < next_poll_ns_) return out;
-  next_poll_ns_ = now_ns + kPollIntervalNs;
+  next_poll_ns_ = now_ns + ns_of(kPollInterval);
   for (auto it = tracked_.begin(); it != tracked_.end();) {
     const ProducerSession state = submit_.session_state(it->first, it->second);
     if (state == ProducerSession::kAlive) {

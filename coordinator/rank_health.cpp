@@ -82,7 +82,7 @@ void RankHealth::supervise(uint64_t now_ns) {
     // At most every millisecond: the pidfd poll is a system call, which
     // costs ~10 us on the VMs we measure on, and a busy loop turns often.
     if (now_ns >= next_exit_poll_) {
-      next_exit_poll_ = now_ns + 1'000'000ULL;
+      next_exit_poll_ = now_ns + ns_of(std::chrono::milliseconds(1));
       for (const WorkerExit& e : supervisor_->poll_exits(Deadline::now())) {
         std::string reason = e.reason;
         if (e.exit_code > 0) {
@@ -98,7 +98,7 @@ void RankHealth::supervise(uint64_t now_ns) {
       listener_.rank_up(rank);
     }
   } else if (now_ns >= next_external_check_) {
-    next_external_check_ = now_ns + 100'000'000ULL;
+    next_external_check_ = now_ns + ns_of(std::chrono::milliseconds(100));
     for (uint32_t r = 0; r < tp_; ++r) {
       const SlotSnapshot s = read_slot(control_.worker_slot(r));
       if (s.registrations != seen_registrations_[r] && s.state != SlotState::kEmpty) {

@@ -9,7 +9,7 @@
 namespace kvrelay::coordinator {
 
 namespace {
-constexpr uint64_t kCheckEveryNs = 10'000'000ULL;
+constexpr Nanos kCheckEvery = std::chrono::milliseconds(10);
 constexpr const char* kTruncated = "its control segment was truncated by another process";
 }  // namespace
 
@@ -20,7 +20,7 @@ std::optional<std::string> SharedStateGuard::check(uint64_t now, InstanceState s
                                                    CoordinatorRings rings) {
   if (control_.segment().truncated()) return kTruncated;  // nothing shared can be trusted
   if (now < next_check_ns_) return std::nullopt;
-  next_check_ns_ = now + kCheckEveryNs;
+  next_check_ns_ = now + ns_of(kCheckEvery);
   CounterWriter counters(counters_);
   if (control_.header().state.load(std::memory_order_acquire) != static_cast<uint32_t>(state)) {
     spdlog::error(

@@ -16,9 +16,9 @@ namespace kvrelay::coordinator {
 namespace {
 // Backoff after a crash: 100 ms, doubling, at most 5 s; a worker that stayed
 // up for 10 s starts again from 100 ms.
-constexpr uint64_t kFirstBackoffNs = 100'000'000ULL;
-constexpr uint64_t kMaxBackoffNs = 5'000'000'000ULL;
-constexpr uint64_t kHealthyRunNs = 10'000'000'000ULL;
+constexpr Nanos kFirstBackoff = std::chrono::milliseconds(100);
+constexpr Nanos kMaxBackoff = std::chrono::seconds(5);
+constexpr Nanos kHealthyRun = std::chrono::seconds(10);
 }  // namespace
 
 std::string default_worker_binary() {
@@ -82,7 +82,7 @@ std::vector<WorkerExit> Supervisor::poll_exits(Deadline deadline) {
     r.pid = 0;
     WorkerExit exit{rank, e.pid, e.describe(), e.signal == 0 ? e.exit_code : -1, false};
     if (!stopping_) {
-      const bool short_run = now - r.started_ns <= kHealthyRunNs;
+      const bool short_run = now - r.started_ns <= ns_of(kHealthyRun);
       r.consecutive_failures = short_run ? r.consecutive_failures + 1 : 1;
       const bool same = exit.reason == r.last_failure;
       r.last_failure = exit.reason;
@@ -96,11 +96,12 @@ std::vector<WorkerExit> Supervisor::poll_exits(Deadline deadline) {
                           : fmt::format(": it failed the same way {} times in a row",
                                         r.consecutive_failures));
       } else {
-        const uint64_t backoff =
-            std::min(kMaxBackoffNs, kFirstBackoffNs << std::min(r.consecutive_failures - 1, 10U));
-        r.restart_at_ns = now + backoff;
+        const Nanos backoff = std::min(
+            kMaxBackoff, kFirstBackoff * (1U << std::min(r.consecutive_failures - 1, 10U)));
+        r.restart_at_ns = now + ns_of(backoff);
         spdlog::error("rank {} worker (pid {}) died: {}; restarting in {} ms", rank, e.pid,
-                      exit.reason, backoff / 1'000'000);
+                      exit.reason,
+                      std::chrono::duration_cast<std::chrono::milliseconds>(backoff).count());
       }
     }
     out.push_back(exit);
@@ -117,7 +118,7 @@ std::vector<uint32_t> Supervisor::restart_due(uint64_t now_ns) {
     ++r.restarts;
     if (Status s = spawn(rank); !s) {
       spdlog::error("rank {}: {}", rank, s.error().message);
-      r.restart_at_ns = now_ns + kMaxBackoffNs;
+      r.restart_at_ns = now_ns + ns_of(kMaxBackoff);
       continue;
     }
     started.push_back(rank);

@@ -12,16 +12,6 @@ namespace {
 
 enum class RankState : uint8_t { kIdle, kPending, kFinished, kCancelled, kFailed };
 
-// An owned, exactly-sized deep copy of a message read from shared memory.
-template <class Reader>
-std::unique_ptr<capnp::MallocMessageBuilder> copy_of(Reader reader) {
-  const auto words = reader.totalSize().wordCount + 1;
-  auto copy = std::make_unique<capnp::MallocMessageBuilder>(
-      static_cast<unsigned>(std::min<uint64_t>(words, 1U << 20)));
-  copy->setRoot(reader);
-  return copy;
-}
-
 // Text from another process as it may be shown back: printable ASCII, the
 // rest escaped, at most `max` bytes (marked when cut), so that any binding
 // can decode it and every completion fits its ring.
@@ -52,11 +42,45 @@ std::string text(capnp::Text::Reader t) {
   return std::string(t.cStr(), t.size());
 }
 
-uint64_t deadline_ns_of(uint32_t deadline_ms, uint64_t default_ns) {
-  return deadline_ms != 0 ? uint64_t{deadline_ms} * 1'000'000ULL : default_ns;
+Nanos deadline_of(uint32_t deadline_ms, Nanos default_deadline) {
+  return deadline_ms != 0 ? Nanos(std::chrono::milliseconds(deadline_ms)) : default_deadline;
 }
 
+// A submitted message, decoded once: the table's own exactly-sized copy
+// (validated and forwarded, never the shared bytes) and its root.
+template <class T>
+struct Owned {
+  std::unique_ptr<capnp::MallocMessageBuilder> message;
+  typename T::Reader root;
+
+  explicit Owned(typename T::Reader shared) {
+    const auto words = shared.totalSize().wordCount + 1;
+    message = std::make_unique<capnp::MallocMessageBuilder>(
+        static_cast<unsigned>(std::min<uint64_t>(words, 1U << 20)));
+    message->setRoot(shared);
+    root = message->getRoot<T>().asReader();  // stays valid: the builder does not move
+  }
+};
+
 }  // namespace
+
+// Where a request is in its life: which of its timers runs, and what a
+// rank's answer means.
+enum class Phase : uint8_t {
+  kRunning,        // live: its deadline runs
+  kWithdrawing,    // its outcome is decided; the ranks that may still write
+                   // are asked to stop, until the withdraw timeout
+  kAwaitingExits,  // ranks that did not confirm in time were stopped; their
+                   // exits are awaited, until a second withdraw timeout
+  kRetired,        // its completion went out; freed by reap()
+};
+
+// How a request ended, decided before its completion may go out.
+struct Outcome {
+  CompletionStatus status = CompletionStatus::FINISHED;
+  int32_t error_rank = -1;
+  std::string message;
+};
 
 struct TaskTable::Request {
   std::string id;
@@ -64,12 +88,12 @@ struct TaskTable::Request {
   CompletionKind kind = CompletionKind::CACHE;
   uint32_t session = 0;
   uint64_t submitted_ns = 0;
-  uint64_t deadline_ns = 0;
-  // Its entry in deadlines_: the deadline while it runs, the limit of its
-  // withdrawal once it ends.
+  Nanos deadline{0};  // how long it has from submitted_ns
+  Phase phase = Phase::kRunning;
+  // Its one entry in timers_, due when its phase says (see Phase).
   std::multimap<uint64_t, uint64_t>::iterator timer;
-  std::unique_ptr<capnp::MallocMessageBuilder> task;  // CacheTask
-  std::unique_ptr<capnp::MallocMessageBuilder> dest;  // CacheDest
+  std::optional<Owned<schema::CacheTask>> task;
+  std::optional<Owned<schema::CacheDest>> dest;
   bool task_bound = false;
   bool dest_sent = false;
   std::vector<RankState> ranks;
@@ -79,16 +103,11 @@ struct TaskTable::Request {
   uint32_t progress_generation = 0;
   bool owns_id = true;  // in by_id_ (false once its session died: the id is free)
   bool silent = false;  // its session died: nobody is left to read a completion
-  // Set once the outcome is decided; the completion waits for the writers.
-  bool ending = false;
-  CompletionStatus end_status = CompletionStatus::FINISHED;
-  int32_t end_rank = -1;
-  std::string end_message;
-  // Withdrawal: 0 waiting for confirmations; 1 unresponsive ranks were
-  // killed and their exits are awaited.
-  int withdraw_round = 0;
+  Outcome outcome;      // meaningful from kWithdrawing on
   bool blocks_reusable = true;
 
+  uint64_t deadline_ns() const { return submitted_ns + ns_of(deadline); }
+  bool ending() const { return phase != Phase::kRunning; }
   // Whether the ranks may write into pools for it (a decode half was
   // dispatched, or it is a swap): then its end waits for them.
   bool can_write() const {
@@ -123,9 +142,9 @@ TaskTable::Request& TaskTable::create(const std::string& id, CompletionKind kind
   r->kind = kind;
   r->session = session;
   r->submitted_ns = now_ns;
-  r->deadline_ns = now_ns + deadline_ns_of(deadline_ms, options_.default_deadline_ns);
+  r->deadline = deadline_of(deadline_ms, options_.default_deadline);
   r->ranks.assign(limits_.tp_size, RankState::kIdle);
-  r->timer = deadlines_.emplace(r->deadline_ns, r->handle);
+  r->timer = timers_.emplace(r->deadline_ns(), r->handle);
   Request& ref = *r;
   by_id_[id] = &ref;
   by_handle_[ref.handle] = std::move(r);
@@ -133,32 +152,34 @@ TaskTable::Request& TaskTable::create(const std::string& id, CompletionKind kind
   return ref;
 }
 
-bool TaskTable::admit(const std::string& id, CompletionKind kind, uint64_t now_ns,
-                      uint32_t session) {
+bool TaskTable::has_room(const std::string& id, CompletionKind kind, uint64_t now_ns,
+                         uint32_t session) {
   if (draining_) {
     complete_unknown(id, kind, CompletionStatus::ERROR,
                      fmt::format("'{}' refused: the instance is draining (shutting down)", id),
                      now_ns, session);
     return false;
   }
-  if (by_handle_.size() >= options_.max_live_requests) {
+  if (live() >= options_.max_live_requests) {
     complete_unknown(id, kind, CompletionStatus::ERROR,
                      fmt::format("'{}' refused: {} requests are in flight, the most this instance "
                                  "takes; resubmit once some have completed",
-                                 id, by_handle_.size()),
+                                 id, live()),
                      now_ns, session);
     return false;
   }
   // Every request needs a tombstone when it ends: keep room for all of them.
-  if (tombstones_.size() + by_handle_.size() >= tombstones_.limit()) {
+  if (tombstones_.size() + live() >= tombstones_.limit()) {
     tombstones_.sweep(now_ns, tombstones_.capacity());
-    if (tombstones_.size() + by_handle_.size() >= tombstones_.limit()) {
+    if (tombstones_.size() + live() >= tombstones_.limit()) {
       complete_unknown(
           id, kind, CompletionStatus::ERROR,
-          fmt::format("'{}' refused: this instance remembers {} recently completed "
-                      "request ids, the most it can (each for its deadline plus "
-                      "{} s); resubmit once they expire",
-                      id, tombstones_.size(), options_.tombstone_margin_ns / 1'000'000'000),
+          fmt::format(
+              "'{}' refused: this instance remembers {} recently completed "
+              "request ids, the most it can (each for its deadline plus "
+              "{} s); resubmit once they expire",
+              id, tombstones_.size(),
+              std::chrono::duration_cast<std::chrono::seconds>(options_.tombstone_margin).count()),
           now_ns, session);
       return false;
     }
@@ -166,79 +187,117 @@ bool TaskTable::admit(const std::string& id, CompletionKind kind, uint64_t now_n
   return true;
 }
 
-// A half for an id that is not live but recently ended. If this half is its
-// partner, absorb it; if that half was already seen, it is a duplicate.
-void TaskTable::absorb_or_reject_half(const std::string& id, Half half, Tombstones::Halves seen,
-                                      const char* what, uint64_t now_ns, uint32_t session) {
-  const bool dup = half == Half::kTask ? seen.task : seen.dest;
-  if (dup) {
-    complete_unknown(id, CompletionKind::CACHE, CompletionStatus::REJECTED,
-                     fmt::format("{} '{}': duplicate; this request id already completed", what, id),
-                     now_ns, session);
+std::variant<TaskTable::Request*, TaskTable::Answered> TaskTable::admit_half(
+    Half half, capnp::Text::Reader id_text, uint64_t now_ns, uint32_t session) {
+  const char* what = half == Half::kTask ? "CacheTask" : "CacheDest";
+  if (Status s = messages::validate_request_id(what, id_text); !s) {
+    complete_unknown(printable_id(id_text), CompletionKind::CACHE, CompletionStatus::REJECTED,
+                     s.error().message, now_ns, session);
+    return Answered{};
+  }
+  const std::string id = text(id_text);
+  Request* live = find_live(id);
+  if (live != nullptr) {
+    const bool has_half = half == Half::kTask ? live->task.has_value() : live->dest.has_value();
+    if (live->kind != CompletionKind::CACHE || has_half) {
+      complete_unknown(id, CompletionKind::CACHE, CompletionStatus::REJECTED,
+                       fmt::format("{} '{}': duplicate; a request with this id is in flight "
+                                   "(this one was dropped, the first continues)",
+                                   what, id),
+                       now_ns, session);
+      return Answered{};
+    }
+    return live;
+  }
+  // Not live but recently ended: its partner half is absorbed; a half that
+  // was already seen is a duplicate.
+  if (std::optional<Tombstones::Halves> seen = tombstones_.find(id, now_ns)) {
+    bool& this_half = half == Half::kTask ? seen->task : seen->dest;
+    if (this_half) {
+      complete_unknown(
+          id, CompletionKind::CACHE, CompletionStatus::REJECTED,
+          fmt::format("{} '{}': duplicate; this request id already completed", what, id), now_ns,
+          session);
+      return Answered{};
+    }
+    this_half = true;
+    tombstones_.mark(id, *seen);
+    ++counters_.absorbed;
+    spdlog::info("{} '{}' arrived after its request had completed; absorbed", what, id);
+    return Answered{};
+  }
+  if (!has_room(id, CompletionKind::CACHE, now_ns, session)) return Answered{};
+  return static_cast<Request*>(nullptr);
+}
+
+void TaskTable::refuse_half(Request* joined, Half half, const std::string& id,
+                            const std::string& error, uint64_t now_ns, uint32_t session) {
+  if (joined != nullptr) {
+    finish(*joined, CompletionStatus::ERROR, -1, error, now_ns);
     return;
   }
-  (half == Half::kTask ? seen.task : seen.dest) = true;
-  tombstones_.mark(id, seen);
-  ++counters_.absorbed;
-  spdlog::info("{} '{}' arrived after its request had completed; absorbed", what, id);
+  complete_unknown(id, CompletionKind::CACHE, CompletionStatus::ERROR, error, now_ns, session);
+  remember(id, Tombstones::Halves{half == Half::kTask, half == Half::kDest}, Nanos(0), now_ns);
+}
+
+std::optional<std::string> TaskTable::admit_single(capnp::Text::Reader id_text, CompletionKind kind,
+                                                   const char* what, uint64_t now_ns,
+                                                   uint32_t session) {
+  if (Status s = messages::validate_request_id(what, id_text); !s) {
+    complete_unknown(printable_id(id_text), kind, CompletionStatus::REJECTED, s.error().message,
+                     now_ns, session);
+    return std::nullopt;
+  }
+  std::string id = text(id_text);
+  if (!admit_single(id, kind, what, false, now_ns, session)) return std::nullopt;
+  return id;
+}
+
+void TaskTable::refuse_single(const std::string& id, CompletionKind kind, const std::string& error,
+                              uint64_t now_ns, uint32_t session) {
+  complete_unknown(id, kind, CompletionStatus::ERROR, error, now_ns, session);
+  remember(id, Tombstones::Halves{true, true}, Nanos(0), now_ns);
+}
+
+bool TaskTable::admit_single(const std::string& id, CompletionKind kind, const char* what,
+                             bool reusable_id, uint64_t now_ns, uint32_t session) {
+  if (find_live(id) != nullptr || (!reusable_id && tombstones_.find(id, now_ns))) {
+    complete_unknown(id, kind, CompletionStatus::REJECTED,
+                     fmt::format("{} '{}': duplicate; a request with this id {}", what, id,
+                                 find_live(id) != nullptr ? "is in flight" : "recently completed"),
+                     now_ns, session);
+    return false;
+  }
+  return has_room(id, kind, now_ns, session);
 }
 
 void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns, uint32_t session) {
-  auto owned = copy_of(shared);  // validate our copy, never the shared bytes
-  const auto task = owned->getRoot<schema::CacheTask>().asReader();
-  if (Status s = messages::validate_request_id("CacheTask", task.getRequestId()); !s) {
-    complete_unknown(printable_id(task.getRequestId()), CompletionKind::CACHE,
-                     CompletionStatus::REJECTED, s.error().message, now_ns, session);
-    return;
+  Owned<schema::CacheTask> task(shared);
+  const auto admitted = admit_half(Half::kTask, task.root.getRequestId(), now_ns, session);
+  if (std::holds_alternative<Answered>(admitted)) return reap();
+  Request* joined = std::get<Request*>(admitted);
+  const std::string id = text(task.root.getRequestId());
+  const uint32_t deadline_ms = task.root.getDeadlineMs();
+  if (Status s = messages::validate(task.root, limits_); !s) {
+    if (joined != nullptr) joined->task = std::move(task);
+    refuse_half(joined, Half::kTask, id, s.error().message, now_ns, session);
+    return reap();
   }
-  const std::string id = text(task.getRequestId());
-  Request* live = find_live(id);
-  if (live != nullptr && (live->kind != CompletionKind::CACHE || live->task)) {
-    complete_unknown(id, CompletionKind::CACHE, CompletionStatus::REJECTED,
-                     fmt::format("CacheTask '{}': duplicate; a request with this id is in flight "
-                                 "(this one was dropped, the first continues)",
-                                 id),
-                     now_ns, session);
-    return;
+  Request& r =
+      joined != nullptr ? *joined : create(id, CompletionKind::CACHE, now_ns, deadline_ms, session);
+  if (joined != nullptr && deadline_ms != 0) {  // the task's own deadline, from first arrival
+    r.deadline = deadline_of(deadline_ms, options_.default_deadline);
+    arm_timer(r, r.deadline_ns());
   }
-  if (live == nullptr) {
-    if (auto seen = tombstones_.find(id, now_ns)) {
-      absorb_or_reject_half(id, Half::kTask, *seen, "CacheTask", now_ns, session);
-      return;
-    }
-    if (!admit(id, CompletionKind::CACHE, now_ns, session)) return;
-  }
-  if (Status s = messages::validate(task, limits_); !s) {
-    if (live != nullptr) {
-      live->task = std::move(owned);
-      finish(*live, CompletionStatus::ERROR, -1, s.error().message, now_ns);
-    } else {
-      complete_unknown(id, CompletionKind::CACHE, CompletionStatus::ERROR, s.error().message,
-                       now_ns, session);
-      remember(id, Tombstones::Halves{true, false}, 0, now_ns);
-    }
-    return;
-  }
-  Request& r = live != nullptr
-                   ? *live
-                   : create(id, CompletionKind::CACHE, now_ns, task.getDeadlineMs(), session);
-  if (live != nullptr &&
-      task.getDeadlineMs() != 0) {  // the task's own deadline, from first arrival
-    deadlines_.erase(r.timer);
-    r.deadline_ns = r.submitted_ns + uint64_t{task.getDeadlineMs()} * 1'000'000ULL;
-    r.timer = deadlines_.emplace(r.deadline_ns, r.handle);
-  }
-  r.task = std::move(owned);
+  r.task = std::move(task);
   spdlog::debug("CacheTask '{}' (handle {}) bound on every rank", id, r.handle);
   const bool sent = send_to_ranks(
-      r,
-      [&](schema::WorkerTask::Builder w) {
-        w.setBind(r.task->getRoot<schema::CacheTask>().asReader());
-      },
-      now_ns);
-  if (!sent) return;
-  r.task_bound = true;
-  maybe_dispatch_dest(r, now_ns);
+      r, [&](schema::WorkerTask::Builder w) { w.setBind(r.task->root); }, now_ns);
+  if (sent) {
+    r.task_bound = true;
+    maybe_dispatch_dest(r, now_ns);
+  }
+  reap();
 }
 
 // The destination of an ipc transfer must be another instance that accepts
@@ -282,63 +341,39 @@ std::optional<std::string> TaskTable::check_peer(schema::CacheDest::Reader dest,
 }
 
 void TaskTable::on_cache_dest(schema::CacheDest::Reader shared, uint64_t now_ns, uint32_t session) {
-  auto owned = copy_of(shared);
-  const auto dest = owned->getRoot<schema::CacheDest>().asReader();
-  if (Status s = messages::validate_request_id("CacheDest", dest.getRequestId()); !s) {
-    complete_unknown(printable_id(dest.getRequestId()), CompletionKind::CACHE,
-                     CompletionStatus::REJECTED, s.error().message, now_ns, session);
-    return;
-  }
-  const std::string id = text(dest.getRequestId());
-  Request* live = find_live(id);
-  if (live != nullptr && (live->kind != CompletionKind::CACHE || live->dest)) {
-    complete_unknown(id, CompletionKind::CACHE, CompletionStatus::REJECTED,
-                     fmt::format("CacheDest '{}': duplicate; a request with this id is in flight "
-                                 "(this one was dropped, the first continues)",
-                                 id),
-                     now_ns, session);
-    return;
-  }
-  if (live == nullptr) {
-    if (auto seen = tombstones_.find(id, now_ns)) {
-      absorb_or_reject_half(id, Half::kDest, *seen, "CacheDest", now_ns, session);
-      return;
-    }
-    if (!admit(id, CompletionKind::CACHE, now_ns, session)) return;
-  }
-
+  Owned<schema::CacheDest> dest(shared);
+  const auto admitted = admit_half(Half::kDest, dest.root.getRequestId(), now_ns, session);
+  if (std::holds_alternative<Answered>(admitted)) return reap();
+  Request* joined = std::get<Request*>(admitted);
+  const std::string id = text(dest.root.getRequestId());
   std::string error;
   std::optional<uint32_t> peer_blocks;
-  if (dest.getErrorMessage().size() > 0) {
+  if (dest.root.getErrorMessage().size() > 0) {
     error = fmt::format("CacheDest '{}': the decode side refused: {}", id,
-                        printable(text(dest.getErrorMessage()), kMaxEchoedTextBytes));
-  } else if (Status s = messages::validate(dest, limits_); !s) {
+                        printable(text(dest.root.getErrorMessage()), kMaxEchoedTextBytes));
+  } else if (Status s = messages::validate(dest.root, limits_); !s) {
     error = s.error().message;
-  } else if (auto why = check_peer(dest, peer_blocks)) {
+  } else if (auto why = check_peer(dest.root, peer_blocks)) {
     error = *why;
   } else if (peer_blocks) {
-    if (Status p = messages::validate(dest, limits_, peer_blocks); !p) error = p.error().message;
+    if (Status p = messages::validate(dest.root, limits_, peer_blocks); !p)
+      error = p.error().message;
   }
   if (!error.empty()) {
-    if (live != nullptr) {
-      live->dest = std::move(owned);
-      finish(*live, CompletionStatus::ERROR, -1, error, now_ns);
-    } else {
-      complete_unknown(id, CompletionKind::CACHE, CompletionStatus::ERROR, error, now_ns, session);
-      remember(id, Tombstones::Halves{false, true}, 0, now_ns);
-    }
-    return;
+    if (joined != nullptr) joined->dest = std::move(dest);
+    refuse_half(joined, Half::kDest, id, error, now_ns, session);
+    return reap();
   }
-  Request& r = live != nullptr ? *live : create(id, CompletionKind::CACHE, now_ns, 0, session);
-  r.dest = std::move(owned);
+  Request& r = joined != nullptr ? *joined : create(id, CompletionKind::CACHE, now_ns, 0, session);
+  r.dest = std::move(dest);
   maybe_dispatch_dest(r, now_ns);
+  reap();
 }
 
 void TaskTable::maybe_dispatch_dest(Request& r, uint64_t now_ns) {
-  if (!r.task || !r.dest || r.dest_sent || r.ending) return;
-  const auto task = r.task->getRoot<schema::CacheTask>().asReader();
-  const auto dest = r.dest->getRoot<schema::CacheDest>().asReader();
-  if (Status s = messages::validate_pair(task, dest); !s) {
+  if (!r.task || !r.dest || r.dest_sent || r.ending()) return;
+  const auto dest = r.dest->root;
+  if (Status s = messages::validate_pair(r.task->root, dest); !s) {
     finish(r, CompletionStatus::ERROR, -1, s.error().message, now_ns);
     return;
   }
@@ -349,116 +384,79 @@ void TaskTable::maybe_dispatch_dest(Request& r, uint64_t now_ns) {
 }
 
 void TaskTable::on_swap(schema::SwapTask::Reader shared, uint64_t now_ns, uint32_t session) {
-  auto owned = copy_of(shared);
-  const auto swap = owned->getRoot<schema::SwapTask>().asReader();
-  if (Status s = messages::validate_request_id("SwapTask", swap.getRequestId()); !s) {
-    complete_unknown(printable_id(swap.getRequestId()), CompletionKind::SWAP,
-                     CompletionStatus::REJECTED, s.error().message, now_ns, session);
-    return;
-  }
-  const std::string id = text(swap.getRequestId());
-  if (find_live(id) != nullptr || tombstones_.find(id, now_ns)) {
-    complete_unknown(id, CompletionKind::SWAP, CompletionStatus::REJECTED,
-                     fmt::format("SwapTask '{}': duplicate request id", id), now_ns, session);
-    return;
-  }
-  if (!admit(id, CompletionKind::SWAP, now_ns, session)) return;
-  if (Status s = messages::validate(swap, limits_); !s) {
-    complete_unknown(id, CompletionKind::SWAP, CompletionStatus::ERROR, s.error().message, now_ns,
-                     session);
-    remember(id, Tombstones::Halves{true, true}, 0, now_ns);
-    return;
-  }
-  Request& r = create(id, CompletionKind::SWAP, now_ns, swap.getDeadlineMs(), session);
-  if (swap.getDirection() == schema::SwapTask::Direction::LOAD) {
-    const uint32_t first = swap.getFirstLayer();
+  Owned<schema::SwapTask> swap(shared);
+  const std::optional<std::string> admitted =
+      admit_single(swap.root.getRequestId(), CompletionKind::SWAP, "SwapTask", now_ns, session);
+  if (!admitted) return;
+  const std::string& id = *admitted;
+  if (Status s = messages::validate(swap.root, limits_); !s)
+    return refuse_single(id, CompletionKind::SWAP, s.error().message, now_ns, session);
+  Request& r = create(id, CompletionKind::SWAP, now_ns, swap.root.getDeadlineMs(), session);
+  if (swap.root.getDirection() == schema::SwapTask::Direction::LOAD) {
+    const uint32_t first = swap.root.getFirstLayer();
     const uint32_t count =
-        swap.getLayerCount() != 0 ? swap.getLayerCount() : limits_.total_layers() - first;
+        swap.root.getLayerCount() != 0 ? swap.root.getLayerCount() : limits_.total_layers() - first;
     r.progress_slot = sink_.begin_load_progress(r.handle, id, first, count, r.progress_generation);
   }
   send_to_ranks(
       r,
       [&](schema::WorkerTask::Builder w) {
-        w.setSwap(swap);
+        w.setSwap(swap.root);
         w.setProgressSlot(r.progress_slot);
         w.setProgressGeneration(r.progress_generation);
       },
       now_ns);
+  reap();
 }
 
-// The decode engine's word that a request's KV will arrive over tcp into
-// these blocks: every rank tracks it, and its completion (kind arrived)
-// comes when every rank has every byte.
+// The decode engine's word that a request's KV will arrive (tcp or ipc)
+// into these blocks: every rank tracks it, and its completion (kind
+// arrived) comes when every rank has every byte.
 void TaskTable::on_expect(schema::ExpectArrival::Reader shared, uint64_t now_ns, uint32_t session) {
-  auto owned = copy_of(shared);
-  const auto expect = owned->getRoot<schema::ExpectArrival>().asReader();
-  if (Status s = messages::validate_request_id("ExpectArrival", expect.getRequestId()); !s) {
-    complete_unknown(printable_id(expect.getRequestId()), CompletionKind::ARRIVED,
-                     CompletionStatus::REJECTED, s.error().message, now_ns, session);
-    return;
-  }
-  const std::string id = text(expect.getRequestId());
-  if (find_live(id) != nullptr || tombstones_.find(id, now_ns)) {
-    complete_unknown(id, CompletionKind::ARRIVED, CompletionStatus::REJECTED,
-                     fmt::format("ExpectArrival '{}': duplicate request id", id), now_ns, session);
-    return;
-  }
-  if (!admit(id, CompletionKind::ARRIVED, now_ns, session)) return;
-  if (Status s = messages::validate(expect, limits_); !s) {
-    complete_unknown(id, CompletionKind::ARRIVED, CompletionStatus::ERROR, s.error().message,
-                     now_ns, session);
-    remember(id, Tombstones::Halves{true, true}, 0, now_ns);
-    return;
-  }
-  Request& r = create(id, CompletionKind::ARRIVED, now_ns, expect.getDeadlineMs(), session);
+  Owned<schema::ExpectArrival> expect(shared);
+  const std::optional<std::string> admitted = admit_single(
+      expect.root.getRequestId(), CompletionKind::ARRIVED, "ExpectArrival", now_ns, session);
+  if (!admitted) return;
+  const std::string& id = *admitted;
+  if (Status s = messages::validate(expect.root, limits_); !s)
+    return refuse_single(id, CompletionKind::ARRIVED, s.error().message, now_ns, session);
+  Request& r = create(id, CompletionKind::ARRIVED, now_ns, expect.root.getDeadlineMs(), session);
   send_to_ranks(
-      r, [&](schema::WorkerTask::Builder w) { w.setExpect(expect); }, now_ns);
+      r, [&](schema::WorkerTask::Builder w) { w.setExpect(expect.root); }, now_ns);
+  reap();
 }
 
 void TaskTable::on_connect(schema::ConnectTask::Reader shared, uint64_t now_ns, uint32_t session) {
-  auto owned = copy_of(shared);
-  const auto connect = owned->getRoot<schema::ConnectTask>().asReader();
-  const std::string id = fmt::format("connect-{}", connect.getTaskId());
-  if (find_live(id) != nullptr) {
-    complete_unknown(id, CompletionKind::CONNECT, CompletionStatus::REJECTED,
-                     fmt::format("ConnectTask {}: duplicate; one with this task id is in flight",
-                                 connect.getTaskId()),
-                     now_ns, session);
-    return;
-  }
-  if (!admit(id, CompletionKind::CONNECT, now_ns, session)) return;
-  if (Status s = messages::validate(connect, limits_); !s) {
+  Owned<schema::ConnectTask> connect(shared);
+  const std::string id = fmt::format("connect-{}", connect.root.getTaskId());
+  // Connect ids may be reused once done.
+  if (!admit_single(id, CompletionKind::CONNECT, "ConnectTask", true, now_ns, session)) return;
+  if (Status s = messages::validate(connect.root, limits_); !s) {
     complete_unknown(id, CompletionKind::CONNECT, CompletionStatus::ERROR, s.error().message,
                      now_ns, session);
     return;
   }
-  tombstones_.forget(id);  // connect ids may be reused once done
+  tombstones_.forget(id);
   Request& r = create(id, CompletionKind::CONNECT, now_ns, 0, session);
   send_to_ranks(
-      r, [&](schema::WorkerTask::Builder w) { w.setConnect(connect); }, now_ns);
+      r, [&](schema::WorkerTask::Builder w) { w.setConnect(connect.root); }, now_ns);
+  reap();
 }
 
 void TaskTable::on_register_pool(schema::RegisterPool::Reader shared, uint64_t now_ns,
                                  uint32_t session) {
-  auto owned = copy_of(shared);
-  const auto reg = owned->getRoot<schema::RegisterPool>().asReader();
-  if (Status s = messages::validate(reg, limits_); !s) {
+  Owned<schema::RegisterPool> reg(shared);
+  if (Status s = messages::validate(reg.root, limits_); !s) {
     complete_unknown("register-pool", CompletionKind::REGISTER_POOL, CompletionStatus::ERROR,
                      s.error().message, now_ns, session);
     return;
   }
-  const auto pool = reg.getPool();
+  const auto pool = reg.root.getPool();
   const std::string id =
       fmt::format("register-pool-r{}-{}", pool.getRank(),
                   pool.getTier() == schema::PoolDescriptor::Tier::HOST ? "host" : "device");
-  if (find_live(id) != nullptr) {
-    complete_unknown(
-        id, CompletionKind::REGISTER_POOL, CompletionStatus::REJECTED,
-        fmt::format("RegisterPool for rank {}: one is already in flight", pool.getRank()), now_ns,
-        session);
+  if (!admit_single(id, CompletionKind::REGISTER_POOL, "RegisterPool", true, now_ns, session))
     return;
-  }
-  if (!admit(id, CompletionKind::REGISTER_POOL, now_ns, session)) return;
   if (auto why = down_reason(pool.getRank())) {
     complete_unknown(id, CompletionKind::REGISTER_POOL, CompletionStatus::ERROR, *why, now_ns,
                      session);
@@ -492,7 +490,7 @@ void TaskTable::on_cancel(schema::Cancel::Reader shared, uint64_t now_ns, uint32
                      now_ns, session);
     return;
   }
-  if (r->ending) return;  // already being withdrawn; its one completion follows
+  if (r->ending()) return;  // already being withdrawn; its one completion follows
   // Withdrawn from every rank like any other end: its completion waits for
   // the ranks that may still write (at once when nothing was sent yet), and
   // a rank that does not confirm in time is stopped.
@@ -501,6 +499,7 @@ void TaskTable::on_cancel(schema::Cancel::Reader shared, uint64_t now_ns, uint32
              ? "cancelled before both halves had arrived"
              : "cancelled",
          now_ns);
+  reap();
 }
 
 void TaskTable::on_malformed(const std::string& what, const std::string& error, uint64_t now_ns,
@@ -523,10 +522,10 @@ void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
   }
   if (report.first_copy_ns != 0 && (r.first_copy_ns == 0 || report.first_copy_ns < r.first_copy_ns))
     r.first_copy_ns = report.first_copy_ns;
-  if (r.ending) {  // any answer means this rank stopped
+  if (r.ending()) {  // being withdrawn: any answer means this rank stopped
     state = RankState::kCancelled;
     if (writers_settled(r)) emit(r, now_ns);
-    return;
+    return reap();
   }
   using records::ReportKind;
   switch (static_cast<ReportKind>(report.kind)) {
@@ -544,7 +543,7 @@ void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
       const std::string why = fmt::format("rank {}: {}", report.rank,
                                           printable(report.message_text(), kMaxEchoedTextBytes));
       finish(r, CompletionStatus::ERROR, static_cast<int32_t>(report.rank), why, now_ns);
-      return;
+      return reap();
     }
     default: ++counters_.stray_reports; return;
   }
@@ -560,46 +559,45 @@ void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
   } else {
     finish(r, CompletionStatus::CANCELLED, -1, "cancelled", now_ns);
   }
+  reap();
 }
 
 void TaskTable::on_rank_lost(uint32_t rank, const std::string& reason, uint64_t now_ns) {
   if (rank < down_.size()) down_[rank] = reason;
-  std::vector<uint64_t> hit;
-  for (auto& [handle, r] : by_handle_) {
-    if (rank < r->ranks.size() && r->ranks[rank] == RankState::kPending) hit.push_back(handle);
-  }
-  for (uint64_t handle : hit) {
-    auto it = by_handle_.find(handle);
-    if (it == by_handle_.end()) continue;
-    Request& r = *it->second;
+  // Requests retire during the walk but are freed only by reap(), after it.
+  for (auto& [handle, owned] : by_handle_) {
+    Request& r = *owned;
+    if (r.phase == Phase::kRetired || rank >= r.ranks.size() ||
+        r.ranks[rank] != RankState::kPending)
+      continue;
     r.ranks[rank] = RankState::kFailed;  // a dead rank writes nothing more
-    if (r.ending) {
+    if (r.ending()) {
       if (writers_settled(r)) emit(r, now_ns);
       continue;
     }
     finish(r, CompletionStatus::ERROR, static_cast<int32_t>(rank),
            fmt::format("rank {} died ({}) while the request was in flight", rank, reason), now_ns);
   }
+  reap();
 }
 
 void TaskTable::on_session_ended(uint32_t session, uint64_t now_ns) {
-  std::vector<uint64_t> hit;
-  for (auto& [handle, r] : by_handle_)
-    if (r->session == session && !r->silent) hit.push_back(handle);
-  for (uint64_t handle : hit) {
-    auto it = by_handle_.find(handle);
-    if (it == by_handle_.end()) continue;
-    Request& r = *it->second;
+  size_t withdrawn = 0;
+  for (auto& [handle, owned] : by_handle_) {
+    Request& r = *owned;
+    if (r.session != session || r.silent || r.phase == Phase::kRetired) continue;
     r.silent = true;
     if (r.owns_id) {
       by_id_.erase(r.id);
       r.owns_id = false;
     }
     ++counters_.session_withdrawals;
-    if (!r.ending) finish(r, CompletionStatus::CANCELLED, -1, "its engine session ended", now_ns);
+    ++withdrawn;
+    if (!r.ending()) finish(r, CompletionStatus::CANCELLED, -1, "its engine session ended", now_ns);
   }
-  if (!hit.empty())
-    spdlog::info("engine session {:08x} ended: withdrew its {} requests", session, hit.size());
+  reap();
+  if (withdrawn != 0)
+    spdlog::info("engine session {:08x} ended: withdrew its {} requests", session, withdrawn);
 }
 
 bool TaskTable::session_has_requests(uint32_t session) const {
@@ -608,69 +606,71 @@ bool TaskTable::session_has_requests(uint32_t session) const {
 }
 
 uint64_t TaskTable::tick(uint64_t now_ns) {
-  while (!deadlines_.empty() && deadlines_.begin()->first <= now_ns) {
-    const uint64_t handle = deadlines_.begin()->second;
-    auto it = by_handle_.find(handle);
-    if (it == by_handle_.end()) {
-      deadlines_.erase(deadlines_.begin());
+  while (!timers_.empty() && timers_.begin()->first <= now_ns) {
+    auto it = by_handle_.find(timers_.begin()->second);
+    if (it == by_handle_.end() || it->second->phase == Phase::kRetired) {
+      timers_.erase(timers_.begin());  // not expected: retiring erases the timer
       continue;
     }
-    Request& r = *it->second;
-    if (!r.ending) {
-      const uint64_t ms = (r.deadline_ns - r.submitted_ns) / 1'000'000ULL;
+    on_timer(*it->second, now_ns);  // re-arms or retires: the entry moves or goes
+  }
+  reap();
+  tombstones_.sweep(now_ns, 4096);
+  return timers_.empty() ? UINT64_MAX : timers_.begin()->first;
+}
+
+void TaskTable::on_timer(Request& r, uint64_t now_ns) {
+  switch (r.phase) {
+    case Phase::kRunning: {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(r.deadline).count();
       finish(r, CompletionStatus::TIMEOUT, -1,
              fmt::format("'{}' passed its {} ms deadline while {}", r.id, ms, r.waiting_for()),
              now_ns);
-      continue;
+      return;
     }
-    // Ranks that have not confirmed the withdrawal in time.
-    std::string unconfirmed;
-    bool awaiting_exits = false;
-    for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
-      if (r.ranks[rank] != RankState::kPending) continue;
-      unconfirmed += fmt::format("{}{}", unconfirmed.empty() ? "" : ", ", rank);
-      if (r.withdraw_round == 0 &&
-          sink_.rank_unresponsive(rank,
-                                  fmt::format("did not confirm withdrawing '{}' in time", r.id))) {
-        awaiting_exits = true;  // killed: its exit settles it (on_rank_lost)
-      } else {
-        r.ranks[rank] = RankState::kFailed;
-        r.blocks_reusable = false;
-      }
-    }
-    if (awaiting_exits) {
-      r.withdraw_round = 1;
-      arm_withdraw_deadline(r, now_ns + options_.withdraw_timeout_ns);
-      continue;
-    }
-    r.end_message += fmt::format(
-        " (rank {} did not confirm it stopped writing in time{}: do not reuse the destination "
-        "blocks until it is known to have stopped)",
-        unconfirmed, r.withdraw_round == 1 ? ", and its exit was not confirmed in time" : "");
-    emit(r, now_ns);
+    case Phase::kWithdrawing:
+    case Phase::kAwaitingExits: break;
+    case Phase::kRetired: return;  // its timer went with it (tick() skips it)
   }
-  tombstones_.sweep(now_ns, 4096);
-  return deadlines_.empty() ? UINT64_MAX : deadlines_.begin()->first;
+  // Ranks that have not confirmed the withdrawal in time.
+  std::string unconfirmed;
+  bool awaiting_exits = false;
+  for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
+    if (r.ranks[rank] != RankState::kPending) continue;
+    unconfirmed += fmt::format("{}{}", unconfirmed.empty() ? "" : ", ", rank);
+    if (r.phase == Phase::kWithdrawing &&
+        sink_.rank_unresponsive(rank,
+                                fmt::format("did not confirm withdrawing '{}' in time", r.id))) {
+      awaiting_exits = true;  // killed: its exit settles it (on_rank_lost)
+    } else {
+      r.ranks[rank] = RankState::kFailed;
+      r.blocks_reusable = false;
+    }
+  }
+  if (awaiting_exits) {
+    r.phase = Phase::kAwaitingExits;
+    arm_timer(r, now_ns + ns_of(options_.withdraw_timeout));
+    return;
+  }
+  r.outcome.message += fmt::format(
+      " (rank {} did not confirm it stopped writing in time{}: do not reuse the destination "
+      "blocks until it is known to have stopped)",
+      unconfirmed,
+      r.phase == Phase::kAwaitingExits ? ", and its exit was not confirmed in time" : "");
+  emit(r, now_ns);
 }
 
 void TaskTable::fail_all(const std::string& reason, uint64_t now_ns) {
-  std::vector<uint64_t> all;
-  for (auto& [handle, r] : by_handle_)
-    all.push_back(handle);
-  for (uint64_t handle : all) {
-    auto it = by_handle_.find(handle);
-    if (it == by_handle_.end()) continue;
-    Request& r = *it->second;
+  for (auto& [handle, owned] : by_handle_) {
+    Request& r = *owned;
+    if (r.phase == Phase::kRetired) continue;
     // The instance is going away with its workers: nothing to wait for.
     for (RankState& st : r.ranks)
       if (st == RankState::kPending) st = RankState::kCancelled;
-    if (!r.ending) {
-      r.ending = true;
-      r.end_status = CompletionStatus::ERROR;
-      r.end_message = reason;
-    }
+    if (!r.ending()) r.outcome = Outcome{CompletionStatus::ERROR, -1, reason};
     emit(r, now_ns);
   }
+  reap();
 }
 
 std::optional<std::string> TaskTable::down_reason(uint32_t rank) const {
@@ -717,26 +717,24 @@ void TaskTable::send_cancel(Request& r) {
 
 void TaskTable::finish(Request& r, CompletionStatus status, int32_t error_rank,
                        const std::string& message, uint64_t now_ns) {
-  r.ending = true;
-  r.end_status = status;
-  r.end_rank = error_rank;
-  r.end_message = message;
+  r.outcome = Outcome{status, error_rank, message};
   if (status == CompletionStatus::FINISHED) {
     emit(r, now_ns);
     return;
   }
+  r.phase = Phase::kWithdrawing;
   send_cancel(r);  // withdraw it wherever it still runs
   if (writers_settled(r)) {
     emit(r, now_ns);
     return;
   }
   // Wait for the writers' confirmations, but not forever.
-  arm_withdraw_deadline(r, now_ns + options_.withdraw_timeout_ns);
+  arm_timer(r, now_ns + ns_of(options_.withdraw_timeout));
 }
 
-void TaskTable::arm_withdraw_deadline(Request& r, uint64_t at_ns) {
-  deadlines_.erase(r.timer);
-  r.timer = deadlines_.emplace(at_ns, r.handle);
+void TaskTable::arm_timer(Request& r, uint64_t at_ns) {
+  timers_.erase(r.timer);
+  r.timer = timers_.emplace(at_ns, r.handle);
 }
 
 bool TaskTable::writers_settled(const Request& r) const {
@@ -746,16 +744,17 @@ bool TaskTable::writers_settled(const Request& r) const {
 }
 
 void TaskTable::emit(Request& r, uint64_t now_ns) {
+  if (r.phase == Phase::kRetired) return;
   if (r.progress_slot != Sink::kNoProgressSlot)
-    sink_.end_load_progress(r.progress_slot, r.end_status == CompletionStatus::FINISHED);
+    sink_.end_load_progress(r.progress_slot, r.outcome.status == CompletionStatus::FINISHED);
   if (!r.silent) {
     capnp::MallocMessageBuilder msg(256);
     auto c = msg.initRoot<schema::Completion>();
     c.setRequestId(r.id);
     c.setKind(r.kind);
-    c.setStatus(r.end_status);
-    c.setErrorRank(r.end_rank);
-    c.setMessage(printable(r.end_message, kMaxCompletionMessageBytes));
+    c.setStatus(r.outcome.status);
+    c.setErrorRank(r.outcome.error_rank);
+    c.setMessage(printable(r.outcome.message, kMaxCompletionMessageBytes));
     c.setBytesMoved(r.bytes);
     c.setSubmittedNs(r.submitted_ns);
     c.setCompletedNs(now_ns);
@@ -763,7 +762,7 @@ void TaskTable::emit(Request& r, uint64_t now_ns) {
     c.setSession(r.session);
     c.setBlocksReusable(r.blocks_reusable);
     // Counted first: whoever reads the completion may look at the counters next.
-    switch (r.end_status) {
+    switch (r.outcome.status) {
       case CompletionStatus::FINISHED: ++counters_.finished; break;
       case CompletionStatus::ERROR: ++counters_.errors; break;
       case CompletionStatus::CANCELLED: ++counters_.cancelled; break;
@@ -771,18 +770,27 @@ void TaskTable::emit(Request& r, uint64_t now_ns) {
       case CompletionStatus::REJECTED: ++counters_.rejected; break;
     }
     sink_.complete(msg);
-    if (r.end_status != CompletionStatus::FINISHED)
+    if (r.outcome.status != CompletionStatus::FINISHED)
       spdlog::info("'{}' {}: {}", r.id,
-                   r.end_status == CompletionStatus::ERROR ? "failed" : "ended", r.end_message);
+                   r.outcome.status == CompletionStatus::ERROR ? "failed" : "ended",
+                   r.outcome.message);
   }
   if (r.owns_id) {
     const bool single = r.kind != CompletionKind::CACHE;
-    remember(r.id, Tombstones::Halves{single || r.task != nullptr, single || r.dest != nullptr},
-             r.deadline_ns - r.submitted_ns, now_ns);
+    remember(r.id, Tombstones::Halves{single || r.task.has_value(), single || r.dest.has_value()},
+             r.deadline, now_ns);
     by_id_.erase(r.id);
+    r.owns_id = false;
   }
-  deadlines_.erase(r.timer);
-  by_handle_.erase(r.handle);  // destroys r
+  timers_.erase(r.timer);
+  r.phase = Phase::kRetired;
+  retired_.push_back(r.handle);
+}
+
+void TaskTable::reap() {
+  for (uint64_t handle : retired_)
+    by_handle_.erase(handle);
+  retired_.clear();
 }
 
 void TaskTable::complete_unknown(const std::string& id, CompletionKind kind,
@@ -808,13 +816,12 @@ void TaskTable::complete_unknown(const std::string& id, CompletionKind kind,
   }
 }
 
-// `deadline_ns`: how long the request had (its partner may come that long
+// `deadline`: how long the request had (its partner may come that long
 // after its first half).
-void TaskTable::remember(const std::string& id, Tombstones::Halves halves, uint64_t deadline_ns,
+void TaskTable::remember(const std::string& id, Tombstones::Halves halves, Nanos deadline,
                          uint64_t now_ns) {
-  const uint64_t lifetime =
-      std::max(deadline_ns, options_.default_deadline_ns) + options_.tombstone_margin_ns;
-  if (!tombstones_.remember(id, halves, now_ns + lifetime, now_ns))
+  const Nanos lifetime = std::max(deadline, options_.default_deadline) + options_.tombstone_margin;
+  if (!tombstones_.remember(id, halves, now_ns + ns_of(lifetime), now_ns))
     spdlog::error(
         "could not remember completed id '{}': {} ids remembered, the most this "
         "instance holds",

@@ -50,6 +50,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "coordinator/tombstones.h"
@@ -57,6 +58,7 @@
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
+#include "shm/clock.h"
 
 namespace kvrelay::coordinator {
 
@@ -100,16 +102,17 @@ class Sink {
 };
 
 struct TableOptions {
-  uint64_t default_deadline_ns = 60'000'000'000ULL;
+  // A request's deadline when it names none.
+  Nanos default_deadline = std::chrono::seconds(60);
   // How long after a request ends its id is remembered, beyond the longest
   // deadline its partner half could still come within.
-  uint64_t tombstone_margin_ns = 30'000'000'000ULL;
+  Nanos tombstone_margin = std::chrono::seconds(30);
   // Ids remembered at most (Tombstones); past it, new requests are refused.
   size_t max_tombstones = size_t{1} << 21;
   // Requests in flight at most; past it, new requests are refused.
   size_t max_live_requests = size_t{1} << 16;
   // How long a rank may take to confirm that it stopped working on a request.
-  uint64_t withdraw_timeout_ns = 1'000'000'000ULL;
+  Nanos withdraw_timeout = std::chrono::seconds(1);
   // This instance's name: never a valid transfer destination.
   std::string own_instance;
   // Optional: what is known of a peer (decode) instance for ipc
@@ -177,22 +180,48 @@ class TaskTable {
   // Fails every live request (shutdown after the drain deadline).
   void fail_all(const std::string& reason, uint64_t now_ns);
 
-  size_t live() const { return by_handle_.size(); }
+  size_t live() const { return by_handle_.size() - retired_.size(); }
   size_t remembered() const { return tombstones_.size(); }
   const TableCounters& counters() const { return counters_; }
 
  private:
   struct Request;
   enum class Half { kTask, kDest };
+  // What an entry point found already answered: nothing more to do.
+  struct Answered {};
 
   Request* find_live(const std::string& id);
   Request& create(const std::string& id, CompletionKind kind, uint64_t now_ns, uint32_t deadline_ms,
                   uint32_t session);
-  // The checks every new request passes (draining, capacity); false when it
-  // was refused (and answered).
-  bool admit(const std::string& id, CompletionKind kind, uint64_t now_ns, uint32_t session);
-  void absorb_or_reject_half(const std::string& id, Half half, Tombstones::Halves seen,
-                             const char* what, uint64_t now_ns, uint32_t session);
+
+  // ---- admission: the checks a submission passes before its request exists ----
+  // Both halves of a cache request: a well-formed id, not a second copy of a
+  // half the live request already has, absorbed (or rejected as a duplicate)
+  // when its request already ended, and room for a new request. Returns the
+  // live request the half joins (nullptr: it starts one), or Answered.
+  std::variant<Request*, Answered> admit_half(Half half, capnp::Text::Reader id, uint64_t now_ns,
+                                              uint32_t session);
+  // A half that failed validation: it fails the request it joined, or, alone,
+  // gets its error completion and its id is remembered.
+  void refuse_half(Request* joined, Half half, const std::string& id, const std::string& error,
+                   uint64_t now_ns, uint32_t session);
+  // A single-part request (swap, expect, connect, register-pool): not a
+  // duplicate of a live one (nor, unless `reusable_id`, of one that recently
+  // ended), and room for it. False when it was answered.
+  bool admit_single(const std::string& id, CompletionKind kind, const char* what, bool reusable_id,
+                    uint64_t now_ns, uint32_t session);
+  // The same for a request whose id the engine chose: the id must be well
+  // formed, and is never reused while remembered. Returns the id, or nullopt
+  // when the request was answered.
+  std::optional<std::string> admit_single(capnp::Text::Reader id, CompletionKind kind,
+                                          const char* what, uint64_t now_ns, uint32_t session);
+  // A single-part request that failed validation: its error completion, and
+  // its id is remembered.
+  void refuse_single(const std::string& id, CompletionKind kind, const std::string& error,
+                     uint64_t now_ns, uint32_t session);
+  // Room for one more request (draining, capacity); false when refused (and answered).
+  bool has_room(const std::string& id, CompletionKind kind, uint64_t now_ns, uint32_t session);
+
   void maybe_dispatch_dest(Request& r, uint64_t now_ns);
   // Sends a part of `r` to every rank. When a rank is down it sends nothing,
   // ends `r` with an error naming the rank, and returns false.
@@ -204,14 +233,18 @@ class TaskTable {
   // otherwise once every such rank has confirmed (see the top).
   void finish(Request& r, CompletionStatus status, int32_t error_rank, const std::string& message,
               uint64_t now_ns);
-  void arm_withdraw_deadline(Request& r, uint64_t at_ns);
-  // Sends r's completion (unless its session is gone) and forgets r.
+  // Arms r's one timer for its phase: its deadline, or the limit of a withdrawal.
+  void arm_timer(Request& r, uint64_t at_ns);
+  void on_timer(Request& r, uint64_t now_ns);
+  // Sends r's completion (unless its session is gone) and retires r: it is
+  // no longer live, and is freed when the entry point returns (reap()), so
+  // that no caller is left holding a destroyed request.
   void emit(Request& r, uint64_t now_ns);
+  void reap();
   bool writers_settled(const Request& r) const;
   void complete_unknown(const std::string& id, CompletionKind kind, CompletionStatus status,
                         const std::string& message, uint64_t now_ns, uint32_t session);
-  void remember(const std::string& id, Tombstones::Halves halves, uint64_t deadline_ns,
-                uint64_t now_ns);
+  void remember(const std::string& id, Tombstones::Halves halves, Nanos deadline, uint64_t now_ns);
   std::optional<std::string> check_peer(schema::CacheDest::Reader dest,
                                         std::optional<uint32_t>& peer_blocks);
 
@@ -223,7 +256,8 @@ class TaskTable {
   std::vector<std::optional<std::string>> down_;  // per rank: why it is down
   std::unordered_map<uint64_t, std::unique_ptr<Request>> by_handle_;
   std::unordered_map<std::string, Request*> by_id_;  // live requests that own their id
-  std::multimap<uint64_t, uint64_t> deadlines_;      // (deadline, handle) of live requests
+  std::multimap<uint64_t, uint64_t> timers_;         // (due, handle) of live requests
+  std::vector<uint64_t> retired_;                    // emitted, freed by reap()
   Tombstones tombstones_;
   TableCounters counters_;
 };

@@ -11,12 +11,12 @@ namespace {
 // this long (a sender learns of a failure within its peer timeout; an id used
 // again after that is a new request).
 constexpr size_t kRememberGone = 4096;
-constexpr uint64_t kGoneNs = 60'000'000'000ull;
+constexpr Nanos kGone = std::chrono::seconds(60);
 // Writes of undeclared requests, credited if the request is declared later
 // (its declaration can reach this rank after the sender's first writes):
 // this many, for this long.
 constexpr size_t kRememberEarly = 1 << 18;
-constexpr uint64_t kEarlyNs = 60'000'000'000ull;
+constexpr Nanos kEarly = std::chrono::seconds(60);
 }  // namespace
 
 Arrivals::Arrivals(const PoolGeometry& pool, WaitEvent* doorbell)
@@ -115,7 +115,7 @@ void Arrivals::forget_old_early() {
   const uint64_t now = mono_now_ns();
   while (!early_order_.empty()) {
     auto it = early_.find(early_order_.front());
-    if (it != early_.end() && now - it->second.since_ns <= kEarlyNs) break;
+    if (it != early_.end() && now - it->second.since_ns <= ns_of(kEarly)) break;
     if (it != early_.end()) {
       early_entries_ -= it->second.writes.size();
       early_.erase(it);
@@ -278,7 +278,7 @@ void Arrivals::remember_gone(uint64_t key, const std::string& id) {
 
 void Arrivals::forget_old_gone() {
   const uint64_t now = mono_now_ns();
-  while (!gone_.empty() && now - gone_.front().at_ns > kGoneNs) {
+  while (!gone_.empty() && now - gone_.front().at_ns > ns_of(kGone)) {
     gone_ids_.erase(gone_.front().key);
     gone_.pop_front();
   }

@@ -139,7 +139,7 @@ bool IpcIntakeWriter::flush() {
   while (!pending_.empty()) {
     Pending& p = pending_.front();
     Status s = producer_.try_write(static_cast<int32_t>(schema::MessageType::IPC_LANDED), p.record);
-    if (!s && s.code() == Errc::kFull && mono_now_ns() - p.since_ns < kGiveUpAfterNs) break;
+    if (!s && s.code() == Errc::kFull && mono_now_ns() - p.since_ns < ns_of(kGiveUpAfter)) break;
     if (!s)
       spdlog::warn(
           "decode rank {}'s intake ring: dropped a landed record ({}); its request "

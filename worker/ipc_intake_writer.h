@@ -32,7 +32,7 @@ namespace kvrelay::worker {
 
 class IpcIntakeWriter {
  public:
-  static constexpr uint64_t kGiveUpAfterNs = 2'000'000'000ull;
+  static constexpr Nanos kGiveUpAfter = std::chrono::seconds(2);
   // Runs per record: well inside the ring's record limit.
   static constexpr size_t kRunsPerRecord = 1024;
 

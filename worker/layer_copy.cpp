@@ -10,10 +10,10 @@ Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const Loc
                                           LayerCopyScratch& scratch) {
   for (const LocalPool* pool : {&from, &to}) {
     if (!engine.reaches(pool->memory_kind()))
-      return make_error(Errc::kInvalidArgument,
-                        fmt::format("pool {} is {} memory, which the {} copy engine cannot reach",
-                                    pool->name(), kernels::memory_kind_name(pool->memory_kind()),
-                                    engine.name()));
+      return make_error(
+          Errc::kInvalidArgument,
+          fmt::format("pool {} is {} memory, which the {} copy engine cannot reach", pool->name(),
+                      kernels::memory_kind_name(pool->memory_kind()), engine.name()));
   }
   const PoolGeometry& g = from.geometry();
   const uint32_t tensors = g.tensors_per_layer();

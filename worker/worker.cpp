@@ -150,7 +150,7 @@ class Worker {
       }
       const uint64_t now = mono_now_ns();
       if (now >= next_check) {
-        next_check = now + 100'000'000ULL;
+        next_check = now + ns_of(100ms);
         if (auto what = task_ring_.take_corruption())
           spdlog::error("rank {}: task ring: {}", rank_, *what);
         if (Status s = coordinator_alive(); !s) {
