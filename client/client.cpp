@@ -30,14 +30,10 @@ using records::LayerSignal;
 using records::SignalKind;
 using schema::MessageType;
 
+// A vector as the list a message field is set from.
 template <class T>
-void set_u32_list(capnp::List<uint32_t>::Builder list, const std::vector<T>& values) {
-  for (unsigned i = 0; i < values.size(); ++i)
-    list.set(i, values[i]);
-}
-void set_u16_list(capnp::List<uint16_t>::Builder list, const std::vector<uint16_t>& values) {
-  for (unsigned i = 0; i < values.size(); ++i)
-    list.set(i, values[i]);
+kj::ArrayPtr<const T> list_of(const std::vector<T>& values) {
+  return kj::arrayPtr(values.data(), values.size());
 }
 
 schema::TransferProtocol to_schema(Protocol p) {
@@ -211,12 +207,7 @@ Result<Client> Client::attach(std::string_view instance, Deadline ready_by) {
   // The coordinator may still be starting (no segment yet, or one not yet
   // published): keep trying until the deadline. A stale segment (its
   // coordinator is gone) is refused at once: waiting would not change it.
-  Result<ControlSegment> control = ControlSegment::attach(instance);
-  while (!control && (control.code() == Errc::kNotFound || control.code() == Errc::kNotReady) &&
-         !ready_by.passed()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    control = ControlSegment::attach(instance);
-  }
+  Result<ControlSegment> control = ControlSegment::attach_when_published(instance, ready_by);
   if (!control) {
     if (control.code() == Errc::kStale)
       return make_error(Errc::kCoordinatorGone, control.error().message);
@@ -287,8 +278,7 @@ Status Client::submit(const CacheTaskSpec& spec, Deadline deadline) {
   capnp::MallocMessageBuilder msg;
   auto t = msg.initRoot<schema::CacheTask>();
   t.setRequestId(spec.request_id);
-  set_u32_list(t.initSrcBlockIds(static_cast<unsigned>(spec.src_block_ids.size())),
-               spec.src_block_ids);
+  t.setSrcBlockIds(list_of(spec.src_block_ids));
   t.setNeedPrefillTokens(spec.need_prefill_tokens);
   t.setDeadlineMs(spec.deadline_ms);
   if (spec.engine_slot.has_value() == spec.legacy_prefill_step.has_value())
@@ -312,14 +302,13 @@ Status Client::submit(const CacheDestSpec& spec, Deadline deadline) {
   capnp::MallocMessageBuilder msg;
   auto d = msg.initRoot<schema::CacheDest>();
   d.setRequestId(spec.request_id);
-  set_u32_list(d.initDestBlockIds(static_cast<unsigned>(spec.dest_block_ids.size())),
-               spec.dest_block_ids);
+  d.setDestBlockIds(list_of(spec.dest_block_ids));
   d.setProtocol(to_schema(spec.protocol));
   d.setPeerInstance(spec.peer_instance);
   d.setPeerAddress(spec.peer_address);
-  set_u16_list(d.initRdmaPorts(static_cast<unsigned>(spec.rdma_ports.size())), spec.rdma_ports);
-  set_u16_list(d.initTcpPorts(static_cast<unsigned>(spec.tcp_ports.size())), spec.tcp_ports);
-  set_u32_list(d.initDeviceIds(static_cast<unsigned>(spec.device_ids.size())), spec.device_ids);
+  d.setRdmaPorts(list_of(spec.rdma_ports));
+  d.setTcpPorts(list_of(spec.tcp_ports));
+  d.setDeviceIds(list_of(spec.device_ids));
   d.setErrorMessage(spec.error_message);
   if (Status s = messages::validate(d.asReader(), impl_->limits); !s) return s;
   return impl_->write(MessageType::CACHE_DEST, msg, deadline);
@@ -332,10 +321,8 @@ Status Client::submit(const SwapSpec& spec, Deadline deadline) {
   s.setRequestId(spec.request_id);
   s.setDirection(spec.load ? schema::SwapTask::Direction::LOAD
                            : schema::SwapTask::Direction::EVICT);
-  set_u32_list(s.initDeviceBlockIds(static_cast<unsigned>(spec.device_block_ids.size())),
-               spec.device_block_ids);
-  set_u32_list(s.initHostBlockIds(static_cast<unsigned>(spec.host_block_ids.size())),
-               spec.host_block_ids);
+  s.setDeviceBlockIds(list_of(spec.device_block_ids));
+  s.setHostBlockIds(list_of(spec.host_block_ids));
   s.setFirstLayer(spec.first_layer);
   s.setLayerCount(spec.layer_count);
   s.setDeadlineMs(spec.deadline_ms);
@@ -348,8 +335,7 @@ Status Client::submit(const ExpectSpec& spec, Deadline deadline) {
   capnp::MallocMessageBuilder msg;
   auto e = msg.initRoot<schema::ExpectArrival>();
   e.setRequestId(spec.request_id);
-  set_u32_list(e.initDestBlockIds(static_cast<unsigned>(spec.dest_block_ids.size())),
-               spec.dest_block_ids);
+  e.setDestBlockIds(list_of(spec.dest_block_ids));
   e.setDeadlineMs(spec.deadline_ms);
   if (Status v = messages::validate(e.asReader(), impl_->limits); !v) return v;
   // Before the declaration is on its way: prefill workers that write here
@@ -367,7 +353,7 @@ Status Client::submit(const ConnectSpec& spec, Deadline deadline) {
   c.setProtocol(to_schema(spec.protocol));
   c.setPeerInstance(spec.peer_instance);
   c.setPeerAddress(spec.peer_address);
-  set_u16_list(c.initPorts(static_cast<unsigned>(spec.ports.size())), spec.ports);
+  c.setPorts(list_of(spec.ports));
   if (Status s = messages::validate(c.asReader(), impl_->limits); !s) return s;
   return impl_->write(MessageType::CONNECT_TASK, msg, deadline);
 }

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <ctime>
+#include <thread>
 
 #include "instance/names.h"
 #include "shm/process_identity.h"
@@ -245,6 +246,17 @@ Status ControlSegment::initialize(const InstanceConfig& config, const ControlLay
   }
   h->preamble.magic.store(kSegmentMagic, std::memory_order_release);  // publish
   return {};
+}
+
+Result<ControlSegment> ControlSegment::attach_when_published(std::string_view instance,
+                                                             Deadline until, bool wait_out_stale) {
+  for (;;) {
+    Result<ControlSegment> c = attach(instance);
+    const bool transient = c.code() == Errc::kNotFound || c.code() == Errc::kNotReady ||
+                           (wait_out_stale && c.code() == Errc::kStale);
+    if (c || !transient || until.passed()) return c;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 Result<ControlSegment> ControlSegment::attach(std::string_view instance,

@@ -56,6 +56,13 @@ class ControlSegment {
                                        const SegmentOptions& options = {});
   static Result<ControlSegment> attach(std::string_view instance,
                                        const AttachOptions& options = {});
+  // attach(), tried again every 20 ms until `until` while the instance's
+  // coordinator is still starting (no segment yet, or one not yet
+  // published), and, with `wait_out_stale`, while the segment is a dead
+  // coordinator's (a worker started before its restarted coordinator). Any
+  // other error is returned at once.
+  static Result<ControlSegment> attach_when_published(std::string_view instance, Deadline until,
+                                                      bool wait_out_stale = false);
 
   ControlSegment(ControlSegment&&) noexcept = default;
   ControlSegment& operator=(ControlSegment&&) noexcept = default;

@@ -18,6 +18,7 @@
 #include "shm/liveness.h"
 #include "shm/process_logging.h"
 #include "worker/data_plane.h"
+#include "worker/report_outbox.h"
 #include "worker/worker_counters.h"
 
 namespace kvrelay::worker {
@@ -60,7 +61,8 @@ class Worker {
         counters_(control_.counters(worker_counters_index(rank))),
         task_ring_(control_.task_ring(rank).value()),
         signal_ring_(control_.signal_ring<LayerSignal>(rank).value()),
-        report_ring_(std::move(reports)),
+        reports_(std::move(reports), rank, control_.status().coordinator_doorbell, counters_,
+                 kReportsDelayed),
         doorbell_(control_.status().worker_doorbell[rank]),
         coordinator_doorbell_(control_.status().coordinator_doorbell),
         coordinator_(control_.locks()) {
@@ -132,7 +134,7 @@ class Worker {
       drain_swap_reports();
       busy = data_->transports().tick() || busy;
       drain_arrivals();
-      flush_reports();
+      reports_.flush();
       mirror_counters();
       if (const LocalPool* pool = data_->truncated_pool())
         return give_up(control_, rank_, kExitUnusable,
@@ -172,7 +174,7 @@ class Worker {
     }
     spdlog::info("rank {}: {}; exiting", rank_,
                  shutdown_ ? "instance shutting down" : "stopped by signal");
-    flush_reports();
+    reports_.flush();
     set_state(slot_, SlotState::kExiting);
     release_slot(slot_);
     return 0;
@@ -301,25 +303,7 @@ class Worker {
 
   void report(uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
               uint64_t first_copy_ns = 0) {
-    WorkerReport r{};
-    r.first_copy_ns = first_copy_ns;
-    r.handle = handle;
-    r.kind = static_cast<uint32_t>(kind);
-    r.rank = rank_;
-    r.bytes_moved = bytes;
-    r.set_message(message);
-    pending_reports_.push_back(r);
-    flush_reports();
-  }
-
-  void flush_reports() {
-    bool pushed = false;
-    while (!pending_reports_.empty() && report_ring_.try_push(pending_reports_.front())) {
-      pending_reports_.pop_front();
-      pushed = true;
-    }
-    if (!pending_reports_.empty()) CounterWriter(counters_).add(kReportsDelayed);
-    if (pushed) notify_waiters(coordinator_doorbell_);
+    reports_.report(handle, kind, bytes, message, first_copy_ns);
   }
 
   void mirror_counters() {
@@ -348,28 +332,15 @@ class Worker {
   CountersBlock& counters_;
   MpscRing task_ring_;
   SpscRing<LayerSignal> signal_ring_;
-  SpscProducer<WorkerReport> report_ring_;
+  ReportOutbox reports_;
   WaitEvent& doorbell_;
   WaitEvent& coordinator_doorbell_;
   CachedPeerJudge coordinator_;
   std::unique_ptr<DataPlane> data_;
-  std::deque<WorkerReport> pending_reports_;
   LayerSignal signals_[kSignalBatch] = {};
   bool shutdown_ = false;
   std::string broken_;  // why the worker cannot go on (it exits, and is restarted)
 };
-
-Result<ControlSegment> attach_with_retry(const WorkerOptions& o) {
-  const Deadline until = Deadline::after(o.attach_timeout);
-  for (;;) {
-    Result<ControlSegment> c = ControlSegment::attach(o.instance);
-    if (c) return c;
-    const bool transient =
-        c.code() == Errc::kNotFound || c.code() == Errc::kNotReady || c.code() == Errc::kStale;
-    if (!transient || until.passed()) return c;
-    std::this_thread::sleep_for(50ms);
-  }
-}
 
 }  // namespace
 
@@ -388,7 +359,10 @@ int run_worker(const WorkerOptions& o) {
   // that takes the worker down (sends use MSG_NOSIGNAL too).
   signal(SIGPIPE, SIG_IGN);
 
-  Result<ControlSegment> control = attach_with_retry(o);
+  // Started before its coordinator, or before a restarted coordinator
+  // replaced its dead predecessor's segment: wait for it.
+  Result<ControlSegment> control = ControlSegment::attach_when_published(
+      o.instance, Deadline::after(o.attach_timeout), /*wait_out_stale=*/true);
   if (!control) {
     spdlog::error("cannot attach to instance '{}': {}", o.instance, control.error().message);
     return kExitError;

@@ -1,0 +1,82 @@
+// A rank's report outbox on a real report ring: reports reach the
+// coordinator's side in order, a full ring holds them back (counted) instead
+// of dropping one, and the next flush sends them, ahead of newer ones.
+#include "worker/report_outbox.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "instance/control_segment.h"
+#include "support/processes.h"
+
+namespace kvrelay::worker {
+namespace {
+
+constexpr uint32_t kDelayed = 3;
+
+class ReportOutboxTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    InstanceConfig config = default_config(testing::current_test_instance(), 2);
+    config.report_ring_records = 8;
+    Result<ControlSegment> c = ControlSegment::create(config);
+    ASSERT_TRUE(c) << c.error().message;
+    control_ = std::make_unique<ControlSegment>(std::move(c).value());
+    ring_ = std::make_unique<SpscRing<records::WorkerReport>>(
+        control_->report_ring<records::WorkerReport>(1).value());
+    outbox_ = std::make_unique<ReportOutbox>(ring_->lease_producer().value(), 1,
+                                             control_->status().coordinator_doorbell, counters(),
+                                             kDelayed);
+  }
+  void TearDown() override {
+    if (control_) (void)control_->unlink();
+  }
+  CountersBlock& counters() { return control_->counters(0); }
+  std::vector<records::WorkerReport> drain() {
+    std::vector<records::WorkerReport> out;
+    records::WorkerReport r{};
+    while (ring_->try_pop(r))
+      out.push_back(r);
+    return out;
+  }
+
+  std::unique_ptr<ControlSegment> control_;
+  std::unique_ptr<SpscRing<records::WorkerReport>> ring_;
+  std::unique_ptr<ReportOutbox> outbox_;
+};
+
+TEST_F(ReportOutboxTest, AReportGoesOutAtOnceWithItsFields) {
+  outbox_->report(42, records::ReportKind::kFailed, 4096, "layer 3: peer gone", 777);
+  const std::vector<records::WorkerReport> got = drain();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].handle, 42u);
+  EXPECT_EQ(got[0].kind, static_cast<uint32_t>(records::ReportKind::kFailed));
+  EXPECT_EQ(got[0].rank, 1u);
+  EXPECT_EQ(got[0].bytes_moved, 4096u);
+  EXPECT_EQ(got[0].first_copy_ns, 777u);
+  EXPECT_EQ(got[0].message_text(), "layer 3: peer gone");
+  EXPECT_EQ(outbox_->waiting(), 0u);
+}
+
+TEST_F(ReportOutboxTest, AFullRingHoldsReportsBackInOrderAndNoneIsLost) {
+  const uint64_t n = ring_->capacity() + 5;
+  for (uint64_t h = 1; h <= n; ++h)
+    outbox_->report(h, records::ReportKind::kFinished, h, "");
+  EXPECT_EQ(outbox_->waiting(), 5u);
+  EXPECT_GT(counters().values[kDelayed].load(), 0u);
+  std::vector<records::WorkerReport> got = drain();
+  EXPECT_EQ(got.size(), ring_->capacity());
+  outbox_->report(n + 1, records::ReportKind::kFinished, n + 1, "");  // behind the waiting ones
+  outbox_->flush();
+  for (const records::WorkerReport& r : drain())
+    got.push_back(r);
+  ASSERT_EQ(got.size(), n + 1);
+  for (uint64_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(got[i].handle, i + 1) << "reports reach the coordinator in the order decided";
+  EXPECT_EQ(outbox_->waiting(), 0u);
+}
+
+}  // namespace
+}  // namespace kvrelay::worker

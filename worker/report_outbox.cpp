@@ -1,0 +1,28 @@
+#include "worker/report_outbox.h"
+
+namespace kvrelay::worker {
+
+void ReportOutbox::report(uint64_t handle, records::ReportKind kind, uint64_t bytes,
+                          const std::string& message, uint64_t first_copy_ns) {
+  records::WorkerReport r{};
+  r.first_copy_ns = first_copy_ns;
+  r.handle = handle;
+  r.kind = static_cast<uint32_t>(kind);
+  r.rank = rank_;
+  r.bytes_moved = bytes;
+  r.set_message(message);
+  waiting_.push_back(r);
+  flush();
+}
+
+void ReportOutbox::flush() {
+  bool pushed = false;
+  while (!waiting_.empty() && ring_.try_push(waiting_.front())) {
+    waiting_.pop_front();
+    pushed = true;
+  }
+  if (!waiting_.empty()) CounterWriter(counters_).add(delayed_counter_);
+  if (pushed) notify_waiters(coordinator_doorbell_);
+}
+
+}  // namespace kvrelay::worker
