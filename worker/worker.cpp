@@ -19,6 +19,7 @@
 #include "shm/process_logging.h"
 #include "worker/data_plane.h"
 #include "worker/report_outbox.h"
+#include "worker/task_dispatch.h"
 #include "worker/worker_counters.h"
 
 namespace kvrelay::worker {
@@ -212,61 +213,10 @@ class Worker {
   }
 
   Status handle(schema::WorkerTask::Reader t) {
-    const uint64_t h = t.getHandle();
-    SendScheduler& scheduler = data_->scheduler();
-    Transports& transports = data_->transports();
-    SwapEngine* swap = data_->swap();
-    switch (t.which()) {
-      case schema::WorkerTask::BIND: {
-        // Every signal the engine pushed before it submitted this task is in
-        // the signal ring by now (the task reached us through the engine's
-        // submit, the coordinator and our task ring, each a release/acquire
-        // handoff). Apply them first, so that the slot's previous request
-        // sees the end of its prefill before the slot changes hands.
-        while (drain_signals()) {
-        }
-        const auto task = t.getBind();
-        std::optional<uint64_t> watermark;
-        if (task.hasSignalWatermarks() && rank_ < task.getSignalWatermarks().size())
-          watermark = task.getSignalWatermarks()[rank_];
-        scheduler.on_bind(h, task, watermark);
-        break;
-      }
-      case schema::WorkerTask::DEST: scheduler.on_dest(h, t.getDest()); break;
-      case schema::WorkerTask::CANCEL:
-        if (transports.withdraw(h)) break;  // answered once its writes in progress end
-        if (!(swap != nullptr && swap->cancel(h))) scheduler.on_cancel(h);
-        break;
-      case schema::WorkerTask::EXPECT:
-        if (Status s = transports.expect(h, t.getExpect()); !s)
-          report(h, ReportKind::kFailed, 0, s.error().message);
-        break;
-      case schema::WorkerTask::CONNECT: {
-        Status s = transports.check_connect(t.getConnect());
-        report(h, s ? ReportKind::kConnected : ReportKind::kConnectFailed, 0,
-               s ? "" : s.error().message);
-        break;
-      }
-      case schema::WorkerTask::SWAP:
-        if (swap != nullptr) {
-          swap->submit(h, t.getSwap(), t.getProgressSlot(), t.getProgressGeneration());
-        } else {
-          report(h, ReportKind::kFailed, 0,
-                 "this instance has no host tier (--num-host-blocks is 0)");
-        }
-        break;
-      case schema::WorkerTask::REGISTER_POOL: {
-        const PoolRegistration r = data_->register_pool(t.getRegisterPool());
-        report(h, r.registered ? ReportKind::kPoolRegistered : ReportKind::kPoolRejected, 0,
-               r.message);
-        if (r.broken) broken_ = r.message;
-        break;
-      }
-      case schema::WorkerTask::SHUTDOWN: shutdown_ = true; break;
-      case schema::WorkerTask::SESSION_ENDED:
-        scheduler.on_session_ended(t.getSessionEnded());
-        break;
-    }
+    const TaskEffect effect =
+        dispatch_task(t, rank_, *data_, reports_, [this] { return drain_signals(); });
+    if (effect.shutdown) shutdown_ = true;
+    if (effect.broken) broken_ = *effect.broken;
     return {};
   }
 

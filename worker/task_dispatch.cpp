@@ -1,0 +1,66 @@
+#include "worker/task_dispatch.h"
+
+namespace kvrelay::worker {
+
+using records::ReportKind;
+
+TaskEffect dispatch_task(schema::WorkerTask::Reader t, uint32_t rank, DataPlane& data,
+                         ReportOutbox& reports, const std::function<bool()>& apply_signals) {
+  const uint64_t h = t.getHandle();
+  SendScheduler& scheduler = data.scheduler();
+  Transports& transports = data.transports();
+  SwapEngine* swap = data.swap();
+  TaskEffect effect;
+  switch (t.which()) {
+    case schema::WorkerTask::BIND: {
+      // Every signal the engine pushed before it submitted this task is in
+      // the signal ring by now (the task reached us through the engine's
+      // submit, the coordinator and our task ring, each a release/acquire
+      // handoff). Apply them first, so that the slot's previous request
+      // sees the end of its prefill before the slot changes hands.
+      while (apply_signals()) {
+      }
+      const auto task = t.getBind();
+      std::optional<uint64_t> watermark;
+      if (task.hasSignalWatermarks() && rank < task.getSignalWatermarks().size())
+        watermark = task.getSignalWatermarks()[rank];
+      scheduler.on_bind(h, task, watermark);
+      break;
+    }
+    case schema::WorkerTask::DEST: scheduler.on_dest(h, t.getDest()); break;
+    case schema::WorkerTask::CANCEL:
+      if (transports.withdraw(h)) break;  // answered once its writes in progress end
+      if (!(swap != nullptr && swap->cancel(h))) scheduler.on_cancel(h);
+      break;
+    case schema::WorkerTask::EXPECT:
+      if (Status s = transports.expect(h, t.getExpect()); !s)
+        reports.report(h, ReportKind::kFailed, 0, s.error().message);
+      break;
+    case schema::WorkerTask::CONNECT: {
+      Status s = transports.check_connect(t.getConnect());
+      reports.report(h, s ? ReportKind::kConnected : ReportKind::kConnectFailed, 0,
+                     s ? "" : s.error().message);
+      break;
+    }
+    case schema::WorkerTask::SWAP:
+      if (swap != nullptr) {
+        swap->submit(h, t.getSwap(), t.getProgressSlot(), t.getProgressGeneration());
+      } else {
+        reports.report(h, ReportKind::kFailed, 0,
+                       "this instance has no host tier (--num-host-blocks is 0)");
+      }
+      break;
+    case schema::WorkerTask::REGISTER_POOL: {
+      const PoolRegistration r = data.register_pool(t.getRegisterPool());
+      reports.report(h, r.registered ? ReportKind::kPoolRegistered : ReportKind::kPoolRejected, 0,
+                     r.message);
+      if (r.broken) effect.broken = r.message;
+      break;
+    }
+    case schema::WorkerTask::SHUTDOWN: effect.shutdown = true; break;
+    case schema::WorkerTask::SESSION_ENDED: scheduler.on_session_ended(t.getSessionEnded()); break;
+  }
+  return effect;
+}
+
+}  // namespace kvrelay::worker
