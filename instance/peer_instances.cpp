@@ -5,17 +5,23 @@
 namespace kvrelay {
 
 Result<const ControlSegment*> PeerInstances::get(const std::string& instance) {
+  Result<std::shared_ptr<const ControlSegment>> shared = share(instance);
+  if (!shared) return shared.error();
+  return shared->get();
+}
+
+Result<std::shared_ptr<const ControlSegment>> PeerInstances::share(const std::string& instance) {
   auto it = peers_.find(instance);
   if (it != peers_.end()) {
-    if (it->second.judge->lock_state() != LockState::kFree) return it->second.control.get();
+    if (it->second.judge->lock_state() != LockState::kFree) return it->second.control;
     peers_.erase(it);  // its coordinator is gone; a successor has a new segment
   }
   Result<ControlSegment> c = ControlSegment::attach(instance);
   if (!c) return make_error(c.code(), fmt::format("peer instance: {}", c.error().message));
   Peer peer;
-  peer.control = std::make_unique<ControlSegment>(std::move(c).value());
+  peer.control = std::make_shared<const ControlSegment>(std::move(c).value());
   peer.judge = std::make_unique<CachedPeerJudge>(peer.control->locks());
-  const ControlSegment* out = peer.control.get();
+  std::shared_ptr<const ControlSegment> out = peer.control;
   peers_[instance] = std::move(peer);
   return out;
 }

@@ -2,8 +2,9 @@
 // instances named by ipc destinations): their control segments, attached
 // once and kept while their coordinator lives, judged by its owner lock at
 // most every 10 ms. A peer that restarted has a new segment (and epoch),
-// which the next lookup attaches afresh. The coordinator and the workers
-// both use it.
+// which the next lookup attaches afresh; whoever still shares the old
+// mapping (a worker's intake writer with writes in flight) keeps it until
+// done. The coordinator and the workers both use it.
 //
 // Not thread-safe: one owner (a process's loop).
 #pragma once
@@ -19,13 +20,15 @@ namespace kvrelay {
 
 class PeerInstances {
  public:
-  // The peer's control segment, attached read-only or read-write, or why not.
+  // The peer's control segment, or why not.
   Result<const ControlSegment*> get(const std::string& instance);
+  // The same mapping, for a holder that may outlive this cache's entry.
+  Result<std::shared_ptr<const ControlSegment>> share(const std::string& instance);
   void forget(const std::string& instance) { peers_.erase(instance); }
 
  private:
   struct Peer {
-    std::unique_ptr<ControlSegment> control;
+    std::shared_ptr<const ControlSegment> control;
     std::unique_ptr<CachedPeerJudge> judge;
   };
   std::unordered_map<std::string, Peer> peers_;

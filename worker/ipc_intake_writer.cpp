@@ -12,11 +12,8 @@
 
 namespace kvrelay::worker {
 
-Result<std::shared_ptr<IpcIntakeWriter>> IpcIntakeWriter::open(const std::string& instance,
-                                                               uint32_t rank) {
-  Result<ControlSegment> control = ControlSegment::attach(instance);
-  if (!control) return control.error();
-  auto owned = std::make_unique<ControlSegment>(std::move(control).value());
+Result<std::shared_ptr<IpcIntakeWriter>> IpcIntakeWriter::open(
+    std::shared_ptr<const ControlSegment> owned, uint32_t rank) {
   Result<MpscRing> ring = owned->intake_ring(rank);
   if (!ring) return ring.error();
   const uint32_t blocks = intake_blocks(owned->config());
@@ -35,8 +32,8 @@ Result<std::shared_ptr<IpcIntakeWriter>> IpcIntakeWriter::open(const std::string
       new IpcIntakeWriter(std::move(owned), std::move(producer).value(), view, rank));
 }
 
-IpcIntakeWriter::IpcIntakeWriter(std::unique_ptr<ControlSegment> control, MpscProducer producer,
-                                 IntakeWriterView view, uint32_t rank)
+IpcIntakeWriter::IpcIntakeWriter(std::shared_ptr<const ControlSegment> control,
+                                 MpscProducer producer, IntakeWriterView view, uint32_t rank)
     : control_(std::move(control)), producer_(std::move(producer)), view_(view), rank_(rank) {}
 
 IpcIntakeWriter::~IpcIntakeWriter() {

@@ -36,9 +36,11 @@ class IpcIntakeWriter {
   // Runs per record: well inside the ring's record limit.
   static constexpr size_t kRunsPerRecord = 1024;
 
-  // Decode rank `rank` of `instance`. kNotFound when that instance has no
-  // intake (it is not a decode instance).
-  static Result<std::shared_ptr<IpcIntakeWriter>> open(const std::string& instance, uint32_t rank);
+  // Decode rank `rank` of the instance whose control segment `control` is
+  // (shared: the writer keeps the mapping while it lives). kNotFound when
+  // that instance has no intake (it is not a decode instance).
+  static Result<std::shared_ptr<IpcIntakeWriter>> open(
+      std::shared_ptr<const ControlSegment> control, uint32_t rank);
   ~IpcIntakeWriter();
 
   // Whether the decode rank's claims are in use: until its engine declares
@@ -64,13 +66,13 @@ class IpcIntakeWriter {
     bool releases_write;  // the last record of an admitted write
     uint64_t since_ns;
   };
-  IpcIntakeWriter(std::unique_ptr<ControlSegment> control, MpscProducer producer,
+  IpcIntakeWriter(std::shared_ptr<const ControlSegment> control, MpscProducer producer,
                   IntakeWriterView view, uint32_t rank);
   void queue(uint64_t key, uint32_t layer, std::span<const BlockRun> runs, bool refused,
              bool releases_write);
   void announce_oldest();
 
-  std::unique_ptr<ControlSegment> control_;
+  std::shared_ptr<const ControlSegment> control_;
   MpscProducer producer_;
   IntakeWriterView view_;
   uint32_t rank_;

@@ -121,18 +121,19 @@ Result<std::shared_ptr<const LocalPool>> IpcTransport::peer_pool(const std::stri
 
 Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instance,
                                                   uint32_t peer_rank) {
-  Result<const ControlSegment*> control = peers_.get(peer_instance);
-  if (!control) return control.error();
+  Result<std::shared_ptr<const ControlSegment>> shared = peers_.share(peer_instance);
+  if (!shared) return shared.error();
+  const std::shared_ptr<const ControlSegment>& control = *shared;
   const std::string key = fmt::format("{}/{}", peer_instance, peer_rank);
   auto it = pools_.find(key);
   // Keep the mapping while the peer's segment and its pool are the same
   // (re-mapping a pool costs a populate of every page); a restarted peer has
   // a new segment, a decode engine that registered its own pool a new pool.
-  if (it != pools_.end() && it->second.control == *control && !it->second.pool->truncated()) {
-    Result<std::string> published = find_pool(**control, peer_rank, PoolTier::kDevice);
+  if (it != pools_.end() && it->second.control == control && !it->second.pool->truncated()) {
+    Result<std::string> published = find_pool(*control, peer_rank, PoolTier::kDevice);
     if (published && *published == it->second.pool->name()) return it->second;
   }
-  const InstanceConfig& peer = (*control)->config();
+  const InstanceConfig& peer = control->config();
   if (peer.role != static_cast<uint32_t>(Role::kDecode))
     return make_error(Errc::kInvalidArgument,
                       fmt::format("peer instance '{}' has role {}; only a decode instance accepts "
@@ -142,18 +143,18 @@ Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instan
     return make_error(Errc::kInvalidArgument,
                       fmt::format("decode rank {} does not exist: peer instance '{}' has {} ranks",
                                   peer_rank, peer_instance, peer.tp_size));
-  Result<std::string> name = find_pool(**control, peer_rank, PoolTier::kDevice);
+  Result<std::string> name = find_pool(*control, peer_rank, PoolTier::kDevice);
   if (!name) return name.error();
   Result<HostPool> pool = HostPool::open(*name, nullptr);
   if (!pool) return pool.error();
   if (Status s = check_compatible(local_.geometry(), pool->geometry()); !s)
     return make_error(s.code(),
                       fmt::format("peer instance '{}': {}", peer_instance, s.error().message));
-  Result<std::shared_ptr<IpcIntakeWriter>> intake = IpcIntakeWriter::open(peer_instance, peer_rank);
+  Result<std::shared_ptr<IpcIntakeWriter>> intake = IpcIntakeWriter::open(control, peer_rank);
   if (!intake)
     return make_error(intake.code(),
                       fmt::format("peer instance '{}': {}", peer_instance, intake.error().message));
-  Mapped m{*control, std::make_shared<const HostSegmentPool>(std::move(pool).value()),
+  Mapped m{control, std::make_shared<const HostSegmentPool>(std::move(pool).value()),
            std::move(intake).value()};
   pools_[key] = m;
   return m;

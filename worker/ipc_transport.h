@@ -69,7 +69,9 @@ class IpcTransport final : public Transport {
                 const std::shared_ptr<const LocalPool>& peer,
                 const std::shared_ptr<IpcIntakeWriter>& intake);
   struct Mapped {
-    const ControlSegment* control;  // the peer segment it was found through
+    // The peer segment it was found through (held: a successor's segment
+    // can never be mistaken for it).
+    std::shared_ptr<const ControlSegment> control;
     std::shared_ptr<const LocalPool> pool;
     std::shared_ptr<IpcIntakeWriter> intake;
   };

@@ -33,7 +33,10 @@ class IpcIntakeTest : public ::testing::Test {
     Result<std::unique_ptr<IpcIntake>> intake = IpcIntake::open(*control_, 0, geometry_, arrivals_);
     ASSERT_TRUE(intake) << intake.error().message;
     intake_ = std::move(intake).value();
-    Result<std::shared_ptr<IpcIntakeWriter>> writer = IpcIntakeWriter::open(name, 0);
+    Result<ControlSegment> attached = ControlSegment::attach(name);  // as a prefill worker would
+    ASSERT_TRUE(attached) << attached.error().message;
+    Result<std::shared_ptr<IpcIntakeWriter>> writer = IpcIntakeWriter::open(
+        std::make_shared<const ControlSegment>(std::move(attached).value()), 0);
     ASSERT_TRUE(writer) << writer.error().message;
     writer_ = std::move(writer).value();
   }
