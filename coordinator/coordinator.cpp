@@ -16,6 +16,7 @@
 #include "coordinator/shared_state_guard.h"
 #include "coordinator/submission_reader.h"
 #include "coordinator/task_table.h"
+#include "coordinator/worker_loss.h"
 #include "instance/control_segment.h"
 #include "instance/peer_instances.h"
 #include "instance/pool_segment.h"
@@ -123,21 +124,11 @@ class Coordinator : public Sink, public RankHealth::Listener {
     drain_reports(now);  // what it reported before dying still counts
     table_->on_rank_lost(rank, reason, now);
     // Nothing addressed to the dead worker is still wanted: its requests have
-    // failed. Its task ring is reset outright (we are its only producer and
-    // its consumer is dead), so the next worker starts from nothing, whatever
-    // state the dead one left the ring in.
-    const auto [backlog, bytes] = tasks_[rank].reset();
-    size_t signals = 0;
-    if (auto ring = control_.signal_ring<records::LayerSignal>(rank)) {
-      records::LayerSignal s{};
-      while (ring->try_pop(s))
-        ++signals;
-    }
-    if (backlog != 0 || bytes != 0 || signals != 0)
+    // failed, and the next worker starts from nothing.
+    const LeftBehind left = clear_lost_rank(control_, rank, tasks_[rank]);
+    if (left.anything())
       spdlog::info("rank {}: dropped {} queued tasks, {} bytes of its task ring and {} signals",
-                   rank, backlog, bytes, signals);
-    // Anyone lined up with it must not wait for it.
-    Barrier(control_.barrier()).poison(static_cast<uint16_t>(config_.tp_size));
+                   rank, left.queued_tasks, left.ring_bytes, left.signals);
   }
 
   void rank_up(uint32_t rank) override {
