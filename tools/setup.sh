@@ -17,6 +17,11 @@ packages=(
   util-linux procps gnuplot-nox
   # ip netns and veth pairs: the tcp transport's two-host tests
   iproute2
+  # tools/rxe-vm, the rdma tests' soft-RoCE guest (its kernel is fetched with
+  # apt-get download, never installed): qemu under TCG, a static busybox for
+  # the initramfs, rdma-core's verbs utilities (ibverbs-providers has rxe's
+  # provider). Not the rdma-core package: it pulls in systemd and udev.
+  qemu-system-x86 busybox-static ibverbs-utils ibverbs-providers
 )
 
 missing=()
