@@ -131,6 +131,25 @@ Result<ControlSegment> ControlSegment::create(const InstanceConfig& config,
 
     // The name is taken. Find out by whom.
     Result<SharedSegment> existing = SharedSegment::open(name, SegmentAccess::kReadOnly);
+    if (!existing && existing.code() == Errc::kNotReady) {
+      // Empty: its creator is between creating and sizing it, or died there.
+      struct stat st {};
+      const std::string path = "/dev/shm/" + name;
+      if (stat(path.c_str(), &st) != 0) continue;  // vanished meanwhile: retry
+      timespec now{};
+      clock_gettime(CLOCK_REALTIME, &now);
+      if (static_cast<double>(now.tv_sec - st.st_ctim.tv_sec) < kUnclaimedGraceSeconds)
+        return make_error(Errc::kAlreadyExists,
+                          fmt::format("instance '{}' is being created by another process right "
+                                      "now",
+                                      instance));
+      struct stat again {};
+      if (stat(path.c_str(), &again) == 0 && again.st_ino == st.st_ino && again.st_size == 0)
+        (void)SharedSegment::unlink(name);
+      replaced = StaleReplacement{};
+      replaced->reason = "it is empty (its creator died before sizing it)";
+      continue;
+    }
     if (!existing) {
       if (existing.code() == Errc::kNotFound) continue;  // vanished meanwhile: retry
       return make_error(existing.code(),

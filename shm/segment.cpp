@@ -113,8 +113,12 @@ Status SharedSegment::map(SegmentAccess access) {
                     "instance was started with --group-access and we share its group)",
                     name_, st.st_uid, geteuid()));
   }
+  // Its creator makes it (O_EXCL) and sizes it in two steps: empty, it is
+  // not ready yet (or its creator died in between; creating it again
+  // replaces it).
   if (st.st_size <= 0)
-    return make_error(Errc::kSizeMismatch, fmt::format("segment /{} is empty", name_));
+    return make_error(Errc::kNotReady,
+                      fmt::format("segment /{} is empty: its creator has not sized it yet", name_));
   try {
     region_ = bip::mapped_region(
         shm_, access == SegmentAccess::kReadOnly ? bip::read_only : bip::read_write);

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
+#include <thread>
 
 #include "instance/names.h"
 #include "support/processes.h"
@@ -43,6 +45,7 @@ class ControlSegmentTest : public ::testing::Test {
 
   std::string instance_;
   InstanceConfig config_{};
+  std::unique_ptr<ControlSegment> created_;
 };
 
 TEST_F(ControlSegmentTest, AttachSeesTheCreatorsConfigurationEpochAndRegions) {
@@ -139,6 +142,35 @@ TEST_F(ControlSegmentTest, TruncatedSegmentIsASizeMismatchNotACrash) {
   close(fd);
   EXPECT_EQ(attach_code(), Errc::kSizeMismatch);
   EXPECT_NE(attach_message().find("smaller than a kvrelay preamble"), std::string::npos);
+}
+
+// The coordinator creates its segment and sizes it in two steps. An engine
+// or worker attaching in between must wait, not fail; a coordinator that
+// died in between leaves an empty segment, which the next one replaces once
+// it is older than a creation could take.
+TEST_F(ControlSegmentTest, AnEmptySegmentIsWaitedForAndReplacedOnceItsCreatorIsSurelyGone) {
+  const int fd =
+      shm_open(("/" + control_segment_name(instance_)).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  EXPECT_EQ(attach_code(), Errc::kNotReady);
+  EXPECT_NE(attach_message().find("is empty"), std::string::npos);
+  EXPECT_EQ(ControlSegment::create(config_).code(), Errc::kAlreadyExists)
+      << "a fresh empty segment may be a creation in progress";
+  std::thread creator([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    Result<ControlSegment> c = ControlSegment::create(config_);
+    ASSERT_TRUE(c) << c.error().message;
+    ASSERT_TRUE(c->replaced());
+    EXPECT_NE(c->replaced()->reason.find("empty"), std::string::npos);
+    created_ = std::make_unique<ControlSegment>(std::move(c).value());
+  });
+  Result<ControlSegment> attached =
+      ControlSegment::attach_when_published(instance_, Deadline::after(std::chrono::seconds(10)));
+  creator.join();
+  ASSERT_TRUE(attached) << attached.error().message;
+  ASSERT_TRUE(created_);
+  EXPECT_EQ(attached->epoch(), created_->epoch());
 }
 
 TEST_F(ControlSegmentTest, SegmentOfAnotherUidIsRefused) {
