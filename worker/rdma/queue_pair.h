@@ -6,6 +6,7 @@
 // send queue, error completions and resets without a device.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -14,6 +15,16 @@
 #include "shm/result.h"
 
 namespace kvrelay::worker::rdma {
+
+// What a peer needs to connect to a queue pair (the capnp RdmaQpInfo;
+// endpoint_codec.h checks what a peer sends).
+struct QpEndpoint {
+  uint16_t lid = 0;               // InfiniBand
+  uint32_t qpn = 0;               // 24 bits
+  uint32_t psn = 0;               // 24 bits
+  std::array<uint8_t, 16> gid{};  // RoCE
+  uint32_t mtu = 0;               // bytes: 256, 512, 1024, 2048 or 4096
+};
 
 // One RDMA WRITE of a contiguous local range into a contiguous remote one.
 struct WriteRequest {

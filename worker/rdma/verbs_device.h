@@ -17,15 +17,6 @@
 
 namespace kvrelay::worker::rdma {
 
-// What a peer needs to connect to a queue pair (RdmaQpInfo).
-struct QpEndpoint {
-  uint16_t lid = 0;
-  uint32_t qpn = 0;
-  uint32_t psn = 0;
-  std::array<uint8_t, 16> gid{};
-  uint32_t mtu = 0;  // bytes
-};
-
 struct DeviceOptions {
   std::string name;  // "" : the first device
   uint8_t port = 1;
