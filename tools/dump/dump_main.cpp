@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "instance_view.h"
+#include "prometheus.h"
 #include "render.h"
 #include "ring_peek.h"
 #include "segment_list.h"
@@ -28,13 +29,15 @@ int main(int argc, char** argv) {
       "kvrelay-dump: shows an instance's header, configuration, workers, rings, barrier, counters "
       "and latency histograms, read from its shared memory without writing to it"};
   std::string instance, ring;
-  bool list = false, json = false;
+  bool list = false, json = false, prometheus = false;
   size_t peek = 10;
   int watch_ms = 0;
   app.add_option("instance", instance, "the instance to show (--instance of its coordinator)");
   app.add_flag("--list", list,
                "list every kvrelay segment in /dev/shm: live, stale (creator gone) or foreign");
   app.add_flag("--json", json, "machine-readable output (schema kvrelay-dump/1, see the README)");
+  app.add_flag("--prometheus", prometheus,
+               "the counters and histograms in the Prometheus text exposition format 0.0.4");
   app.add_option("--watch", watch_ms, "refresh every N ms (default 1000), like top")
       ->expected(0, 1)
       ->default_str("1000");
@@ -69,6 +72,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     fmt::print("{}", *text);
+    return 0;
+  }
+  if (prometheus) {
+    fmt::print("{}", dump::render_prometheus(*control, dump::snapshot(*control)));
     return 0;
   }
   if (watch_ms <= 0) {
