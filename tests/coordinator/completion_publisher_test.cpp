@@ -14,7 +14,7 @@
 #include "instance/control_segment.h"
 #include "schemas/codec.h"
 #include "shm/clock.h"
-#include "support/processes.h"
+#include "support/test_segment.h"
 
 namespace kvrelay::coordinator {
 namespace {
@@ -28,11 +28,10 @@ struct Published {
 class CompletionPublisherTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    InstanceConfig config = default_config(testing::current_test_instance(), 1);
+    InstanceConfig config = testing::test_config(1);
     config.completion_ring_bytes = kMinCompletionRingBytes;
-    Result<ControlSegment> c = ControlSegment::create(config);
-    ASSERT_TRUE(c) << c.error().message;
-    control_ = std::make_unique<ControlSegment>(std::move(c).value());
+    control_ = testing::create_test_segment(config);
+    ASSERT_TRUE(control_);
     reader_ = std::make_unique<MpscRing>(control_->completion_ring().value());
     ring_ = std::make_unique<RingWriter>(control_->completion_ring()->lease_producer().value(),
                                          nullptr);
@@ -40,10 +39,6 @@ class CompletionPublisherTest : public ::testing::Test {
     define_counters(counters, {"unused"}, {{"request_latency", "ns"}});
     publisher_ = std::make_unique<CompletionPublisher>(*ring_, counters, 0, [this] { ++hooks_; });
   }
-  void TearDown() override {
-    if (control_) (void)control_->unlink();
-  }
-
   void publish(const std::string& id, schema::Completion::Status status, uint64_t submitted_ns,
                uint64_t completed_ns, const std::string& message = "") {
     capnp::MallocMessageBuilder msg;
@@ -75,7 +70,7 @@ class CompletionPublisherTest : public ::testing::Test {
     return s.histograms.empty() ? 0 : s.histograms[0].count;
   }
 
-  std::unique_ptr<ControlSegment> control_;
+  testing::TestSegment control_;
   std::unique_ptr<MpscRing> reader_;
   std::unique_ptr<RingWriter> ring_;
   std::unique_ptr<CompletionPublisher> publisher_;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "instance/control_segment.h"
-#include "support/processes.h"
+#include "support/test_segment.h"
 
 namespace kvrelay::coordinator {
 namespace {
@@ -18,19 +18,13 @@ namespace {
 class HelloGateTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    Result<ControlSegment> c =
-        ControlSegment::create(default_config(testing::current_test_instance(), 2));
-    ASSERT_TRUE(c) << c.error().message;
-    control_ = std::make_unique<ControlSegment>(std::move(c).value());
+    control_ = testing::create_test_segment(testing::test_config(2));
+    ASSERT_TRUE(control_);
     for (uint32_t r = 0; r < 2; ++r) {
       tasks_.emplace_back(control_->task_ring(r)->lease_producer().value(), nullptr);
       readers_.push_back(control_->task_ring(r).value());
     }
   }
-  void TearDown() override {
-    if (control_) (void)control_->unlink();
-  }
-
   void write(uint32_t rank) {
     capnp::MallocMessageBuilder msg(64);
     msg.initRoot<schema::WorkerTask>().setSessionEnded(7);
@@ -43,7 +37,7 @@ class HelloGateTest : public ::testing::Test {
     return gate_.open(tasks_, [this](uint32_t r) { return up_[r]; });
   }
 
-  std::unique_ptr<ControlSegment> control_;
+  testing::TestSegment control_;
   std::vector<RingWriter> tasks_;
   std::vector<MpscRing> readers_;
   bool up_[2] = {true, true};

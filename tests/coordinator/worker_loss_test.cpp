@@ -10,7 +10,7 @@
 
 #include "schemas/records.h"
 #include "shm/barrier.h"
-#include "support/processes.h"
+#include "support/test_segment.h"
 
 namespace kvrelay::coordinator {
 namespace {
@@ -18,15 +18,10 @@ namespace {
 class WorkerLossTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    Result<ControlSegment> c =
-        ControlSegment::create(default_config(testing::current_test_instance(), 2));
-    ASSERT_TRUE(c) << c.error().message;
-    control_ = std::make_unique<ControlSegment>(std::move(c).value());
+    control_ = testing::create_test_segment(testing::test_config(2));
+    ASSERT_TRUE(control_);
     for (uint32_t r = 0; r < 2; ++r)
       tasks_.emplace_back(control_->task_ring(r)->lease_producer().value(), nullptr);
-  }
-  void TearDown() override {
-    if (control_) (void)control_->unlink();
   }
   void write_task(uint32_t rank) {
     capnp::MallocMessageBuilder msg(64);
@@ -37,7 +32,7 @@ class WorkerLossTest : public ::testing::Test {
     return control_->task_ring(rank)->read([](const MpscRecord&) {});
   }
 
-  std::unique_ptr<ControlSegment> control_;
+  testing::TestSegment control_;
   std::vector<RingWriter> tasks_;
 };
 

@@ -8,14 +8,5 @@ set -euo pipefail
 root=$1
 timeout_s=$2
 shift 2
-for tool in qemu-system-x86_64 busybox rdma; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "skipped: $tool is not installed (tools/setup.sh installs it)"
-    exit 77
-  fi
-done
-if ! apt-cache depends linux-image-amd64 >/dev/null 2>&1; then
-  echo "skipped: apt knows no linux-image-amd64 to boot (run apt-get update)"
-  exit 77
-fi
+"$(dirname "$0")/rxe_vm_available.sh" || exit $?
 exec "$root/tools/rxe-vm" --timeout "$timeout_s" "$@"

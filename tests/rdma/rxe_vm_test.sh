@@ -17,16 +17,7 @@ root=$1
 test_binary=${2:-}
 vm="$root/tools/rxe-vm"
 
-for tool in qemu-system-x86_64 busybox ibv_rc_pingpong rdma; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "skipped: $tool is not installed (tools/setup.sh installs it)"
-    exit 77
-  fi
-done
-if ! apt-cache depends linux-image-amd64 >/dev/null 2>&1; then
-  echo "skipped: apt knows no linux-image-amd64 to boot (run apt-get update)"
-  exit 77
-fi
+"$(dirname "$0")/rxe_vm_available.sh" ibv_rc_pingpong ibv_devinfo || exit $?
 
 failures=0
 check() {

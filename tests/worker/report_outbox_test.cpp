@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "instance/control_segment.h"
-#include "support/processes.h"
+#include "support/test_segment.h"
 
 namespace kvrelay::worker {
 namespace {
@@ -19,19 +19,15 @@ constexpr uint32_t kDelayed = 3;
 class ReportOutboxTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    InstanceConfig config = default_config(testing::current_test_instance(), 2);
+    InstanceConfig config = testing::test_config(2);
     config.report_ring_records = 8;
-    Result<ControlSegment> c = ControlSegment::create(config);
-    ASSERT_TRUE(c) << c.error().message;
-    control_ = std::make_unique<ControlSegment>(std::move(c).value());
+    control_ = testing::create_test_segment(config);
+    ASSERT_TRUE(control_);
     ring_ = std::make_unique<SpscRing<records::WorkerReport>>(
         control_->report_ring<records::WorkerReport>(1).value());
     outbox_ = std::make_unique<ReportOutbox>(ring_->lease_producer().value(), 1,
                                              control_->status().coordinator_doorbell, counters(),
                                              kDelayed);
-  }
-  void TearDown() override {
-    if (control_) (void)control_->unlink();
   }
   CountersBlock& counters() { return control_->counters(0); }
   std::vector<records::WorkerReport> drain() {
@@ -42,7 +38,7 @@ class ReportOutboxTest : public ::testing::Test {
     return out;
   }
 
-  std::unique_ptr<ControlSegment> control_;
+  testing::TestSegment control_;
   std::unique_ptr<SpscRing<records::WorkerReport>> ring_;
   std::unique_ptr<ReportOutbox> outbox_;
 };

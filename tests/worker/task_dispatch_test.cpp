@@ -13,7 +13,7 @@
 
 #include "instance/control_segment.h"
 #include "instance/pool_segment.h"
-#include "support/processes.h"
+#include "support/test_segment.h"
 
 namespace kvrelay::worker {
 namespace {
@@ -21,15 +21,14 @@ namespace {
 class TaskDispatchTest : public ::testing::Test {
  protected:
   void open(uint32_t host_blocks) {
-    InstanceConfig config = default_config(testing::current_test_instance(), 1);
+    InstanceConfig config = testing::test_config(1);
     config.num_layers = 2;
     config.num_blocks = 16;
     config.block_size = 4;
     config.head_dim = 8;
     config.host_blocks = host_blocks;
-    Result<ControlSegment> c = ControlSegment::create(config);
-    ASSERT_TRUE(c) << c.error().message;
-    control_ = std::make_unique<ControlSegment>(std::move(c).value());
+    control_ = testing::create_test_segment(config);
+    ASSERT_TRUE(control_);
     Result<std::unique_ptr<DataPlane>> d =
         DataPlane::open(*control_, 0, NetworkOptions{}, doorbell_, {});
     ASSERT_TRUE(d) << d.error().message;
@@ -40,15 +39,6 @@ class TaskDispatchTest : public ::testing::Test {
                                              control_->status().coordinator_doorbell,
                                              control_->counters(0), 0);
   }
-  void TearDown() override {
-    outbox_.reset();
-    data_.reset();
-    if (control_) {
-      unlink_kvrelay_pools(*control_);
-      (void)control_->unlink();
-    }
-  }
-
   TaskEffect dispatch(capnp::MallocMessageBuilder& msg) {
     return dispatch_task(msg.getRoot<schema::WorkerTask>().asReader(), 0, *data_, *outbox_,
                          [this] { return pending_signals_ > 0 && pending_signals_-- > 0; });
@@ -61,7 +51,7 @@ class TaskDispatchTest : public ::testing::Test {
     return out;
   }
 
-  std::unique_ptr<ControlSegment> control_;
+  testing::TestSegment control_;  // first: it goes last
   WaitEvent doorbell_{};
   std::unique_ptr<DataPlane> data_;
   std::unique_ptr<SpscRing<records::WorkerReport>> ring_;
