@@ -102,6 +102,57 @@ Status apply_speculative(const std::string& json, InstanceConfig& c) {
   return {};
 }
 
+// The rdma transport's device flags (worker/transports.h), handed to every
+// worker as they are: each takes its rank's device.
+struct RdmaFlags {
+  std::string devices;  // comma-separated, one for all ranks or one per rank; "auto": the first
+  uint32_t ib_port = 1;
+  uint32_t gid_index = 1;
+  uint32_t traffic_class = 0;
+  uint32_t queue_pairs = 2;
+};
+
+Status rdma_options(const InstanceConfig& c, const RdmaFlags& f,
+                    std::vector<std::string>& worker_args) {
+  const bool any = !f.devices.empty() || f.ib_port != 1 || f.gid_index != 1 ||
+                   f.traffic_class != 0 || f.queue_pairs != 2;
+  if ((c.protocols & 4U) == 0) {
+    if (any)
+      return make_error(Errc::kInvalidArgument,
+                        "--rdma-* device options need rdma in --protocol");
+    return {};
+  }
+  size_t n = 0;
+  for (size_t at = 0; !f.devices.empty() && at != std::string::npos; ++n) {
+    const size_t comma = f.devices.find(',', at);
+    if ((comma == std::string::npos ? f.devices.size() : comma) == at)
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("--rdma-devices '{}' has an empty name", f.devices));
+    at = comma == std::string::npos ? comma : comma + 1;
+  }
+  if (n > 1 && n != c.tp_size)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("--rdma-devices names {} devices for {} ranks (one for all, or "
+                                  "one per rank)",
+                                  n, c.tp_size));
+  if (f.ib_port < 1 || f.ib_port > 255)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("--rdma-ib-port {} must be in [1, 255]", f.ib_port));
+  if (f.gid_index > 255 || f.traffic_class > 255)
+    return make_error(Errc::kInvalidArgument,
+                      "--rdma-gid-index and --rdma-traffic-class must be in [0, 255]");
+  if (f.queue_pairs < 1 || f.queue_pairs > 16)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("--rdma-queue-pairs {} must be in [1, 16]", f.queue_pairs));
+  if (!f.devices.empty()) worker_args.insert(worker_args.end(), {"--rdma-devices", f.devices});
+  worker_args.insert(worker_args.end(),
+                     {"--rdma-ib-port", std::to_string(f.ib_port), "--rdma-gid-index",
+                      std::to_string(f.gid_index), "--rdma-traffic-class",
+                      std::to_string(f.traffic_class), "--rdma-queue-pairs",
+                      std::to_string(f.queue_pairs)});
+  return {};
+}
+
 // The tcp transport's flags, checked here so that a mistake stops the
 // coordinator with a message instead of every worker failing to start.
 Status network_options(const InstanceConfig& c, const std::string& listen_address,
@@ -115,14 +166,18 @@ Status network_options(const InstanceConfig& c, const std::string& listen_addres
   if (lanes < 1 || lanes > 8)
     return make_error(Errc::kInvalidArgument,
                       fmt::format("--tcp-lanes {} must be in [1, 8]", lanes));
-  const bool listens = c.role != static_cast<uint32_t>(Role::kPrefill) &&
-                       std::any_of(std::begin(c.tcp_ports), std::end(c.tcp_ports),
-                                   [](uint16_t p) { return p != 0; });
+  const auto any_port = [](const uint16_t(&ports)[kMaxTpSize]) {
+    return std::any_of(std::begin(ports), std::end(ports), [](uint16_t p) { return p != 0; });
+  };
+  const bool receives = c.role != static_cast<uint32_t>(Role::kPrefill);
+  const bool listens = receives && any_port(c.tcp_ports);
+  const bool rdma_listens = receives && (c.protocols & 4U) != 0 && any_port(c.rdma_ports);
   if (key_file.empty()) {
-    if (listens)
+    if (listens || rdma_listens)
       return make_error(Errc::kInvalidArgument,
-                        "--tcp-ports needs --auth-key-file: a tcp listener must authenticate "
-                        "its peers (README: Cross-host transfer)");
+                        fmt::format("{} needs --auth-key-file: a listener must authenticate "
+                                    "its peers (README: Cross-host transfer)",
+                                    listens ? "--tcp-ports" : "--rdma-ports"));
     return {};
   }
   const std::string absolute = std::filesystem::absolute(key_file).string();
@@ -194,6 +249,23 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
                  "pre-shared key for tcp transfers, both roles: a 0600 file of >= 16 random "
                  "bytes (README: Cross-host transfer)");
   app.add_option("--tcp-lanes", tcp_lanes, "parallel tcp connections per decode rank, 1-8")
+      ->capture_default_str();
+  RdmaFlags rdma;
+  app.add_option("--rdma-devices", rdma.devices,
+                 "rdma: the RDMA device of each rank, comma-separated (one for all ranks, or one "
+                 "per rank; 'auto' or empty: the first device ibv_devices lists)");
+  app.add_option("--rdma-ib-port", rdma.ib_port, "rdma: the device port to use")
+      ->capture_default_str();
+  app.add_option("--rdma-gid-index", rdma.gid_index,
+                 "rdma over RoCE: the GID index (show_gids lists them; RoCE v2 over IPv4 is "
+                 "usually 1 or 3)")
+      ->capture_default_str();
+  app.add_option("--rdma-traffic-class", rdma.traffic_class,
+                 "rdma over RoCE: the traffic class (DSCP << 2) of its packets, for lossless "
+                 "queues")
+      ->capture_default_str();
+  app.add_option("--rdma-queue-pairs", rdma.queue_pairs,
+                 "rdma: RC queue pairs per decode rank, used round robin, 1-16")
       ->capture_default_str();
   app.add_option(
       "--speculative-config", speculative,
@@ -279,6 +351,7 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   if (Status s = parse_ports(tcp_ports, tp, c.tcp_ports, "--tcp-ports"); !s) return s.error();
   if (Status s = network_options(c, listen_address, auth_key_file, tcp_lanes, o.worker_args); !s)
     return s.error();
+  if (Status s = rdma_options(c, rdma, o.worker_args); !s) return s.error();
   if (Status s = apply_speculative(speculative, c); !s) return s.error();
   if (extra_layers_flag != 0) c.extra_layers = extra_layers_flag;
   if (extra_blocks_flag != 0) c.extra_layer_blocks = extra_blocks_flag;

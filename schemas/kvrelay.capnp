@@ -506,8 +506,8 @@ struct TcpEnvelope {
   # Every message on a tcp transport stream: a little-endian UInt32 length,
   # then this struct (Cap'n Proto flat array, length bytes); a frame's
   # payload follows its envelope.
-  #   accepting side: challenge, helloAck, ack, heartbeat
-  #   connecting side: proof, hello, frame, heartbeat
+  #   accepting side: challenge, helloAck, ack, heartbeat, rdmaAccept, rdmaGrant
+  #   connecting side: proof, hello, frame, heartbeat, rdmaOffer, rdmaIntent
   union {
     challenge @0 :TcpAuthChallenge;
     proof @1 :TcpAuthProof;
@@ -516,5 +516,50 @@ struct TcpEnvelope {
     frame @4 :TcpFrameHeader;
     ack @5 :TcpAck;
     heartbeat @6 :Void;
+    rdmaOffer @7 :RdmaOffer;
+    rdmaAccept @8 :RdmaAccept;
+    rdmaIntent @9 :RdmaIntent;
+    rdmaGrant @10 :TcpAck;
+    # The rdma transport's control messages, on the same authenticated
+    # connection (worker/rdma/rdma_transport.h):
+    #   <- rdmaOffer(queue pairs)               after the helloAck
+    #   -> rdmaAccept(queue pairs, regions | reason)
+    #   <- rdmaIntent(transfer, blocks) ...     before its writes
+    #   -> rdmaGrant(transfer, ok | reason)     only then are they posted
+    #   -> ack(transfer, ok | reason)           its WRITE_WITH_IMM has landed
+  }
+}
+
+struct RdmaOffer {
+  # The connecting side's RC queue pairs for an rdma session, in the order
+  # it will use them.
+  queuePairs @0 :List(RdmaQpInfo);
+}
+
+struct RdmaAccept {
+  # The accepting side's answer to an RdmaOffer: a queue pair connected to
+  # each offered one (same order), and where its pool's tensors are.
+  accepted @0 :Bool;
+  reason @1 :Text;
+  queuePairs @2 :List(RdmaQpInfo);
+  regions @3 :RdmaMemoryRegions;
+}
+
+struct RdmaIntent {
+  # What one layer transfer will write, asked before any write is posted, so
+  # that the receiver can refuse blocks its expected requests do not allow
+  # (one-sided writes cannot be refused once they are on the wire). Long
+  # transfers come in parts; the receiver answers after the last one.
+  transfer @0 :UInt64;
+  # The sender's id; its low 32 bits are the immediate of its last write.
+  requestKey @1 :UInt64;
+  handle @2 :UInt64;
+  layer @3 :UInt32;
+  runs @4 :List(BlockSpan);
+  # Destination block ranges; every tensor of the layer is written over them.
+  last @5 :Bool;
+  struct BlockSpan {
+    first @0 :UInt32;
+    count @1 :UInt32;
   }
 }

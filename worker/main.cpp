@@ -27,7 +27,26 @@ int main(int argc, char** argv) {
                  "pre-shared key for tcp transfers: a 0600 file of >= 16 random bytes");
   app.add_option("--tcp-lanes", o.network.lanes, "parallel tcp connections per decode rank (1-8)")
       ->capture_default_str();
+  std::string rdma_devices;
+  app.add_option("--rdma-devices", rdma_devices,
+                 "rdma: RDMA device per rank, comma-separated (one for all ranks, or one per "
+                 "rank; 'auto': the first)");
+  app.add_option("--rdma-ib-port", o.network.rdma_port, "rdma: the device port")
+      ->capture_default_str();
+  app.add_option("--rdma-gid-index", o.network.rdma_gid_index, "rdma over RoCE: the GID index")
+      ->capture_default_str();
+  app.add_option("--rdma-traffic-class", o.network.rdma_traffic_class,
+                 "rdma over RoCE: the traffic class")
+      ->capture_default_str();
+  app.add_option("--rdma-queue-pairs", o.network.rdma_queue_pairs,
+                 "rdma: RC queue pairs per decode rank (1-16)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  for (size_t at = 0; !rdma_devices.empty() && at != std::string::npos;) {
+    const size_t comma = rdma_devices.find(',', at);
+    o.network.rdma_devices.push_back(rdma_devices.substr(at, comma - at));
+    at = comma == std::string::npos ? comma : comma + 1;
+  }
   o.attach_timeout = std::chrono::milliseconds(attach_ms);
   return kvrelay::worker::run_worker(o);
 }

@@ -1,6 +1,7 @@
 #include "worker/transports.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "schemas/codec.h"
 #include "worker/request_key.h"
@@ -20,10 +21,39 @@ Transports::Transports(uint32_t rank, const LocalPool& local)
     : rank_(rank), ipc_(rank, local, kernels::make_host_copy_engine()) {}
 
 Transports::~Transports() {
+  rdma_receiver_.reset();
   receiver_.reset();
+  rdma_.reset();
   tcp_.reset();
   net_.reset();
 }
+
+namespace {
+
+// The rank's fabric, or why there is none.
+Result<std::shared_ptr<rdma::Fabric>> open_fabric(const InstanceConfig& config, uint32_t rank,
+                                                  const NetworkOptions& network) {
+  if (network.rdma_fabric) return network.rdma_fabric;
+  rdma::FabricOptions o;
+  if (!network.rdma_devices.empty()) {
+    if (network.rdma_devices.size() != 1 && network.rdma_devices.size() != config.tp_size)
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("--rdma-devices names {} devices for {} ranks (one for all, "
+                                    "or one per rank)",
+                                    network.rdma_devices.size(), config.tp_size));
+    o.device = network.rdma_devices.size() == 1 ? network.rdma_devices[0]
+                                                : network.rdma_devices[rank];
+    if (o.device == "auto") o.device.clear();
+  }
+  o.port = static_cast<uint8_t>(network.rdma_port);
+  o.gid_index = network.rdma_gid_index;
+  o.traffic_class = static_cast<uint8_t>(network.rdma_traffic_class);
+  Result<std::unique_ptr<rdma::Fabric>> f = rdma::open_verbs_fabric(o);
+  if (!f) return f.error();
+  return std::shared_ptr<rdma::Fabric>(std::move(f).value());
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& config, uint32_t rank,
                                                        const LocalPool& local,
@@ -41,16 +71,35 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
       t->intake_ = std::move(intake).value();
     }
   }
+  const bool receives = config.role != static_cast<uint32_t>(Role::kPrefill);
   const uint16_t port = rank < kMaxTpSize ? config.tcp_ports[rank] : 0;
-  const bool listens = port != 0 && config.role != static_cast<uint32_t>(Role::kPrefill);
+  const uint16_t rdma_port = rank < kMaxTpSize ? config.rdma_ports[rank] : 0;
+  const bool listens = port != 0 && receives;
+  const bool wants_rdma = (config.protocols & 4U) != 0;
   if (network.auth_key_file.empty()) {
-    if (listens)
+    if (listens || (rdma_port != 0 && receives))
       return make_error(Errc::kInvalidArgument,
-                        fmt::format("rank {} has tcp port {} but no --auth-key-file: a tcp "
-                                    "listener must authenticate its peers (README: Cross-host "
-                                    "transfer)",
-                                    rank, port));
+                        fmt::format("rank {} has {} port {} but no --auth-key-file: a listener "
+                                    "must authenticate its peers (README: Cross-host transfer)",
+                                    rank, listens ? "tcp" : "rdma", listens ? port : rdma_port));
+    t->no_rdma_ = wants_rdma ? "rdma transfers need a pre-shared key for their control "
+                               "connection: start this instance with --auth-key-file (README: "
+                               "Cross-host transfer)"
+                             : "this instance does not accept rdma: add rdma to its --protocol";
     return t;
+  }
+  if (wants_rdma) {
+    Result<std::shared_ptr<rdma::Fabric>> fabric = open_fabric(config, rank, network);
+    if (!fabric) {
+      // Not fatal: ipc and tcp still work, and every rdma request says why not.
+      t->no_rdma_ = fmt::format("rank {} has no RDMA device: {}", rank, fabric.error().message);
+      spdlog::warn("{}", t->no_rdma_);
+    } else {
+      t->fabric_ = std::move(fabric).value();
+      spdlog::info("rank {}: rdma on {}", rank, t->fabric_->name());
+    }
+  } else {
+    t->no_rdma_ = "this instance does not accept rdma: add rdma to its --protocol";
   }
   Result<AuthKey> key = AuthKey::load(network.auth_key_file);
   if (!key) return key.error();
@@ -63,19 +112,39 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   sender.lanes = std::clamp<uint32_t>(network.lanes, 1, 8);
   sender.timing = tcp_timing(config);
   t->tcp_ = std::make_unique<tcp::TcpTransport>(*t->net_, local, t->key_.get(), sender, doorbell);
-  if (listens) {
+  rdma::RdmaSenderOptions rdma_sender;
+  rdma_sender.instance = sender.instance;
+  rdma_sender.rank = rank;
+  rdma_sender.tp_size = config.tp_size;
+  rdma_sender.queue_pairs = std::clamp<uint32_t>(network.rdma_queue_pairs, 1, 16);
+  rdma_sender.timing = sender.timing;
+  t->rdma_ = std::make_unique<rdma::RdmaTransport>(*t->net_, local, t->key_.get(),
+                                                   t->fabric_.get(), t->no_rdma_, rdma_sender,
+                                                   doorbell);
+  if (receives && (listens || (rdma_port != 0 && wants_rdma))) {
     tcp::ReceiverOptions receiver;
     receiver.address = network.listen_address;
-    receiver.port = port;
     receiver.instance = instance_of(config);
     receiver.rank = rank;
     receiver.timing = sender.timing;
     receiver.arrivals =
         t->arrivals_ ? t->arrivals_ : std::make_shared<Arrivals>(local.geometry(), doorbell);
-    Result<std::unique_ptr<tcp::TcpReceiver>> r =
-        tcp::TcpReceiver::start(*t->net_, local, *t->key_, receiver);
-    if (!r) return r.error();
-    t->receiver_ = std::move(r).value();
+    if (t->fabric_)
+      receiver.rdma = std::make_shared<rdma::RdmaListener>(t->fabric_.get(), "", local, rank);
+    if (listens) {
+      receiver.port = port;
+      Result<std::unique_ptr<tcp::TcpReceiver>> r =
+          tcp::TcpReceiver::start(*t->net_, local, *t->key_, receiver);
+      if (!r) return r.error();
+      t->receiver_ = std::move(r).value();
+    }
+    if (rdma_port != 0 && wants_rdma) {
+      receiver.port = rdma_port;
+      Result<std::unique_ptr<tcp::TcpReceiver>> r =
+          tcp::TcpReceiver::start(*t->net_, local, *t->key_, receiver);
+      if (!r) return r.error();
+      t->rdma_receiver_ = std::move(r).value();
+    }
   }
   return t;
 }
@@ -90,9 +159,8 @@ Result<std::shared_ptr<Destination>> Transports::resolve(schema::CacheDest::Read
                           "--auth-key-file (README: Cross-host transfer)");
       return tcp_->resolve(dest);
     case schema::TransferProtocol::RDMA:
-      return make_error(Errc::kInvalidArgument,
-                        "protocol rdma is not available in this build: use ipc on one host or "
-                        "tcp across hosts");
+      if (!rdma_) return make_error(Errc::kInvalidArgument, no_rdma_);
+      return rdma_->resolve(dest);
   }
   return make_error(Errc::kInvalidArgument, "unknown protocol");
 }
@@ -107,9 +175,8 @@ Status Transports::check_connect(schema::ConnectTask::Reader connect) {
                           "--auth-key-file (README: Cross-host transfer)");
       return tcp_->check_connect(connect);
     case schema::TransferProtocol::RDMA:
-      return make_error(Errc::kInvalidArgument,
-                        "protocol rdma is not available in this build: use ipc on one host or "
-                        "tcp across hosts");
+      if (!rdma_) return make_error(Errc::kInvalidArgument, no_rdma_);
+      return rdma_->check_connect(connect);
   }
   return make_error(Errc::kInvalidArgument, "unknown protocol");
 }
@@ -177,10 +244,12 @@ std::vector<ArrivalEvent> Transports::take_arrivals() {
 void Transports::poll(std::vector<TransferCompletion>& out) {
   ipc_.poll(out);
   if (tcp_) tcp_->poll(out);
+  if (rdma_) rdma_->poll(out);
 }
 
 bool Transports::has_completions() const {
-  return ipc_.has_completions() || (tcp_ && tcp_->has_completions());
+  return ipc_.has_completions() || (tcp_ && tcp_->has_completions()) ||
+         (rdma_ && rdma_->has_completions());
 }
 
 }  // namespace kvrelay::worker

@@ -1,7 +1,7 @@
 // The transports of one worker, chosen per request by the CacheDest's
 // protocol (ConnectTask's, for connects): ipc between instances of one host,
-// tcp across hosts (worker/tcp/); rdma is refused with a reason until its
-// transport exists.
+// tcp across hosts (worker/tcp/), rdma across hosts over an RDMA device
+// (worker/rdma/), when the instance's --protocol names it.
 //
 // A decode rank also keeps its expected requests (ExpectArrival) here: one
 // Arrivals, fed by the tcp listener and by the ipc intake alike. A failed or
@@ -12,10 +12,15 @@
 // sends over tcp, and, when its instance gives this rank a tcp port and is
 // not prefill-only, it listens there for senders. A port without a key is
 // refused: a listener that writes into the KV cache must authenticate.
+//
+// rdma needs the key too (its control connection is the tcp transport's) and
+// an RDMA device. A decode rank accepts rdma sessions on its --rdma-ports
+// port, and on its tcp port as well.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "instance/auth_key.h"
 #include "instance/instance_config.h"
@@ -23,6 +28,8 @@
 #include "worker/arrivals.h"
 #include "worker/ipc_intake.h"
 #include "worker/ipc_transport.h"
+#include "worker/rdma/fabric.h"
+#include "worker/rdma/rdma_transport.h"
 #include "worker/tcp/net_thread.h"
 #include "worker/tcp/tcp_receiver.h"
 #include "worker/tcp/tcp_transport.h"
@@ -34,6 +41,16 @@ struct NetworkOptions {
   std::string listen_address = "127.0.0.1";
   std::string auth_key_file;  // empty: no tcp
   uint32_t lanes = 2;         // parallel connections per decode rank
+  // rdma, when the instance accepts it: the device of each rank
+  // (--rdma-devices; empty or "auto": the first device), its port, GID
+  // index and traffic class, and queue pairs per decode rank.
+  std::vector<std::string> rdma_devices;
+  uint32_t rdma_port = 1;
+  int rdma_gid_index = 1;
+  uint32_t rdma_traffic_class = 0;
+  uint32_t rdma_queue_pairs = 2;
+  // Tests: the fabric to use instead of opening a device.
+  std::shared_ptr<rdma::Fabric> rdma_fabric;
 };
 
 class Transports final : public Transport {
@@ -52,8 +69,9 @@ class Transports final : public Transport {
   void poll(std::vector<TransferCompletion>& out) override;
   bool has_completions() const override;
 
-  // The tcp listener, if this rank has one.
+  // The tcp listener, if this rank has one; the rdma one (--rdma-ports).
   const tcp::TcpReceiver* receiver() const { return receiver_.get(); }
+  const tcp::TcpReceiver* rdma_receiver() const { return rdma_receiver_.get(); }
 
   // ExpectArrival: track request `handle`'s writes into its declared blocks
   // (an error when this is not a decode rank, or the blocks are taken).
@@ -77,9 +95,13 @@ class Transports final : public Transport {
   std::unique_ptr<IpcIntake> intake_;   // decode ranks of an instance (not in unit tests)
   std::vector<ArrivalEvent> held_;      // failed or withdrawn, until their claims are settled
   std::unique_ptr<AuthKey> key_;
+  std::shared_ptr<rdma::Fabric> fabric_;        // outlives every queue pair
   std::unique_ptr<tcp::NetThread> net_;         // before the users of its thread
   std::unique_ptr<tcp::TcpTransport> tcp_;      // destroyed before the thread
+  std::unique_ptr<rdma::RdmaTransport> rdma_;   // destroyed before the thread
   std::unique_ptr<tcp::TcpReceiver> receiver_;  // destroyed before the thread
+  std::unique_ptr<tcp::TcpReceiver> rdma_receiver_;
+  std::string no_rdma_;  // why rdma is refused, when it is
 };
 
 // The tcp timing from the instance's: heartbeats at its interval, a peer

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <thread>
 
+#include "support/pool_patterns.h"
 #include "worker/tcp/tcp_receiver.h"
 
 namespace kvrelay::worker::tcp {
@@ -24,64 +25,13 @@ namespace {
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
 
-PoolGeometry geometry(uint32_t head_dim = 64) {
-  PoolGeometry g;
-  g.num_layers = 3;
-  g.num_blocks = 32;
-  g.kv_heads = 2;
-  g.block_size = 16;
-  g.head_dim = head_dim;
-  g.dtype = static_cast<uint32_t>(CacheDtype::kBf16);
-  return g;
-}
+using kvrelay::testing::fill;
+using kvrelay::testing::wrong_bytes;
+
+PoolGeometry geometry(uint32_t head_dim = 64) { return kvrelay::testing::transport_geometry(head_dim); }
 
 std::unique_ptr<HostSegmentPool> make_pool(const std::string& tag, const PoolGeometry& g) {
-  const std::string name = fmt::format("kvrelay-tcptest-{}-{}", getpid(), tag);
-  (void)SharedSegment::unlink(name);
-  Result<HostPool> pool = HostPool::create(name, 0, PoolTier::kDevice, g);
-  if (!pool) ADD_FAILURE() << pool.error().message;
-  return std::make_unique<HostSegmentPool>(std::move(pool).value());
-}
-
-// Every byte of (layer, tensor, block) gets a value of its own.
-std::byte pattern(uint32_t layer, uint32_t tensor, uint32_t block, uint64_t i) {
-  return static_cast<std::byte>((layer * 131 + tensor * 31 + block * 7 + i) % 251 + 1);
-}
-
-void fill(const LocalPool& pool) {
-  const PoolGeometry& g = pool.geometry();
-  for (uint32_t l = 0; l < g.total_layers(); ++l)
-    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
-      const auto tensor = static_cast<PoolTensor>(t);
-      const uint64_t bb = g.block_bytes(tensor);
-      for (uint32_t b = 0; b < g.blocks_in_layer(l); ++b)
-        for (uint64_t i = 0; i < bb; ++i)
-          pool.tensor(l, tensor)[b * bb + i] = pattern(l, t, b, i);
-    }
-}
-
-// Bytes of the destination that differ from what src[k] -> dst[k] should have
-// put there; every other block must still be zero.
-uint64_t wrong_bytes(const LocalPool& dst, const std::vector<uint32_t>& src_ids,
-                     const std::vector<uint32_t>& dst_ids) {
-  const PoolGeometry& g = dst.geometry();
-  uint64_t wrong = 0;
-  for (uint32_t l = 0; l < g.total_layers(); ++l)
-    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
-      const auto tensor = static_cast<PoolTensor>(t);
-      const uint64_t bb = g.block_bytes(tensor);
-      for (uint32_t b = 0; b < g.blocks_in_layer(l); ++b) {
-        const auto k = std::find(dst_ids.begin(), dst_ids.end(), b);
-        for (uint64_t i = 0; i < bb; ++i) {
-          const std::byte want =
-              k == dst_ids.end()
-                  ? std::byte{0}
-                  : pattern(l, t, src_ids[static_cast<size_t>(k - dst_ids.begin())], i);
-          if (dst.tensor(l, tensor)[b * bb + i] != want) ++wrong;
-        }
-      }
-    }
-  return wrong;
+  return kvrelay::testing::make_test_pool("tcptest", tag, g);
 }
 
 class TcpTransportTest : public ::testing::Test {

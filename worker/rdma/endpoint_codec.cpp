@@ -57,40 +57,51 @@ void encode_regions(const PoolGeometry& g, const std::vector<RemoteTensor>& tens
   }
 }
 
+std::vector<RegionEntry> copy_regions(schema::RdmaMemoryRegions::Reader in) {
+  std::vector<RegionEntry> out;
+  out.reserve(in.getRegions().size());
+  for (const auto r : in.getRegions())
+    out.push_back({r.getLayer(), r.getTensor(), r.getAddress(), r.getRkey(), r.getBytes()});
+  return out;
+}
+
 Result<RemoteTensors> decode_regions(schema::RdmaMemoryRegions::Reader in, const PoolGeometry& g) {
+  return check_regions(copy_regions(in), g);
+}
+
+Result<RemoteTensors> check_regions(std::span<const RegionEntry> regions, const PoolGeometry& g) {
   RemoteTensors out;
   out.tensors_per_layer_ = g.tensors_per_layer();
   const uint64_t want = uint64_t{g.total_layers()} * out.tensors_per_layer_;
-  const auto regions = in.getRegions();
   if (regions.size() != want)
     return invalid(
         fmt::format("RdmaMemoryRegions: {} regions, but the pool has {} tensors "
                     "({} layers x {})",
                     regions.size(), want, g.total_layers(), out.tensors_per_layer_));
   out.tensors_.assign(want, RemoteTensor{});
-  for (unsigned i = 0; i < regions.size(); ++i) {
-    const auto r = regions[i];
-    if (r.getLayer() >= g.total_layers() || r.getTensor() >= out.tensors_per_layer_)
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const RegionEntry& r = regions[i];
+    if (r.layer >= g.total_layers() || r.tensor >= out.tensors_per_layer_)
       return invalid(
           fmt::format("RdmaMemoryRegions: region {} names layer {} tensor {}, which "
                       "the pool does not have",
-                      i, r.getLayer(), r.getTensor()));
-    const uint64_t size = g.tensor_bytes(r.getLayer(), static_cast<PoolTensor>(r.getTensor()));
-    if (r.getBytes() != size)
+                      i, r.layer, r.tensor));
+    const uint64_t size = g.tensor_bytes(r.layer, static_cast<PoolTensor>(r.tensor));
+    if (r.bytes != size)
       return invalid(
           fmt::format("RdmaMemoryRegions: layer {} tensor {} is {} bytes, not the "
                       "pool's {}",
-                      r.getLayer(), r.getTensor(), r.getBytes(), size));
-    if (r.getAddress() == 0 || r.getAddress() + size < r.getAddress())
+                      r.layer, r.tensor, r.bytes, size));
+    if (r.address == 0 || r.address + size < r.address)
       return invalid(
           fmt::format("RdmaMemoryRegions: layer {} tensor {} at {:#x} is not a usable "
                       "address range",
-                      r.getLayer(), r.getTensor(), r.getAddress()));
-    RemoteTensor& t = out.tensors_[uint64_t{r.getLayer()} * out.tensors_per_layer_ + r.getTensor()];
+                      r.layer, r.tensor, r.address));
+    RemoteTensor& t = out.tensors_[uint64_t{r.layer} * out.tensors_per_layer_ + r.tensor];
     if (t.address != 0)
-      return invalid(fmt::format("RdmaMemoryRegions: layer {} tensor {} is given twice",
-                                 r.getLayer(), r.getTensor()));
-    t = RemoteTensor{r.getAddress(), r.getRkey(), size};
+      return invalid(fmt::format("RdmaMemoryRegions: layer {} tensor {} is given twice", r.layer,
+                                 r.tensor));
+    t = RemoteTensor{r.address, r.rkey, size};
   }
   return out;
 }

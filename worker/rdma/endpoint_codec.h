@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "instance/pool_geometry.h"
@@ -29,6 +30,15 @@ struct RemoteTensor {
 
 // A peer's pool as RDMA WRITE targets, checked against the geometry both
 // sides agreed on.
+// One RdmaMemoryRegions.Region as a peer sent it (unchecked).
+struct RegionEntry {
+  uint32_t layer = 0;
+  uint32_t tensor = 0;
+  uint64_t address = 0;
+  uint32_t rkey = 0;
+  uint64_t bytes = 0;
+};
+
 class RemoteTensors {
  public:
   // The remote address of `length` bytes at `offset` in (layer, tensor), or
@@ -37,8 +47,8 @@ class RemoteTensors {
   uint32_t rkey(uint32_t layer, uint32_t tensor) const;
 
  private:
-  friend Result<RemoteTensors> decode_regions(schema::RdmaMemoryRegions::Reader in,
-                                              const PoolGeometry& geometry);
+  friend Result<RemoteTensors> check_regions(std::span<const RegionEntry> regions,
+                                             const PoolGeometry& geometry);
   uint32_t tensors_per_layer_ = 0;
   std::vector<RemoteTensor> tensors_;  // [layer * tensors_per_layer + tensor]
 };
@@ -48,5 +58,11 @@ void encode_regions(const PoolGeometry& geometry, const std::vector<RemoteTensor
                     schema::RdmaMemoryRegions::Builder out);
 Result<RemoteTensors> decode_regions(schema::RdmaMemoryRegions::Reader in,
                                      const PoolGeometry& geometry);
+// The regions, copied out unchecked (the tcp envelope decoder keeps them
+// until the geometry they must match is known).
+std::vector<RegionEntry> copy_regions(schema::RdmaMemoryRegions::Reader in);
+// Whether `regions` cover `geometry` exactly (see above); the error names the field.
+Result<RemoteTensors> check_regions(std::span<const RegionEntry> regions,
+                                    const PoolGeometry& geometry);
 
 }  // namespace kvrelay::worker::rdma

@@ -7,6 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <utility>
+
+#include <fcntl.h>
 #include <vector>
 
 namespace kvrelay::worker::rdma {
@@ -105,8 +108,14 @@ Result<std::unique_ptr<VerbsQueuePair>> VerbsDevice::create_queue_pair(
   std::unique_ptr<VerbsQueuePair> q(new VerbsQueuePair());
   q->device_ = this;
   q->options_ = options;
-  q->send_cq_ = ibv_create_cq(context_, static_cast<int>(options.max_send_wr), nullptr, nullptr, 0);
-  q->recv_cq_ = ibv_create_cq(context_, static_cast<int>(options.max_recv_wr), nullptr, nullptr, 0);
+  q->channel_ = ibv_create_comp_channel(context_);
+  if (q->channel_ == nullptr)
+    return verbs_error(fmt::format("ibv_create_comp_channel on {}", name_), errno);
+  // Non-blocking: arm() takes the events there are and never waits.
+  if (int flags = fcntl(q->channel_->fd, F_GETFL); fcntl(q->channel_->fd, F_SETFL, flags | O_NONBLOCK) != 0)
+    return verbs_error(fmt::format("O_NONBLOCK on {}'s completion channel", name_), errno);
+  q->send_cq_ = ibv_create_cq(context_, static_cast<int>(options.max_send_wr), nullptr, q->channel_, 0);
+  q->recv_cq_ = ibv_create_cq(context_, static_cast<int>(options.max_recv_wr), nullptr, q->channel_, 0);
   if (q->send_cq_ == nullptr || q->recv_cq_ == nullptr)
     return verbs_error(fmt::format("ibv_create_cq on {}", name_), errno);
   ibv_qp_init_attr init{};
@@ -145,8 +154,28 @@ Result<std::unique_ptr<VerbsQueuePair>> VerbsDevice::create_queue_pair(
 
 VerbsQueuePair::~VerbsQueuePair() {
   if (qp_ != nullptr) ibv_destroy_qp(qp_);
+  // Events taken but not acknowledged would block ibv_destroy_cq.
+  if (send_cq_ != nullptr) ibv_ack_cq_events(send_cq_, unacked_send_);
+  if (recv_cq_ != nullptr) ibv_ack_cq_events(recv_cq_, unacked_recv_);
   if (send_cq_ != nullptr) ibv_destroy_cq(send_cq_);
   if (recv_cq_ != nullptr) ibv_destroy_cq(recv_cq_);
+  if (channel_ != nullptr) ibv_destroy_comp_channel(channel_);
+}
+
+Status VerbsQueuePair::arm() {
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  while (ibv_get_cq_event(channel_, &cq, &context) == 0) {
+    if (cq == send_cq_) ++unacked_send_;
+    if (cq == recv_cq_) ++unacked_recv_;
+  }
+  // Acknowledging is a lock per call: do it in batches.
+  if (unacked_send_ >= 64) ibv_ack_cq_events(send_cq_, std::exchange(unacked_send_, 0));
+  if (unacked_recv_ >= 64) ibv_ack_cq_events(recv_cq_, std::exchange(unacked_recv_, 0));
+  for (ibv_cq* c : {send_cq_, recv_cq_})
+    if (int rc = ibv_req_notify_cq(c, 0); rc != 0)
+      return verbs_error(fmt::format("{}: ibv_req_notify_cq", name_), rc);
+  return {};
 }
 
 Status VerbsQueuePair::connect(const QpEndpoint& remote) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "worker/rdma/fabric.h"
 #include "worker/rdma/queue_pair.h"
 
 namespace kvrelay::worker::rdma {
@@ -37,13 +38,13 @@ struct QueuePairOptions {
 class VerbsDevice;
 
 // Memory registered for local reads and remote writes.
-class MemoryRegion {
+class MemoryRegion final : public Registration {
  public:
-  ~MemoryRegion();
+  ~MemoryRegion() override;
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
-  uint32_t lkey() const { return mr_->lkey; }
-  uint32_t rkey() const { return mr_->rkey; }
+  uint32_t lkey() const override { return mr_->lkey; }
+  uint32_t rkey() const override { return mr_->rkey; }
   uint64_t address() const { return reinterpret_cast<uint64_t>(mr_->addr); }
   size_t bytes() const { return mr_->length; }
 
@@ -53,16 +54,19 @@ class MemoryRegion {
   ibv_mr* mr_;
 };
 
-class VerbsQueuePair : public QueuePair {
+// Both completion queues report to one completion channel (event_fd()).
+class VerbsQueuePair final : public RcQueuePair {
  public:
   ~VerbsQueuePair() override;
   VerbsQueuePair(const VerbsQueuePair&) = delete;
   VerbsQueuePair& operator=(const VerbsQueuePair&) = delete;
 
   // This side's address, for the peer.
-  const QpEndpoint& local() const { return local_; }
+  const QpEndpoint& local() const override { return local_; }
   // INIT -> RTR -> RTS towards `remote`.
-  Status connect(const QpEndpoint& remote);
+  Status connect(const QpEndpoint& remote) override;
+  int event_fd() const override { return channel_->fd; }
+  Status arm() override;
 
   Result<size_t> post_writes(std::span<const WriteRequest> writes) override;
   Status post_receive(uint64_t wr_id) override;
@@ -78,9 +82,11 @@ class VerbsQueuePair : public QueuePair {
 
   const VerbsDevice* device_ = nullptr;
   QueuePairOptions options_;
+  ibv_comp_channel* channel_ = nullptr;
   ibv_cq* send_cq_ = nullptr;
   ibv_cq* recv_cq_ = nullptr;
   ibv_qp* qp_ = nullptr;
+  unsigned unacked_send_ = 0, unacked_recv_ = 0;  // completion events taken, not yet acknowledged
   uint32_t max_send_wr_ = 0;
   QpEndpoint local_;
   std::string name_;

@@ -10,6 +10,8 @@
 #include <optional>
 #include <unordered_set>
 
+#include "worker/rdma/completion_watch.h"
+
 namespace kvrelay::worker::tcp {
 
 namespace asio = boost::asio;
@@ -128,6 +130,8 @@ class Connection final : public Channel {
     switch (in.kind) {
       case schema::TcpEnvelope::HEARTBEAT: return read_next();
       case schema::TcpEnvelope::FRAME: return on_frame(in.frame);
+      case schema::TcpEnvelope::RDMA_OFFER: return on_rdma_offer(in.rdma_offer);
+      case schema::TcpEnvelope::RDMA_INTENT: return on_rdma_intent(in.rdma_intent);
       default:
         return close(fmt::format("unexpected message (kind {}) after the handshake",
                                  static_cast<int>(in.kind)));
@@ -168,6 +172,67 @@ class Connection final : public Channel {
     });
   }
 
+  void on_rdma_offer(const std::vector<rdma::QpEndpoint>& offer) {
+    if (rdma_) return close("a second rdma offer on one connection");
+    Outgoing reply;
+    const PoolGeometry& g = shared_->pool.geometry();
+    Result<std::unique_ptr<rdma::RdmaSession>> session =
+        shared_->options.rdma
+            ? rdma::RdmaSession::accept(*shared_->options.rdma, shared_->arrivals, offer,
+                                        peer_name())
+            : Result<std::unique_ptr<rdma::RdmaSession>>(make_error(
+                  Errc::kInvalidArgument,
+                  fmt::format("rank {} does not accept rdma (its instance was started without "
+                              "rdma in --protocol)",
+                              shared_->options.rank)));
+    if (!session) {
+      spdlog::warn("rank {}: rdma offer from {} refused: {}", shared_->options.rank, peer_name(),
+                   session.error().message);
+      encode_rdma_accept(false, session.error().message, {}, g, {}, reply.owned);
+      send(std::move(reply));
+      return read_next();
+    }
+    rdma_ = std::move(session).value();
+    ++shared_->stats->rdma_sessions;
+    const std::vector<rdma::QpEndpoint> mine = rdma_->endpoints();
+    encode_rdma_accept(true, "", mine, g, rdma_->registration().tensors(), reply.owned);
+    send(std::move(reply));
+    spdlog::info("rank {}: rdma session with {} over {} queue pairs", shared_->options.rank,
+                 peer_name(), mine.size());
+    rdma_watch_.emplace(executor());
+    rdma_watch_->start(rdma_->event_fds(), [this] { on_rdma_completions(); });
+    on_rdma_completions();  // arms the queue pairs
+    if (!closed()) read_next();
+  }
+
+  void on_rdma_intent(const RdmaIntent& part) {
+    if (!rdma_) return close("an rdma intent before an rdma session");
+    Result<std::optional<Status>> grant = rdma_->on_intent(part);
+    if (!grant) return close(grant.error().message);
+    if (*grant) {
+      const Status& ok = **grant;
+      if (!ok) ++shared_->stats->rdma_refused;
+      Outgoing reply;
+      encode_rdma_grant(part.transfer, ok.ok(), ok ? "" : ok.error().message, reply.owned);
+      send(std::move(reply));
+    }
+    read_next();
+  }
+
+  void on_rdma_completions() {
+    if (!rdma_ || closed()) return;
+    acks_.clear();
+    Status s = rdma_->poll(acks_);
+    if (!acks_.empty()) {
+      Outgoing out;
+      for (const rdma::Ack& a : acks_)
+        encode_ack(a.transfer, a.status.ok(), a.status ? "" : a.status.error().message, out.owned);
+      shared_->stats->rdma_transfers += acks_.size();
+      send(std::move(out));
+    }
+    if (!s) close(s.error().message);
+  }
+
   // A refused frame's payload is read and dropped, unless it is too large
   // to be one of ours: then the stream is closed.
   void drop(const FrameHeader& f, std::function<void()> after) {
@@ -188,6 +253,8 @@ class Connection final : public Channel {
 
   void on_closed(const std::string& reason) override {
     handshake_.cancel();
+    if (rdma_watch_) rdma_watch_->stop();
+    rdma_.reset();  // its queue pairs first: then what it granted and did not land is abandoned
     if (payload_in_progress_) shared_->arrivals.abandoned(landed_write(*payload_in_progress_));
     if (state_ == State::kServing) {
       spdlog::info("rank {}: tcp connection from {} closed: {}", shared_->options.rank, peer_name(),
@@ -207,6 +274,9 @@ class Connection final : public Channel {
   std::vector<uint8_t> peer_nonce_;
   std::unordered_set<uint64_t> refused_;            // transfers refused, until their last frame
   std::optional<FrameHeader> payload_in_progress_;  // admitted, its payload being read
+  std::unique_ptr<rdma::RdmaSession> rdma_;         // once the peer offered one
+  std::optional<rdma::CompletionWatch> rdma_watch_;
+  std::vector<rdma::Ack> acks_;  // scratch
 };
 
 void accept_next(const std::shared_ptr<TcpReceiver::Shared>& shared) {

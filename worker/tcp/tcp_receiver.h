@@ -9,6 +9,9 @@
 // too. A stream that loses its framing (a bad length or envelope) is closed.
 // A connection that does not authenticate within the handshake timeout, or
 // fails to, is closed and logged, and has touched no pool byte.
+//
+// After the handshake a connection may also carry an rdma session
+// (rdma_receiver.h): then it is the rdma transport's control connection.
 #pragma once
 
 #include <atomic>
@@ -19,6 +22,7 @@
 #include "instance/auth_key.h"
 #include "worker/arrivals.h"
 #include "worker/local_pool.h"
+#include "worker/rdma/rdma_receiver.h"
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
 
@@ -34,6 +38,9 @@ struct ReceiverOptions {
   // The rank's expected requests, which the ipc intake feeds too (none: a
   // private one, for tests and benchmarks).
   std::shared_ptr<Arrivals> arrivals;
+  // Sessions of the rdma transport on this listener's connections
+  // (rdma_receiver.h); none: rdma offers are refused, saying so.
+  std::shared_ptr<rdma::RdmaListener> rdma;
 };
 
 struct ReceiverStats {
@@ -42,6 +49,9 @@ struct ReceiverStats {
   std::atomic<uint64_t> frames{0};
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> refused_frames{0};
+  std::atomic<uint64_t> rdma_sessions{0};
+  std::atomic<uint64_t> rdma_transfers{0};  // landed
+  std::atomic<uint64_t> rdma_refused{0};    // intents refused
 };
 
 class TcpReceiver {

@@ -8,8 +8,10 @@
 #include <boost/asio/strand.hpp>
 #include <deque>
 #include <future>
+#include <optional>
 
 #include "worker/copy_plan.h"
+#include "worker/tcp/client_handshake.h"
 
 namespace kvrelay::worker::tcp {
 
@@ -218,15 +220,7 @@ class Lane final : public Channel {
 
  private:
   void handshake(const Inbound& in) {
-    if (!challenged_) {
-      if (in.kind != schema::TcpEnvelope::CHALLENGE || in.nonce.size() != kNonceBytes)
-        return close("the listener is not a kvrelay tcp receiver (no challenge)");
-      challenged_ = true;
-      server_nonce_ = in.nonce;
-      const Nonce mine = random_nonce();
-      nonce_.assign(mine.begin(), mine.end());
-      Outgoing out;
-      encode_proof(mine, peer_.key().mac(kConnectLabel, server_nonce_, nonce_), out.owned);
+    if (!handshake_) {
       Hello hello;
       hello.version = kWireVersion;
       hello.instance = peer_.options().instance;
@@ -234,19 +228,16 @@ class Lane final : public Channel {
       hello.rank = peer_.options().rank;
       hello.tp_size = peer_.options().tp_size;
       hello.pool = peer_.local().geometry();
-      encode_hello(hello, out.owned);
-      send(std::move(out));
-      return read_next();
+      handshake_.emplace(peer_.key(), std::move(hello));
     }
-    if (in.kind != schema::TcpEnvelope::HELLO_ACK)
-      return close("the receiver did not answer the hello");
-    if (!in.hello_ack.accepted)
-      return close(fmt::format("the receiver refused the connection: {}", in.hello_ack.reason));
-    if (!peer_.key().verify(kAcceptLabel, nonce_, server_nonce_, in.hello_ack.proof))
-      return close("the receiver could not prove it holds the key (a different key there?)");
+    Outgoing out;
+    Result<bool> done = handshake_->on_message(in, out.owned);
+    if (!out.owned.empty()) send(std::move(out));
+    if (!done) return close(done.error().message);
+    if (!*done) return read_next();
     ready_.store(true, std::memory_order_release);
     deadline_.cancel();
-    asio::post(peer_.strand(), [p = peer_.shared_from_this(), ack = in.hello_ack] {
+    asio::post(peer_.strand(), [p = peer_.shared_from_this(), ack = handshake_->ack()] {
       p->lane_ready(ack);
     });
     std::deque<Job> queued = std::move(waiting_);
@@ -314,9 +305,7 @@ class Lane final : public Channel {
   asio::steady_timer deadline_;
   std::atomic<bool> ready_{false};
   std::string close_reason_;  // what transfers handed to it after it closed are told
-  bool challenged_ = false;
-  std::vector<uint8_t> server_nonce_;
-  std::vector<uint8_t> nonce_;
+  std::optional<ClientHandshake> handshake_;
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;
   std::vector<kernels::CopyRun> byte_runs_;

@@ -34,6 +34,19 @@ void append(capnp::MessageBuilder& message, std::vector<std::byte>& out) {
   messages::encode_into(message, std::span<std::byte>(out.data() + at + 4, body));
 }
 
+Result<std::vector<rdma::QpEndpoint>> endpoints_of(capnp::List<schema::RdmaQpInfo>::Reader list) {
+  if (list.size() == 0 || list.size() > kMaxRdmaQueuePairs)
+    return make_error(Errc::kCorrupt, fmt::format("{} rdma queue pairs offered (1 to {})",
+                                                  list.size(), kMaxRdmaQueuePairs));
+  std::vector<rdma::QpEndpoint> out;
+  for (const auto qp : list) {
+    Result<rdma::QpEndpoint> e = rdma::decode_endpoint(qp);
+    if (!e) return e.error();
+    out.push_back(*e);
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<uint32_t> parse_length(std::span<const uint8_t, 4> p) {
@@ -103,6 +116,48 @@ Result<Inbound> decode_envelope(std::span<const std::byte> body) {
             break;
           }
           case schema::TcpEnvelope::HEARTBEAT: break;
+          case schema::TcpEnvelope::RDMA_OFFER: {
+            Result<std::vector<rdma::QpEndpoint>> qps =
+                endpoints_of(e.getRdmaOffer().getQueuePairs());
+            if (!qps) return qps.error();
+            in.rdma_offer = std::move(qps).value();
+            break;
+          }
+          case schema::TcpEnvelope::RDMA_ACCEPT: {
+            const auto a = e.getRdmaAccept();
+            in.rdma_accept.accepted = a.getAccepted();
+            in.rdma_accept.reason = capped(a.getReason());
+            if (!in.rdma_accept.accepted) break;
+            Result<std::vector<rdma::QpEndpoint>> qps = endpoints_of(a.getQueuePairs());
+            if (!qps) return qps.error();
+            in.rdma_accept.queue_pairs = std::move(qps).value();
+            in.rdma_accept.regions = rdma::copy_regions(a.getRegions());
+            break;
+          }
+          case schema::TcpEnvelope::RDMA_INTENT: {
+            const auto i = e.getRdmaIntent();
+            RdmaIntent& out = in.rdma_intent;
+            out.transfer = i.getTransfer();
+            out.request_key = i.getRequestKey();
+            out.handle = i.getHandle();
+            out.layer = i.getLayer();
+            out.last = i.getLast();
+            if (i.getRuns().size() > kMaxIntentRuns)
+              return make_error(Errc::kCorrupt,
+                                fmt::format("an rdma intent part with {} runs (at most {})",
+                                            i.getRuns().size(), kMaxIntentRuns));
+            out.runs.reserve(i.getRuns().size());
+            for (const auto r : i.getRuns())
+              out.runs.push_back({r.getFirst(), r.getCount()});
+            break;
+          }
+          case schema::TcpEnvelope::RDMA_GRANT: {
+            const auto a = e.getRdmaGrant();
+            in.ack_transfer = a.getTransfer();
+            in.ack_ok = a.getOk();
+            in.ack_reason = capped(a.getReason());
+            break;
+          }
           default:
             return make_error(Errc::kCorrupt, "an envelope of a kind this version does not know");
         }
@@ -178,6 +233,58 @@ void encode_heartbeat(std::vector<std::byte>& out) {
   capnp::word scratch[4] = {};
   capnp::MallocMessageBuilder m(kj::arrayPtr(scratch, 4));
   m.initRoot<schema::TcpEnvelope>().setHeartbeat();
+  append(m, out);
+}
+
+void encode_rdma_offer(std::span<const rdma::QpEndpoint> queue_pairs, std::vector<std::byte>& out) {
+  capnp::MallocMessageBuilder m(256);
+  auto list = m.initRoot<schema::TcpEnvelope>().initRdmaOffer().initQueuePairs(
+      static_cast<unsigned>(queue_pairs.size()));
+  for (unsigned i = 0; i < queue_pairs.size(); ++i)
+    rdma::encode_endpoint(queue_pairs[i], list[i]);
+  append(m, out);
+}
+
+void encode_rdma_accept(bool accepted, const std::string& reason,
+                        std::span<const rdma::QpEndpoint> queue_pairs, const PoolGeometry& geometry,
+                        const std::vector<rdma::RemoteTensor>& tensors,
+                        std::vector<std::byte>& out) {
+  capnp::MallocMessageBuilder m(1024);
+  auto a = m.initRoot<schema::TcpEnvelope>().initRdmaAccept();
+  a.setAccepted(accepted);
+  a.setReason(reason.substr(0, kMaxTextBytes));
+  if (accepted) {
+    auto list = a.initQueuePairs(static_cast<unsigned>(queue_pairs.size()));
+    for (unsigned i = 0; i < queue_pairs.size(); ++i)
+      rdma::encode_endpoint(queue_pairs[i], list[i]);
+    rdma::encode_regions(geometry, tensors, a.initRegions());
+  }
+  append(m, out);
+}
+
+void encode_rdma_intent(const RdmaIntent& intent, std::vector<std::byte>& out) {
+  capnp::MallocMessageBuilder m(64 + intent.runs.size());
+  auto i = m.initRoot<schema::TcpEnvelope>().initRdmaIntent();
+  i.setTransfer(intent.transfer);
+  i.setRequestKey(intent.request_key);
+  i.setHandle(intent.handle);
+  i.setLayer(intent.layer);
+  i.setLast(intent.last);
+  auto runs = i.initRuns(static_cast<unsigned>(intent.runs.size()));
+  for (unsigned k = 0; k < intent.runs.size(); ++k) {
+    runs[k].setFirst(intent.runs[k].first);
+    runs[k].setCount(intent.runs[k].count);
+  }
+  append(m, out);
+}
+
+void encode_rdma_grant(uint64_t transfer, bool ok, const std::string& reason,
+                       std::vector<std::byte>& out) {
+  capnp::MallocMessageBuilder m(64);
+  auto a = m.initRoot<schema::TcpEnvelope>().initRdmaGrant();
+  a.setTransfer(transfer);
+  a.setOk(ok);
+  a.setReason(reason.substr(0, kMaxTextBytes));
   append(m, out);
 }
 

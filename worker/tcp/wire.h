@@ -26,6 +26,7 @@
 #include "instance/pool_geometry.h"
 #include "schemas/kvrelay.capnp.h"
 #include "shm/result.h"
+#include "worker/rdma/endpoint_codec.h"
 #include "worker/request_key.h"
 
 namespace kvrelay::worker::tcp {
@@ -63,6 +64,32 @@ struct HelloAck {
   std::vector<uint8_t> proof;
 };
 
+// The rdma transport's control messages (rdmaOffer .. rdmaGrant in the schema).
+inline constexpr size_t kMaxRdmaQueuePairs = 16;
+// Runs per RdmaIntent part: keeps every part far below kMaxEnvelopeBytes.
+inline constexpr size_t kMaxIntentRuns = 4096;
+
+struct BlockSpan {
+  uint32_t first = 0;
+  uint32_t count = 0;
+};
+
+struct RdmaIntent {
+  uint64_t transfer = 0;
+  uint64_t request_key = 0;
+  uint64_t handle = 0;
+  uint32_t layer = 0;
+  std::vector<BlockSpan> runs;  // destination blocks
+  bool last = true;
+};
+
+struct RdmaAccept {
+  bool accepted = false;
+  std::string reason;
+  std::vector<rdma::QpEndpoint> queue_pairs;
+  std::vector<rdma::RegionEntry> regions;  // unchecked: rdma::check_regions
+};
+
 // One decoded envelope, copied out of the message (whose buffer is reused).
 struct Inbound {
   schema::TcpEnvelope::Which kind = schema::TcpEnvelope::HEARTBEAT;
@@ -71,9 +98,12 @@ struct Inbound {
   Hello hello;
   HelloAck hello_ack;
   FrameHeader frame;
-  uint64_t ack_transfer = 0;
+  uint64_t ack_transfer = 0;  // ack, rdmaGrant
   bool ack_ok = false;
   std::string ack_reason;
+  std::vector<rdma::QpEndpoint> rdma_offer;  // each checked (endpoint_codec.h)
+  RdmaAccept rdma_accept;
+  RdmaIntent rdma_intent;
 };
 
 // The length prefix: ok, or why the stream cannot be a peer's.
@@ -90,6 +120,16 @@ void encode_hello_ack(const HelloAck& ack, std::vector<std::byte>& out);
 void encode_frame(const FrameHeader& frame, std::vector<std::byte>& out);
 void encode_ack(uint64_t transfer, bool ok, const std::string& reason, std::vector<std::byte>& out);
 void encode_heartbeat(std::vector<std::byte>& out);
+void encode_rdma_offer(std::span<const rdma::QpEndpoint> queue_pairs, std::vector<std::byte>& out);
+// `tensors` as encode_regions() takes them; ignored when refused.
+void encode_rdma_accept(bool accepted, const std::string& reason,
+                        std::span<const rdma::QpEndpoint> queue_pairs, const PoolGeometry& geometry,
+                        const std::vector<rdma::RemoteTensor>& tensors,
+                        std::vector<std::byte>& out);
+// One part of an intent: `runs` holds at most kMaxIntentRuns spans.
+void encode_rdma_intent(const RdmaIntent& intent, std::vector<std::byte>& out);
+void encode_rdma_grant(uint64_t transfer, bool ok, const std::string& reason,
+                       std::vector<std::byte>& out);
 
 // Whether a frame may be written into a pool of geometry `g`: its layer and
 // tensor exist, and its bytes are whole blocks inside the tensor. The error

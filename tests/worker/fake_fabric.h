@@ -1,0 +1,235 @@
+// An in-process RDMA fabric for the rdma transport's tests: queue pairs of
+// one process find each other by queue pair number, writes are memcpy into
+// memory registered under an rkey (bounds checked as a device would), a
+// WRITE_WITH_IMM consumes one of the peer's posted receives, and every
+// completion makes the queue pair's eventfd readable. Both sides of a test
+// share one FakeFabric (the sender's and the receiver's threads: everything
+// is under one lock).
+//
+// Faults, as RC reports them: the n-th write fails ("transport retry counter
+// exceeded") and every later one flushes; a write to a destroyed queue pair
+// fails the same way; a write outside a registration is a "remote access
+// error". Nothing is dropped or reordered that RC would not.
+#pragma once
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "worker/rdma/fabric.h"
+
+namespace kvrelay::worker::rdma::testing {
+
+class FakeFabric;
+
+class FakeRcQueuePair final : public RcQueuePair {
+ public:
+  FakeRcQueuePair(FakeFabric& fabric, uint32_t qpn);
+  ~FakeRcQueuePair() override;
+
+  const QpEndpoint& local() const override { return local_; }
+  Status connect(const QpEndpoint& remote) override;
+  int event_fd() const override { return event_fd_; }
+  Status arm() override {
+    uint64_t n = 0;
+    while (::read(event_fd_, &n, sizeof n) == sizeof n) {
+    }
+    return {};
+  }
+  Result<size_t> post_writes(std::span<const WriteRequest> writes) override;
+  Status post_receive(uint64_t wr_id) override;
+  size_t poll_send(std::span<WorkCompletion> out) override;
+  size_t poll_receive(std::span<WorkCompletion> out) override;
+  uint32_t max_send_wr() const override { return kSlots; }
+  std::string name() const override { return "fake qp " + std::to_string(local_.qpn); }
+
+ private:
+  friend class FakeFabric;
+  static constexpr uint32_t kSlots = 64;
+  void ring() {
+    const uint64_t one = 1;
+    (void)!::write(event_fd_, &one, sizeof one);
+  }
+  // Under the fabric's lock.
+  bool execute(const WriteRequest& wr, std::string& status);
+
+  FakeFabric& fabric_;
+  QpEndpoint local_;
+  uint32_t peer_qpn_ = 0;
+  int event_fd_;
+  bool in_error_ = false;
+  uint32_t outstanding_ = 0;
+  std::deque<WorkCompletion> sent_;
+  std::deque<uint64_t> unsignaled_;
+  std::deque<uint64_t> receives_;
+  std::deque<WorkCompletion> received_;
+};
+
+class FakeFabric final : public Fabric {
+ public:
+  struct FakeRegistration final : Registration {
+    uint32_t key;
+    uint32_t lkey() const override { return key; }
+    uint32_t rkey() const override { return key; }
+  };
+
+  Result<std::unique_ptr<Registration>> register_memory(void* address, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu);
+    auto r = std::make_unique<FakeRegistration>();
+    r->key = next_key_++;
+    regions_[r->key] = {static_cast<std::byte*>(address), bytes};
+    ++registrations;
+    return std::unique_ptr<Registration>(std::move(r));
+  }
+  Result<std::unique_ptr<RcQueuePair>> create_queue_pair() override {
+    std::lock_guard<std::mutex> lock(mu);
+    auto qp = std::make_unique<FakeRcQueuePair>(*this, next_qpn_++);
+    qps_[qp->local().qpn] = qp.get();
+    ++queue_pairs_created;
+    return std::unique_ptr<RcQueuePair>(std::move(qp));
+  }
+  const std::string& name() const override { return name_; }
+
+  // Test controls and observations.
+  std::atomic<uint64_t> fail_write_number{0};  // the n-th write overall fails (1-based)
+  std::atomic<uint64_t> writes{0};
+  std::atomic<uint64_t> with_immediate{0};
+  std::atomic<uint32_t> registrations{0};
+  std::atomic<uint32_t> queue_pairs_created{0};
+  size_t live_queue_pairs() {
+    std::lock_guard<std::mutex> lock(mu);
+    return qps_.size();
+  }
+
+  std::mutex mu;
+
+ private:
+  friend class FakeRcQueuePair;
+  struct Region {
+    std::byte* base;
+    size_t bytes;
+  };
+  std::string name_ = "fake0 port 1";
+  uint32_t next_key_ = 100;
+  uint32_t next_qpn_ = 0x11;
+  std::map<uint32_t, Region> regions_;
+  std::map<uint32_t, FakeRcQueuePair*> qps_;
+};
+
+inline FakeRcQueuePair::FakeRcQueuePair(FakeFabric& fabric, uint32_t qpn)
+    : fabric_(fabric), event_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  local_.qpn = qpn;
+  local_.psn = qpn * 3;
+  local_.mtu = 4096;
+  local_.gid[15] = 1;
+}
+
+inline FakeRcQueuePair::~FakeRcQueuePair() {
+  {
+    std::lock_guard<std::mutex> lock(fabric_.mu);
+    fabric_.qps_.erase(local_.qpn);
+  }
+  ::close(event_fd_);
+}
+
+inline Status FakeRcQueuePair::connect(const QpEndpoint& remote) {
+  std::lock_guard<std::mutex> lock(fabric_.mu);
+  peer_qpn_ = remote.qpn;
+  return {};
+}
+
+inline Status FakeRcQueuePair::post_receive(uint64_t wr_id) {
+  std::lock_guard<std::mutex> lock(fabric_.mu);
+  receives_.push_back(wr_id);
+  return {};
+}
+
+inline bool FakeRcQueuePair::execute(const WriteRequest& wr, std::string& status) {
+  const uint64_t n = ++fabric_.writes;
+  if (n == fabric_.fail_write_number.load()) {
+    status = "transport retry counter exceeded";
+    return false;
+  }
+  auto peer = fabric_.qps_.find(peer_qpn_);
+  if (peer == fabric_.qps_.end()) {
+    status = "transport retry counter exceeded";  // nobody answers there any more
+    return false;
+  }
+  auto it = fabric_.regions_.find(wr.rkey);
+  if (it == fabric_.regions_.end() ||
+      wr.remote_address < reinterpret_cast<uint64_t>(it->second.base) ||
+      wr.remote_address + wr.length >
+          reinterpret_cast<uint64_t>(it->second.base) + it->second.bytes) {
+    status = "remote access error";
+    return false;
+  }
+  std::memcpy(reinterpret_cast<void*>(wr.remote_address),
+              reinterpret_cast<const void*>(wr.local_address), wr.length);
+  if (wr.immediate) {
+    FakeRcQueuePair& p = *peer->second;
+    if (p.receives_.empty()) {
+      status = "RNR retry counter exceeded";
+      return false;
+    }
+    const uint64_t id = p.receives_.front();
+    p.receives_.pop_front();
+    p.received_.push_back({id, true, "", wr.immediate, wr.length});
+    ++fabric_.with_immediate;
+    p.ring();
+  }
+  return true;
+}
+
+inline Result<size_t> FakeRcQueuePair::post_writes(std::span<const WriteRequest> writes) {
+  std::lock_guard<std::mutex> lock(fabric_.mu);
+  size_t accepted = 0;
+  for (const WriteRequest& wr : writes) {
+    if (outstanding_ >= kSlots) break;  // ENOMEM from here
+    ++outstanding_;
+    std::string status = "work request flushed error";
+    const bool ok = !in_error_ && execute(wr, status);
+    if (!ok) in_error_ = true;
+    if (!ok || wr.signaled)
+      sent_.push_back({wr.wr_id, ok, ok ? "" : status, std::nullopt, wr.length});
+    else
+      unsignaled_.push_back(wr.wr_id);
+    ++accepted;
+  }
+  if (!sent_.empty()) ring();
+  return accepted;
+}
+
+inline size_t FakeRcQueuePair::poll_send(std::span<WorkCompletion> out) {
+  std::lock_guard<std::mutex> lock(fabric_.mu);
+  size_t n = 0;
+  while (n < out.size() && !sent_.empty()) {
+    const WorkCompletion wc = sent_.front();
+    sent_.pop_front();
+    while (!unsignaled_.empty() && unsignaled_.front() < wc.wr_id) {
+      unsignaled_.pop_front();
+      --outstanding_;
+    }
+    --outstanding_;
+    out[n++] = wc;
+  }
+  return n;
+}
+
+inline size_t FakeRcQueuePair::poll_receive(std::span<WorkCompletion> out) {
+  std::lock_guard<std::mutex> lock(fabric_.mu);
+  size_t n = 0;
+  while (n < out.size() && !received_.empty()) {
+    out[n++] = received_.front();
+    received_.pop_front();
+  }
+  return n;
+}
+
+}  // namespace kvrelay::worker::rdma::testing

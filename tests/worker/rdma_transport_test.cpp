@@ -1,0 +1,309 @@
+// The rdma transport in one process, over the fake fabric (fake_fabric.h):
+// a receiver (the tcp listener with rdma sessions) on one pool and a sender
+// on another, each on the network thread, as two workers run them. What
+// arrives byte for byte; what the receiver refuses before a byte is written
+// (blocks out of range, blocks an expected request holds); how a failed work
+// completion ends the session, fails what it carried and leaves the next
+// request to a fresh one; a receiver that goes away; and the refusals that
+// name what is missing.
+#include "worker/rdma/rdma_transport.h"
+
+#include <capnp/message.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "fake_fabric.h"
+#include "support/pool_patterns.h"
+#include "worker/tcp/tcp_receiver.h"
+
+namespace kvrelay::worker::rdma {
+namespace {
+
+using namespace std::chrono_literals;
+using kvrelay::testing::fill;
+using kvrelay::testing::wrong_bytes;
+using testing::FakeFabric;
+
+class RdmaTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    src = kvrelay::testing::make_test_pool("rdmatest", "src", kvrelay::testing::transport_geometry());
+    dst = kvrelay::testing::make_test_pool("rdmatest", "dst", kvrelay::testing::transport_geometry());
+    fill(*src);
+    arrivals = std::make_shared<Arrivals>(dst->geometry(), nullptr);
+  }
+  void TearDown() override {
+    sender.reset();
+    receiver.reset();
+    for (auto* p : {src.get(), dst.get()})
+      if (p != nullptr) (void)p->segment().unlink();
+  }
+
+  tcp::Timing timing() {
+    tcp::Timing t;
+    t.heartbeat = 20ms;
+    t.peer_timeout = 300ms;
+    return t;
+  }
+  void listen(bool with_rdma = true, uint16_t port = 0) {
+    tcp::ReceiverOptions o;
+    o.port = port;
+    o.instance = "d";
+    o.timing = timing();
+    o.handshake_timeout = 500ms;
+    o.arrivals = arrivals;
+    if (with_rdma) o.rdma = std::make_shared<RdmaListener>(&fabric, "", *dst, 0);
+    Result<std::unique_ptr<tcp::TcpReceiver>> r = tcp::TcpReceiver::start(net, *dst, key, o);
+    ASSERT_TRUE(r) << r.error().message;
+    receiver = std::move(r).value();
+  }
+  void connect(Fabric* f = nullptr, const std::string& why_not = "") {
+    RdmaSenderOptions o;
+    o.instance = "p";
+    o.queue_pairs = 2;
+    o.signal_every = 4;
+    o.timing = timing();
+    o.connect_timeout = 1000ms;
+    sender = std::make_unique<RdmaTransport>(net, *src, &key, f == nullptr && why_not.empty()
+                                                                 ? &fabric
+                                                                 : f,
+                                             why_not, o, nullptr);
+  }
+  Result<std::shared_ptr<Destination>> resolve(uint16_t port) {
+    capnp::MallocMessageBuilder m;
+    auto d = m.initRoot<schema::CacheDest>();
+    d.setProtocol(schema::TransferProtocol::RDMA);
+    d.setPeerAddress("127.0.0.1");
+    d.setPeerInstance("d");
+    d.initRdmaPorts(1).set(0, port);
+    return sender->resolve(d.asReader());
+  }
+  std::shared_ptr<Destination> destination(uint16_t port) {
+    Result<std::shared_ptr<Destination>> dest = resolve(port);
+    EXPECT_TRUE(dest) << dest.error().message;
+    return dest ? *dest : nullptr;
+  }
+  // Every layer of src_ids -> dst_ids as request `handle` (request key
+  // `key`); the completions, one per layer, or fewer if they do not come.
+  std::vector<TransferCompletion> send_all_layers(Destination& dest, uint64_t handle,
+                                                  const std::vector<uint32_t>& src_ids,
+                                                  const std::vector<uint32_t>& dst_ids,
+                                                  uint64_t request = 0) {
+    Result<std::vector<BlockRun>> runs = plan_block_runs(src_ids, dst_ids, 32, 32, 0, 0);
+    EXPECT_TRUE(runs);
+    const uint32_t layers = src->geometry().total_layers();
+    for (uint32_t l = 0; l < layers; ++l) {
+      TransferTicket t;
+      t.handle = handle;
+      t.request_key = request;
+      t.layer = l;
+      EXPECT_TRUE(dest.submit_layer(t, l, *runs));
+    }
+    return wait_for(layers);
+  }
+  std::vector<TransferCompletion> wait_for(size_t n, std::chrono::milliseconds within = 5s) {
+    std::vector<TransferCompletion> got;
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (got.size() < n && std::chrono::steady_clock::now() < until) {
+      sender->poll(got);
+      std::this_thread::sleep_for(1ms);
+    }
+    return got;
+  }
+  static std::string message(const TransferCompletion& c) {
+    return c.status ? "" : c.status.error().message;
+  }
+
+  AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
+  FakeFabric fabric;  // outlives every queue pair
+  std::unique_ptr<HostSegmentPool> src, dst;
+  std::shared_ptr<Arrivals> arrivals;
+  tcp::NetThread net;
+  std::unique_ptr<tcp::TcpReceiver> receiver;
+  std::unique_ptr<RdmaTransport> sender;
+};
+
+TEST_F(RdmaTransportTest, ScatteredBlocksArriveByteForByteWithOneImmediatePerTransfer) {
+  listen();
+  connect();
+  auto dest = destination(receiver->port());
+  ASSERT_TRUE(dest);
+  // Two runs of three and two blocks, and a single block: 3 runs x 2 tensors.
+  const std::vector<uint32_t> src_ids = {3, 4, 5, 9, 10, 20};
+  const std::vector<uint32_t> dst_ids = {10, 11, 12, 2, 3, 31};
+  const auto done = send_all_layers(*dest, 1, src_ids, dst_ids);
+  ASSERT_EQ(done.size(), 3u);
+  for (const TransferCompletion& c : done) {
+    EXPECT_TRUE(c.status) << message(c);
+    EXPECT_EQ(c.bytes, src_ids.size() * 2 * src->geometry().block_bytes(PoolTensor::kKey));
+  }
+  EXPECT_EQ(wrong_bytes(*dst, src_ids, dst_ids), 0u);
+  EXPECT_EQ(fabric.writes.load(), 3u * 3 * 2) << "one write per run and tensor";
+  EXPECT_EQ(fabric.with_immediate.load(), 3u) << "one immediate per layer transfer";
+  EXPECT_EQ(receiver->stats().rdma_sessions.load(), 1u);
+  EXPECT_EQ(receiver->stats().rdma_transfers.load(), 3u);
+  EXPECT_EQ(receiver->stats().frames.load(), 0u) << "no byte went over tcp";
+  // Each side registered its pool once (one shared-memory segment: one region).
+  EXPECT_EQ(fabric.registrations.load(), 2u);
+
+  // A second request reuses the session and its queue pairs.
+  const auto again = send_all_layers(*dest, 2, {1}, {5});
+  ASSERT_EQ(again.size(), 3u);
+  EXPECT_TRUE(again[0].status) << message(again[0]);
+  EXPECT_EQ(fabric.queue_pairs_created.load(), 4u) << "2 per side, once";
+  EXPECT_EQ(fabric.registrations.load(), 2u);
+}
+
+TEST_F(RdmaTransportTest, ManyTransfersInFlightFillTheSendQueuesAndAllLand) {
+  listen();
+  connect();
+  auto dest = destination(receiver->port());
+  ASSERT_TRUE(dest);
+  // 16 non-adjacent blocks: 32 writes per layer, more than one chain, and 20
+  // requests at once: more writes than the fake's 64 send-queue slots.
+  std::vector<uint32_t> ids;
+  for (uint32_t b = 0; b < 32; b += 2)
+    ids.push_back(b);
+  Result<std::vector<BlockRun>> runs = plan_block_runs(ids, ids, 32, 32, 0, 0);
+  ASSERT_TRUE(runs);
+  for (uint64_t h = 1; h <= 20; ++h)
+    for (uint32_t l = 0; l < 3; ++l) {
+      TransferTicket t;
+      t.handle = h;
+      t.layer = l;
+      ASSERT_TRUE(dest->submit_layer(t, l, *runs));
+    }
+  const auto done = wait_for(60);
+  ASSERT_EQ(done.size(), 60u);
+  for (const TransferCompletion& c : done)
+    ASSERT_TRUE(c.status) << message(c);
+  EXPECT_EQ(wrong_bytes(*dst, ids, ids), 0u);
+  EXPECT_EQ(fabric.with_immediate.load(), 60u);
+}
+
+TEST_F(RdmaTransportTest, BlocksAnExpectedRequestHoldsAreRefusedBeforeAnyWrite) {
+  listen();
+  connect();
+  auto dest = destination(receiver->port());
+  ASSERT_TRUE(dest);
+  ASSERT_TRUE(arrivals->expect(7, "req-7", {20, 21}));
+  // Another request's transfer into block 21, which req-7 holds.
+  const auto refused = send_all_layers(*dest, 1, {1}, {21}, request_key("other"));
+  ASSERT_EQ(refused.size(), 3u);
+  for (const TransferCompletion& c : refused) {
+    ASSERT_FALSE(c.status);
+    EXPECT_NE(message(c).find("the receiver refused it"), std::string::npos) << message(c);
+  }
+  EXPECT_EQ(fabric.writes.load(), 0u) << "nothing was written";
+  EXPECT_EQ(wrong_bytes(*dst, {}, {}), 0u);
+  EXPECT_EQ(receiver->stats().rdma_refused.load(), 3u);
+
+  // The declared request itself lands and arrives, on the same session.
+  const auto ok = send_all_layers(*dest, 2, {4, 5}, {20, 21}, request_key("req-7"));
+  ASSERT_EQ(ok.size(), 3u);
+  for (const TransferCompletion& c : ok)
+    ASSERT_TRUE(c.status) << message(c);
+  EXPECT_EQ(wrong_bytes(*dst, {4, 5}, {20, 21}), 0u);
+  const std::vector<ArrivalEvent> events = arrivals->take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].handle, 7u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived) << events[0].message;
+  EXPECT_EQ(receiver->stats().rdma_sessions.load(), 1u) << "a refusal does not end the session";
+}
+
+TEST_F(RdmaTransportTest, BlocksOutsideTheDecodePoolAreRefusedNamingThem) {
+  listen();
+  connect();
+  auto dest = destination(receiver->port());
+  ASSERT_TRUE(dest);
+  // The sender plans against its own pool size; the receiver checks its own.
+  TransferTicket t;
+  t.handle = 1;
+  const BlockRun run{0, 30, 4};  // 30..33 of 32
+  ASSERT_TRUE(dest->submit_layer(t, 0, std::span<const BlockRun>(&run, 1)));
+  const auto done = wait_for(1);
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_FALSE(done[0].status);
+  EXPECT_NE(message(done[0]).find("destination blocks 30..33 of layer 0, but the pool has 32"),
+            std::string::npos)
+      << message(done[0]);
+  EXPECT_EQ(fabric.writes.load(), 0u);
+}
+
+TEST_F(RdmaTransportTest, AFailedCompletionFailsTheSessionsTransfersAndTheNextRequestsSucceed) {
+  listen();
+  connect();
+  auto dest = destination(receiver->port());
+  ASSERT_TRUE(dest);
+  ASSERT_TRUE(send_all_layers(*dest, 1, {1}, {1}).at(0).status);
+  fabric.fail_write_number = fabric.writes.load() + 1;  // the next write fails
+  const auto failed = send_all_layers(*dest, 2, {2, 3}, {2, 3});
+  ASSERT_EQ(failed.size(), 3u);
+  size_t errors = 0;
+  for (const TransferCompletion& c : failed) {
+    if (c.status) continue;
+    ++errors;
+    EXPECT_NE(message(c).find("transport retry counter exceeded"), std::string::npos)
+        << message(c);
+  }
+  EXPECT_GE(errors, 1u) << "the transfer whose write failed";
+  // The session is gone on both sides; the next request opens a fresh one.
+  const auto later = send_all_layers(*dest, 3, {6, 7}, {6, 7});
+  ASSERT_EQ(later.size(), 3u);
+  for (const TransferCompletion& c : later)
+    EXPECT_TRUE(c.status) << message(c);
+  EXPECT_EQ(receiver->stats().rdma_sessions.load(), 2u);
+  for (uint32_t l = 0; l < 3; ++l)
+    for (uint32_t b : {6u, 7u})
+      EXPECT_EQ(dst->tensor(l, PoolTensor::kValue)[b * src->geometry().block_bytes(PoolTensor::kValue)],
+                kvrelay::testing::pattern(l, 1, b, 0));
+  // Nothing of the dead session is kept: two queue pairs a side remain.
+  EXPECT_EQ(fabric.live_queue_pairs(), 4u);
+}
+
+TEST_F(RdmaTransportTest, AReceiverThatGoesAwayFailsWhatItCarriedAndIsReachedAgain) {
+  listen();
+  const uint16_t port = receiver->port();
+  connect();
+  auto dest = destination(port);
+  ASSERT_TRUE(send_all_layers(*dest, 1, {1}, {1}).at(0).status);
+  receiver.reset();  // the decode worker is gone, its queue pairs with it
+  const auto failed = send_all_layers(*dest, 2, {2}, {2});
+  ASSERT_EQ(failed.size(), 3u);
+  for (const TransferCompletion& c : failed)
+    ASSERT_FALSE(c.status);
+  listen(true, port);
+  std::vector<TransferCompletion> later;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < until) {  // past the reconnect backoff
+    later = send_all_layers(*dest, 3, {4}, {4});
+    if (later.size() == 3 && later[0].status) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(later.size(), 3u);
+  EXPECT_TRUE(later[0].status) << message(later[0]);
+  EXPECT_EQ(fabric.live_queue_pairs(), 4u) << "the dead session's queue pairs are gone";
+}
+
+TEST_F(RdmaTransportTest, AListenerWithoutRdmaRefusesTheOfferSayingSo) {
+  listen(/*with_rdma=*/false);
+  connect();
+  auto dest = destination(receiver->port());
+  ASSERT_TRUE(dest);
+  const auto done = send_all_layers(*dest, 1, {1}, {1});
+  ASSERT_EQ(done.size(), 3u);
+  ASSERT_FALSE(done[0].status);
+  EXPECT_NE(message(done[0]).find("does not accept rdma"), std::string::npos) << message(done[0]);
+  EXPECT_EQ(fabric.writes.load(), 0u);
+}
+
+TEST_F(RdmaTransportTest, WithoutADeviceRdmaIsRefusedAtOnceWithTheReason) {
+  connect(nullptr, "rank 0 has no RDMA device: no RDMA device on this host");
+  Result<std::shared_ptr<Destination>> dest = resolve(1234);
+  ASSERT_FALSE(dest);
+  EXPECT_NE(dest.error().message.find("no RDMA device on this host"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvrelay::worker::rdma

@@ -1,0 +1,169 @@
+#include "worker/rdma/rdma_receiver.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <array>
+
+namespace kvrelay::worker::rdma {
+
+namespace {
+
+// Receives kept posted on each queue pair: one is consumed by each transfer
+// (its last write's immediate), and the sender has no more transfers on a
+// queue pair than its send queue holds.
+constexpr uint32_t kReceivesPerQueuePair = 256;
+
+Error broken(std::string message) {
+  return make_error(Errc::kInvalidArgument, std::move(message));
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const PoolRegistration>> RdmaListener::registration() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (registration_) return registration_;
+  Result<std::unique_ptr<PoolRegistration>> r = PoolRegistration::create(*fabric_, pool_);
+  if (!r) return r.error();
+  registration_ = std::move(r).value();
+  spdlog::info("rank {}: pool {} registered on {} for rdma ({} registrations)", rank_,
+               pool_.name(), fabric_->name(), registration_->registrations());
+  return registration_;
+}
+
+Result<std::unique_ptr<RdmaSession>> RdmaSession::accept(RdmaListener& listener,
+                                                         Arrivals& arrivals,
+                                                         std::span<const QpEndpoint> offer,
+                                                         std::string peer) {
+  if (listener.fabric() == nullptr)
+    return make_error(Errc::kInvalidArgument, listener.why_not());
+  std::unique_ptr<RdmaSession> s(new RdmaSession(listener, arrivals, std::move(peer)));
+  Result<std::shared_ptr<const PoolRegistration>> reg = listener.registration();
+  if (!reg) return reg.error();
+  s->registration_ = std::move(reg).value();
+  for (const QpEndpoint& remote : offer) {
+    Result<std::unique_ptr<RcQueuePair>> qp = listener.fabric()->create_queue_pair();
+    if (!qp) return qp.error();
+    for (uint32_t i = 0; i < kReceivesPerQueuePair; ++i)
+      if (Status st = (*qp)->post_receive(i); !st) return st.error();
+    if (Status st = (*qp)->connect(remote); !st) return st.error();
+    s->queue_pairs_.push_back(std::move(qp).value());
+  }
+  return s;
+}
+
+RdmaSession::~RdmaSession() {
+  // No byte may land after a write is abandoned: the queue pairs go first.
+  queue_pairs_.clear();
+  for (auto& [imm, g] : transfers_)
+    abandon(g);
+}
+
+std::vector<QpEndpoint> RdmaSession::endpoints() const {
+  std::vector<QpEndpoint> out;
+  for (const auto& qp : queue_pairs_)
+    out.push_back(qp->local());
+  return out;
+}
+
+std::vector<int> RdmaSession::event_fds() const {
+  std::vector<int> out;
+  for (const auto& qp : queue_pairs_)
+    out.push_back(qp->event_fd());
+  return out;
+}
+
+void RdmaSession::abandon(Granted& g) {
+  for (const LandedWrite& w : g.writes)
+    arrivals_.abandoned(w);
+  g.writes.clear();
+}
+
+Result<std::optional<Status>> RdmaSession::on_intent(const tcp::RdmaIntent& part) {
+  const uint32_t imm = immediate_of(part.transfer);
+  auto [it, fresh] = transfers_.try_emplace(imm);
+  Granted& g = it->second;
+  if (fresh) {
+    g.transfer = part.transfer;
+  } else if (g.transfer != part.transfer || g.granted) {
+    return broken(fmt::format("an rdma intent for transfer {} while transfer {} holds its "
+                              "immediate",
+                              part.transfer, g.transfer));
+  }
+  const PoolGeometry& geometry = listener_.pool().geometry();
+  for (const tcp::BlockSpan& run : part.runs) {
+    if (!g.refused.empty()) break;
+    if (part.layer >= geometry.total_layers()) {
+      g.refused = fmt::format("rdma intent for layer {}, but the pool has {} layers", part.layer,
+                              geometry.total_layers());
+      break;
+    }
+    const uint32_t blocks = geometry.blocks_in_layer(part.layer);
+    if (run.count == 0 || run.first >= blocks || run.count > blocks - run.first) {
+      g.refused = fmt::format(
+          "rdma intent writes destination blocks {}..{} of layer {}, but the pool has {} "
+          "blocks there",
+          run.first, uint64_t{run.first} + run.count - 1, part.layer, blocks);
+      break;
+    }
+    for (uint32_t t = 0; t < geometry.tensors_per_layer(); ++t) {
+      const uint64_t bb = geometry.block_bytes(static_cast<PoolTensor>(t));
+      const LandedWrite w{part.request_key, part.layer, t, run.first * bb, run.count * bb};
+      if (Status ok = arrivals_.admit(w); !ok) {
+        g.refused = ok.error().message;
+        break;
+      }
+      g.writes.push_back(w);
+      g.bytes += w.bytes;
+    }
+  }
+  if (!part.last) return std::optional<Status>{};
+  if (!g.refused.empty()) {
+    const std::string why = g.refused;
+    abandon(g);
+    transfers_.erase(it);
+    spdlog::warn("rank {}: refused an rdma transfer from {}: {}", listener_.rank(), peer_, why);
+    return std::optional<Status>(make_error(Errc::kInvalidArgument, why));
+  }
+  g.granted = true;
+  return std::optional<Status>(Status{});
+}
+
+Status RdmaSession::poll(std::vector<Ack>& acks) {
+  std::array<WorkCompletion, 64> wcs;
+  for (size_t q = 0; q < queue_pairs_.size(); ++q) {
+    RcQueuePair& qp = *queue_pairs_[q];
+    if (Status s = qp.arm(); !s) return s;
+    for (;;) {
+      const size_t n = qp.poll_receive(wcs);
+      for (size_t i = 0; i < n; ++i) {
+        const WorkCompletion& wc = wcs[i];
+        if (!wc.ok)
+          return broken(fmt::format("{}: a receive completed with '{}'", qp.name(), wc.status));
+        if (!wc.immediate) return broken(fmt::format("{}: a receive without an immediate", qp.name()));
+        auto it = transfers_.find(*wc.immediate);
+        if (it == transfers_.end() || !it->second.granted)
+          return broken(fmt::format("{}: writes landed for immediate {:#x}, which no granted "
+                                    "transfer holds",
+                                    qp.name(), *wc.immediate));
+        Granted& g = it->second;
+        for (const LandedWrite& w : g.writes)
+          arrivals_.landed(w);
+        bytes_landed_ += g.bytes;
+        acks.push_back({g.transfer, listener_.pool().check_intact()});
+        transfers_.erase(it);
+        if (Status s = qp.post_receive(wc.wr_id); !s) return s;
+      }
+      // Sends on this side are never signaled: the sender writes, this side
+      // only receives. Drain anyway so that a flushed queue is seen.
+      const size_t m = qp.poll_send(wcs);
+      for (size_t i = 0; i < m; ++i)
+        if (!wcs[i].ok)
+          return broken(fmt::format("{}: completed with '{}'", qp.name(), wcs[i].status));
+      if (n < wcs.size()) break;
+    }
+  }
+  return {};
+}
+
+}  // namespace kvrelay::worker::rdma

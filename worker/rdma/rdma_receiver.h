@@ -1,0 +1,121 @@
+// The accepting side of the rdma transport (a decode-role worker). An rdma
+// session rides on an authenticated tcp control connection of the rank's
+// listener (tcp_receiver.h): after the handshake the sender offers its queue
+// pairs, and the session answers with as many of its own, connected to them,
+// and where its pool's tensors are (registered once, shared by sessions).
+//
+// Writes are one-sided, so a write cannot be refused once it is on the wire.
+// Before any write of a layer transfer the sender sends its intent (the
+// destination blocks); the session checks every block against the pool and
+// the rank's expected requests (Arrivals::admit) and grants or refuses it.
+// The transfer's last write carries an immediate; its receive completion
+// means, by RC ordering, that every write of the transfer has landed: the
+// writes count as landed (Arrivals::landed) and the sender gets its ack.
+//
+// A session that ends (the connection closed, a completion failed, the peer
+// broke the protocol) destroys its queue pairs first, so that no further
+// byte can land, and only then abandons what was granted and did not land.
+//
+// Trust: an authenticated peer could post writes it was not granted; the
+// pool's memory is registered for remote writes by the peers that hold the
+// key, as an ipc writer on the host maps it. A write that lands without a
+// grant is caught (its immediate names no granted transfer) and closes the
+// session.
+//
+// Not thread-safe: each session lives on its connection's strand.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "worker/arrivals.h"
+#include "worker/local_pool.h"
+#include "worker/rdma/fabric.h"
+#include "worker/rdma/pool_registration.h"
+#include "worker/tcp/wire.h"
+
+namespace kvrelay::worker::rdma {
+
+// What the sessions of one listener share.
+class RdmaListener {
+ public:
+  // `fabric` null: rdma offers are refused with `why_not`.
+  RdmaListener(Fabric* fabric, std::string why_not, const LocalPool& pool, uint32_t rank)
+      : fabric_(fabric), why_not_(std::move(why_not)), pool_(pool), rank_(rank) {}
+  Fabric* fabric() const { return fabric_; }
+  const std::string& why_not() const { return why_not_; }
+  const LocalPool& pool() const { return pool_; }
+  uint32_t rank() const { return rank_; }
+  // The pool's registration, made by the first session that needs it.
+  Result<std::shared_ptr<const PoolRegistration>> registration();
+
+ private:
+  Fabric* fabric_;
+  std::string why_not_;
+  const LocalPool& pool_;
+  uint32_t rank_;
+  std::mutex mu_;
+  std::shared_ptr<const PoolRegistration> registration_;
+};
+
+struct Ack {
+  uint64_t transfer;
+  Status status;
+};
+
+class RdmaSession {
+ public:
+  // Creates and connects a queue pair for each offered one.
+  static Result<std::unique_ptr<RdmaSession>> accept(RdmaListener& listener, Arrivals& arrivals,
+                                                     std::span<const QpEndpoint> offer,
+                                                     std::string peer);
+  ~RdmaSession();
+  RdmaSession(const RdmaSession&) = delete;
+  RdmaSession& operator=(const RdmaSession&) = delete;
+
+  // For the RdmaAccept.
+  std::vector<QpEndpoint> endpoints() const;
+  const PoolRegistration& registration() const { return *registration_; }
+  std::vector<int> event_fds() const;
+
+  // One part of an intent. After the last part: the grant to send (ok, or
+  // why it is refused, with nothing of it admitted). An error: the peer
+  // broke the protocol (close the connection).
+  Result<std::optional<Status>> on_intent(const tcp::RdmaIntent& part);
+  // Arms the queue pairs and drains their receive completions: appends an
+  // ack for every transfer that landed. An error: the session is broken.
+  Status poll(std::vector<Ack>& acks);
+
+  uint64_t bytes_landed() const { return bytes_landed_; }
+
+ private:
+  struct Granted {
+    uint64_t transfer = 0;
+    std::vector<LandedWrite> writes;  // admitted
+    uint64_t bytes = 0;
+    std::string refused;  // why, once a part was refused
+    bool granted = false;
+  };
+  RdmaSession(RdmaListener& listener, Arrivals& arrivals, std::string peer)
+      : listener_(listener), arrivals_(arrivals), peer_(std::move(peer)) {}
+  void abandon(Granted& g);
+
+  RdmaListener& listener_;
+  Arrivals& arrivals_;
+  std::string peer_;
+  std::shared_ptr<const PoolRegistration> registration_;
+  std::vector<std::unique_ptr<RcQueuePair>> queue_pairs_;
+  std::unordered_map<uint32_t, Granted> transfers_;  // by immediate (the transfer's low 32 bits)
+  uint64_t bytes_landed_ = 0;
+};
+
+// The immediate that names transfer `transfer` on the wire.
+inline uint32_t immediate_of(uint64_t transfer) { return static_cast<uint32_t>(transfer); }
+
+}  // namespace kvrelay::worker::rdma

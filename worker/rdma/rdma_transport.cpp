@@ -1,0 +1,593 @@
+#include "worker/rdma/rdma_transport.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <deque>
+#include <future>
+#include <optional>
+
+#include "worker/copy_plan.h"
+#include "worker/rdma/completion_watch.h"
+#include "worker/rdma/rdma_receiver.h"
+#include "worker/rdma/write_poster.h"
+#include "worker/tcp/client_handshake.h"
+
+namespace kvrelay::worker::rdma {
+
+namespace asio = boost::asio;
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// One layer of one request, as handed to a session.
+struct Job {
+  TransferTicket ticket;
+  std::vector<BlockRun> runs;
+  uint64_t transfer = 0;
+  uint64_t bytes = 0;
+};
+
+constexpr auto kMinBackoff = std::chrono::milliseconds(100);
+constexpr auto kMaxBackoff = std::chrono::milliseconds(5000);
+// A work request's length is 32 bits; longer runs are split.
+constexpr uint64_t kMaxWriteBytes = 1ull << 30;
+
+}  // namespace
+
+class Session;
+
+// One decode rank's listener, seen from this rank: its state is on its
+// strand, except the few atomics the worker's thread reads.
+class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
+ public:
+  RdmaPeer(asio::io_context& io, std::string host, uint16_t port, uint32_t decode_rank,
+           std::string instance, const LocalPool& local,
+           std::shared_ptr<const PoolRegistration> registration, const AuthKey& key,
+           Fabric& fabric, RdmaSenderOptions options, std::shared_ptr<tcp::CompletionSink> sink)
+      : io_(io),
+        strand_(asio::make_strand(io)),
+        host_(std::move(host)),
+        port_(port),
+        expected_instance_(std::move(instance)),
+        name_(fmt::format("decode rank {} at {}:{} over rdma", decode_rank, host_, port_)),
+        local_(local),
+        registration_(std::move(registration)),
+        key_(key),
+        fabric_(fabric),
+        options_(std::move(options)),
+        sink_(std::move(sink)) {}
+
+  const std::string& name() const { return name_; }
+  uint32_t blocks_in_layer(uint32_t layer) const {
+    // Unknown until a session has shaken hands: the receiver checks every intent.
+    if (!known_.load(std::memory_order_acquire)) return UINT32_MAX;
+    return layer < peer_layers_.load(std::memory_order_relaxed)
+               ? peer_blocks_.load(std::memory_order_relaxed)
+               : peer_extra_blocks_.load(std::memory_order_relaxed);
+  }
+
+  // On the peer's strand.
+  void dispatch(Job job);
+  void ensure_connected(std::function<void(Status)> done);
+  void close_all(const std::string& why, const std::shared_ptr<tcp::WaitGroup>& closed);
+  void session_ready(const tcp::HelloAck& ack);
+  void session_closed(bool was_ready, const std::string& why);
+  asio::strand<asio::io_context::executor_type>& strand() { return strand_; }
+
+  // From any strand.
+  void fail(const Job& job, const std::string& why) {
+    sink_->push(TransferCompletion{job.ticket, 0, make_error(Errc::kAborted, why)});
+  }
+  void completed(const Job& job, Status status) {
+    sink_->push(TransferCompletion{job.ticket, status ? job.bytes : 0, std::move(status)});
+  }
+
+  asio::io_context& io() { return io_; }
+  const std::string& host() const { return host_; }
+  uint16_t port() const { return port_; }
+  const std::string& expected_instance() const { return expected_instance_; }
+  const LocalPool& local() const { return local_; }
+  const PoolRegistration& registration() const { return *registration_; }
+  const AuthKey& key() const { return key_; }
+  Fabric& fabric() const { return fabric_; }
+  const RdmaSenderOptions& options() const { return options_; }
+
+ private:
+  void open_session();
+  void submit_on(Job job);
+
+  asio::io_context& io_;
+  asio::strand<asio::io_context::executor_type> strand_;
+  std::string host_;
+  uint16_t port_;
+  std::string expected_instance_;
+  std::string name_;
+  const LocalPool& local_;
+  std::shared_ptr<const PoolRegistration> registration_;
+  const AuthKey& key_;
+  Fabric& fabric_;
+  RdmaSenderOptions options_;
+  std::shared_ptr<tcp::CompletionSink> sink_;
+  std::shared_ptr<Session> session_;
+  Clock::time_point retry_at_{};
+  std::chrono::milliseconds backoff_{0};
+  std::string last_error_;
+  uint64_t epoch_ = 0;
+  std::vector<std::function<void(Status)>> connect_waiters_;
+  bool stopped_ = false;
+  std::atomic<bool> known_{false};
+  std::atomic<uint32_t> peer_layers_{0};
+  std::atomic<uint32_t> peer_blocks_{0};
+  std::atomic<uint32_t> peer_extra_blocks_{0};
+};
+
+// The control connection and queue pairs of one session, on a strand of
+// their own (the socket's).
+class Session final : public tcp::Channel {
+ public:
+  Session(asio::io_context& io, RdmaPeer& peer)
+      : Channel(asio::ip::tcp::socket(asio::make_strand(io)), peer.options().timing, peer.name()),
+        peer_(peer),
+        resolver_(socket_.get_executor()),
+        deadline_(socket_.get_executor()),
+        watch_(socket_.get_executor()) {}
+
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
+
+  void connect() {
+    auto self = std::static_pointer_cast<Session>(shared_from_this());
+    deadline_.expires_after(peer_.options().connect_timeout);
+    deadline_.async_wait([self](const boost::system::error_code& ec) {
+      if (!ec && !self->ready())
+        self->close(fmt::format("no connection, handshake and queue pairs within {} ms",
+                                self->peer_.options().connect_timeout.count()));
+    });
+    resolver_.async_resolve(
+        peer_.host(), std::to_string(peer_.port()),
+        [self](const boost::system::error_code& ec, asio::ip::tcp::resolver::results_type results) {
+          if (self->closed()) return;
+          if (ec)
+            return self->close(
+                fmt::format("cannot resolve {}: {}", self->peer_.host(), ec.message()));
+          asio::async_connect(self->socket_, results,
+                              [self](const boost::system::error_code& ec2, const asio::ip::tcp::endpoint&) {
+                                if (self->closed()) return;
+                                if (ec2)
+                                  return self->close(
+                                      fmt::format("cannot connect: {}", ec2.message()));
+                                tcp_tune(self->socket_, self->timing_.peer_timeout);
+                                self->start_channel();  // the listener speaks first
+                              });
+        });
+  }
+
+  void submit(Job job) {
+    if (closed()) return peer_.fail(job, close_reason_);
+    if (!ready()) {
+      waiting_.push_back(std::move(job));
+      return;
+    }
+    start(std::move(job));
+  }
+
+  void on_message(tcp::Inbound in) override {
+    if (!handshake_done_) return handshake(in);
+    if (!ready()) {
+      if (in.kind == schema::TcpEnvelope::HEARTBEAT) return read_next();
+      if (in.kind != schema::TcpEnvelope::RDMA_ACCEPT)
+        return close("the receiver did not answer the rdma offer");
+      return on_accept(in.rdma_accept);
+    }
+    switch (in.kind) {
+      case schema::TcpEnvelope::HEARTBEAT: return read_next();
+      case schema::TcpEnvelope::RDMA_GRANT:
+        on_grant(in.ack_transfer, in.ack_ok, in.ack_reason);
+        break;
+      case schema::TcpEnvelope::ACK: on_ack(in.ack_transfer, in.ack_ok, in.ack_reason); break;
+      default:
+        return close(fmt::format("unexpected message (kind {}) from the receiver",
+                                 static_cast<int>(in.kind)));
+    }
+    if (!closed()) read_next();
+  }
+
+  void on_closed(const std::string& why) override {
+    resolver_.cancel();
+    deadline_.cancel();
+    watch_.stop();
+    const bool was_ready = ready();
+    const std::string reason = was_ready ? fmt::format("rdma session lost: {}", why)
+                                         : fmt::format("cannot reach it: {}", why);
+    close_reason_ = reason;
+    // Nothing of this session may read the pool after this: its queue pairs go.
+    poster_.reset();
+    queue_pairs_.clear();
+    for (Job& job : waiting_)
+      peer_.fail(job, reason);
+    for (auto& [id, job] : in_flight_)
+      peer_.fail(job, reason);
+    waiting_.clear();
+    in_flight_.clear();
+    asio::post(peer_.strand(), [p = peer_.shared_from_this(), was_ready, why] {
+      p->session_closed(was_ready, why);
+    });
+  }
+
+ private:
+  static void tcp_tune(asio::ip::tcp::socket& s, std::chrono::milliseconds t) { tcp::tune_socket(s, t); }
+
+  void handshake(const tcp::Inbound& in) {
+    if (!handshake_) {
+      tcp::Hello hello;
+      hello.version = tcp::kWireVersion;
+      hello.instance = peer_.options().instance;
+      hello.expected_instance = peer_.expected_instance();
+      hello.rank = peer_.options().rank;
+      hello.tp_size = peer_.options().tp_size;
+      hello.pool = peer_.local().geometry();
+      handshake_.emplace(peer_.key(), std::move(hello));
+    }
+    tcp::Outgoing out;
+    Result<bool> done = handshake_->on_message(in, out.owned);
+    if (!out.owned.empty()) send(std::move(out));
+    if (!done) return close(done.error().message);
+    if (!*done) return read_next();
+    handshake_done_ = true;
+    offer();
+  }
+
+  // Our queue pairs, for the receiver to connect its own to.
+  void offer() {
+    std::vector<QpEndpoint> mine;
+    for (uint32_t i = 0; i < std::max(1U, peer_.options().queue_pairs); ++i) {
+      Result<std::unique_ptr<RcQueuePair>> qp = peer_.fabric().create_queue_pair();
+      if (!qp) return close(fmt::format("no queue pair on {}: {}", peer_.fabric().name(),
+                                        qp.error().message));
+      mine.push_back((*qp)->local());
+      queue_pairs_.push_back(std::move(qp).value());
+    }
+    tcp::Outgoing out;
+    tcp::encode_rdma_offer(mine, out.owned);
+    send(std::move(out));
+    read_next();
+  }
+
+  void on_accept(const tcp::RdmaAccept& a) {
+    if (!a.accepted) return close(fmt::format("the receiver refused rdma: {}", a.reason));
+    if (a.queue_pairs.size() != queue_pairs_.size())
+      return close(fmt::format("the receiver answered {} queue pairs for the {} offered",
+                               a.queue_pairs.size(), queue_pairs_.size()));
+    const PoolGeometry& remote_pool = handshake_->ack().pool;
+    Result<RemoteTensors> remote = check_regions(a.regions, remote_pool);
+    if (!remote) return close(remote.error().message);
+    remote_ = std::move(remote).value();
+    std::vector<QueuePair*> lanes;
+    std::vector<int> fds;
+    for (size_t i = 0; i < queue_pairs_.size(); ++i) {
+      if (Status s = queue_pairs_[i]->connect(a.queue_pairs[i]); !s)
+        return close(s.error().message);
+      lanes.push_back(queue_pairs_[i].get());
+      fds.push_back(queue_pairs_[i]->event_fd());
+    }
+    poster_.emplace(std::move(lanes), peer_.options().signal_every);
+    watch_.start(fds, [this] { on_completions(); });
+    on_completions();  // arms them
+    if (closed()) return;
+    ready_.store(true, std::memory_order_release);
+    deadline_.cancel();
+    asio::post(peer_.strand(), [p = peer_.shared_from_this(), ack = handshake_->ack()] {
+      p->session_ready(ack);
+    });
+    std::deque<Job> queued = std::move(waiting_);
+    waiting_.clear();
+    for (Job& job : queued)
+      start(std::move(job));
+    if (!closed()) read_next();
+  }
+
+  // Asks for the layer's destination blocks; its writes wait for the grant.
+  void start(Job job) {
+    job.transfer = ++next_transfer_;
+    tcp::RdmaIntent intent;
+    intent.transfer = job.transfer;
+    intent.request_key = job.ticket.request_key;
+    intent.handle = job.ticket.handle;
+    intent.layer = job.ticket.layer;
+    tcp::Outgoing out;
+    for (size_t i = 0; i < job.runs.size() || i == 0; i += tcp::kMaxIntentRuns) {
+      intent.runs.clear();
+      for (size_t k = i; k < std::min(job.runs.size(), i + tcp::kMaxIntentRuns); ++k)
+        intent.runs.push_back({job.runs[k].dst_block, job.runs[k].count});
+      intent.last = i + tcp::kMaxIntentRuns >= job.runs.size();
+      tcp::encode_rdma_intent(intent, out.owned);
+    }
+    send(std::move(out));
+    const uint64_t id = job.transfer;
+    in_flight_.emplace(id, std::move(job));
+  }
+
+  void on_grant(uint64_t transfer, bool ok, const std::string& reason) {
+    auto it = in_flight_.find(transfer);
+    if (it == in_flight_.end())
+      return close(fmt::format("a grant for transfer {}, which is not waiting for one", transfer));
+    if (!ok) {
+      peer_.completed(it->second,
+                      make_error(Errc::kInvalidArgument,
+                                 fmt::format("the receiver refused it: {}", reason)));
+      in_flight_.erase(it);
+      return;
+    }
+    post_writes(it->second);
+  }
+
+  // One write per coalesced run of each tensor, split where a run is longer
+  // than a work request may be.
+  void post_writes(Job& job) {
+    const PoolGeometry& g = peer_.local().geometry();
+    const PoolRegistration& reg = peer_.registration();
+    const uint32_t layer = job.ticket.layer;
+    LayerWrite lw;
+    lw.transfer = job.transfer;
+    lw.immediate = immediate_of(job.transfer);
+    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
+      const auto tensor = static_cast<PoolTensor>(t);
+      to_byte_runs(job.runs, g.block_bytes(tensor), byte_runs_);
+      const uint32_t rkey = remote_->rkey(layer, t);
+      for (const kernels::CopyRun& r : byte_runs_) {
+        for (uint64_t done = 0; done < r.bytes; done += kMaxWriteBytes) {
+          const uint64_t len = std::min(kMaxWriteBytes, r.bytes - done);
+          Result<uint64_t> remote = remote_->address(layer, t, r.dst_offset + done, len);
+          if (!remote) return close(fmt::format("layer {}: {}", layer, remote.error().message));
+          WriteRequest w;
+          w.local_address = reg.address(layer, t) + r.src_offset + done;
+          w.length = static_cast<uint32_t>(len);
+          w.lkey = reg.lkey(layer, t);
+          w.remote_address = *remote;
+          w.rkey = rkey;
+          lw.writes.push_back(w);
+        }
+        job.bytes += r.bytes;
+      }
+    }
+    poster_->submit(std::move(lw));
+    drain();
+  }
+
+  void on_ack(uint64_t transfer, bool ok, const std::string& reason) {
+    auto it = in_flight_.find(transfer);
+    if (it == in_flight_.end()) return;  // failed here already
+    peer_.completed(it->second, ok ? Status{}
+                                   : Status(make_error(Errc::kInvalidArgument,
+                                                       fmt::format("the receiver refused it: {}",
+                                                                   reason))));
+    in_flight_.erase(it);
+  }
+
+  void on_completions() {
+    if (closed() || !poster_) return;
+    for (auto& qp : queue_pairs_)
+      if (Status s = qp->arm(); !s) return close(s.error().message);
+    drain();
+  }
+
+  // Reaps send completions and posts what waited for room. A failed one ends
+  // the session (see the header).
+  void drain() {
+    done_.clear();
+    poster_->progress(done_);
+    for (const TransferDone& d : done_)
+      if (!d.status) return close(d.status.error().message);
+  }
+
+  RdmaPeer& peer_;
+  asio::ip::tcp::resolver resolver_;
+  asio::steady_timer deadline_;
+  CompletionWatch watch_;
+  std::atomic<bool> ready_{false};
+  bool handshake_done_ = false;
+  std::optional<tcp::ClientHandshake> handshake_;
+  std::string close_reason_;
+  std::vector<std::unique_ptr<RcQueuePair>> queue_pairs_;
+  std::optional<WritePoster> poster_;
+  std::optional<RemoteTensors> remote_;
+  uint64_t next_transfer_ = 0;
+  std::deque<Job> waiting_;
+  std::unordered_map<uint64_t, Job> in_flight_;  // asked for, granted or posted
+  std::vector<kernels::CopyRun> byte_runs_;
+  std::vector<TransferDone> done_;
+};
+
+void RdmaPeer::dispatch(Job job) {
+  if (stopped_) return fail(job, "the worker's transport is stopping");
+  if (session_ && session_->closed()) session_.reset();
+  if (!session_) {
+    const auto now = Clock::now();
+    if (now < retry_at_)
+      return fail(job, fmt::format("cannot reach it: {} (next attempt in {} ms)", last_error_,
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       retry_at_ - now)
+                                       .count()));
+    open_session();
+  }
+  submit_on(std::move(job));
+}
+
+void RdmaPeer::submit_on(Job job) {
+  asio::post(session_->executor(), [s = session_, job = std::move(job)]() mutable {
+    s->submit(std::move(job));
+  });
+}
+
+void RdmaPeer::open_session() {
+  session_ = std::make_shared<Session>(io_, *this);
+  asio::post(session_->executor(), [s = session_] { s->connect(); });
+}
+
+void RdmaPeer::ensure_connected(std::function<void(Status)> done) {
+  if (stopped_) return done(make_error(Errc::kAborted, "the worker's transport is stopping"));
+  if (session_ && session_->closed()) session_.reset();
+  if (session_ && session_->ready()) return done({});
+  connect_waiters_.push_back(std::move(done));
+  if (!session_) open_session();  // a ConnectTask tries now, backoff or not
+}
+
+void RdmaPeer::session_ready(const tcp::HelloAck& ack) {
+  if (epoch_ != 0 && epoch_ != ack.epoch)
+    spdlog::info("rank {}: {} restarted (a new pool there)", options_.rank, name_);
+  epoch_ = ack.epoch;
+  peer_layers_.store(ack.pool.num_layers, std::memory_order_relaxed);
+  peer_blocks_.store(ack.pool.num_blocks, std::memory_order_relaxed);
+  peer_extra_blocks_.store(ack.pool.extra_layer_blocks, std::memory_order_relaxed);
+  known_.store(true, std::memory_order_release);
+  backoff_ = std::chrono::milliseconds(0);
+  retry_at_ = {};
+  spdlog::info("rank {}: rdma session with {} ready", options_.rank, name_);
+  for (auto& w : std::exchange(connect_waiters_, {}))
+    w({});
+}
+
+void RdmaPeer::session_closed(bool was_ready, const std::string& why) {
+  if (stopped_) return;
+  if (was_ready) {
+    spdlog::warn("rank {}: rdma session with {} closed: {}", options_.rank, name_, why);
+    return;  // the next transfer opens a fresh one at once
+  }
+  last_error_ = why;
+  backoff_ = std::clamp(backoff_ * 2, std::chrono::milliseconds(kMinBackoff),
+                        std::chrono::milliseconds(kMaxBackoff));
+  retry_at_ = Clock::now() + backoff_;
+  spdlog::warn("rank {}: cannot reach {}: {} (retrying after {} ms)", options_.rank, name_, why,
+               backoff_.count());
+  for (auto& w : std::exchange(connect_waiters_, {}))
+    w(make_error(Errc::kTimeout, fmt::format("cannot reach {}: {}", name_, why)));
+}
+
+void RdmaPeer::close_all(const std::string& why, const std::shared_ptr<tcp::WaitGroup>& closed) {
+  stopped_ = true;
+  if (session_) {
+    closed->add(1);
+    session_->close_soon(why, [closed] { closed->done(); });
+  }
+  session_.reset();
+}
+
+namespace {
+
+class PeerDestination final : public Destination {
+ public:
+  explicit PeerDestination(std::shared_ptr<RdmaPeer> peer) : peer_(std::move(peer)) {}
+  uint32_t blocks_in_layer(uint32_t layer) const override { return peer_->blocks_in_layer(layer); }
+  const std::string& peer() const override { return peer_->name(); }
+  Status submit_layer(const TransferTicket& ticket, uint32_t,
+                      std::span<const BlockRun> runs) override {
+    Job job;
+    job.ticket = ticket;
+    job.runs.assign(runs.begin(), runs.end());
+    asio::post(peer_->strand(), [peer = peer_, job = std::move(job)]() mutable {
+      peer->dispatch(std::move(job));
+    });
+    return {};
+  }
+
+ private:
+  std::shared_ptr<RdmaPeer> peer_;
+};
+
+}  // namespace
+
+RdmaTransport::RdmaTransport(tcp::NetThread& net, const LocalPool& local, const AuthKey* key,
+                             Fabric* fabric, std::string why_not, RdmaSenderOptions options,
+                             WaitEvent* doorbell)
+    : net_(net),
+      local_(local),
+      key_(key),
+      fabric_(fabric),
+      why_not_(std::move(why_not)),
+      options_(std::move(options)),
+      sink_(std::make_shared<tcp::CompletionSink>(doorbell)) {}
+
+RdmaTransport::~RdmaTransport() {
+  // Close every session on its strand and wait: after this nothing reads the
+  // local pool or touches the fabric. Their transfers complete with an error.
+  auto closed = std::make_shared<tcp::WaitGroup>();
+  for (auto& [k, peer] : peers_) {
+    closed->add(1);
+    asio::post(peer->strand(), [p = peer, closed] {
+      p->close_all("the transport is stopping", closed);
+      closed->done();
+    });
+  }
+  closed->wait();
+}
+
+Status RdmaTransport::usable() const {
+  if (fabric_ == nullptr) return make_error(Errc::kInvalidArgument, why_not_);
+  if (key_ == nullptr)
+    return make_error(Errc::kInvalidArgument,
+                      "rdma transfers need a pre-shared key for their control connection: start "
+                      "this instance with --auth-key-file (README: Cross-host transfer)");
+  return {};
+}
+
+Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const std::string& host, uint16_t port,
+                                                          uint32_t decode_rank,
+                                                          const std::string& instance) {
+  if (Status s = usable(); !s) return s.error();
+  if (host.empty()) return make_error(Errc::kInvalidArgument, "rdma: the peer address is empty");
+  if (port == 0) return make_error(Errc::kInvalidArgument, "rdma: port 0 is not a port");
+  if (!registration_) {
+    Result<std::unique_ptr<PoolRegistration>> r = PoolRegistration::create(*fabric_, local_);
+    if (!r) return r.error();
+    registration_ = std::move(r).value();
+  }
+  const std::string k = fmt::format("{}:{}/{}", host, port, instance);
+  auto it = peers_.find(k);
+  if (it != peers_.end()) return it->second;
+  auto peer = std::make_shared<RdmaPeer>(net_.io(), host, port, decode_rank, instance, local_,
+                                         registration_, *key_, *fabric_, options_, sink_);
+  peers_.emplace(k, peer);
+  return peer;
+}
+
+Result<std::shared_ptr<Destination>> RdmaTransport::resolve(schema::CacheDest::Reader dest) {
+  const auto ports = dest.getRdmaPorts();
+  const auto devices = dest.getDeviceIds();
+  const uint32_t decode_rank = options_.rank < devices.size() ? devices[options_.rank]
+                                                              : options_.rank;
+  if (decode_rank >= ports.size())
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("rdmaPorts has {} ports, none for decode rank {}", ports.size(),
+                                  decode_rank));
+  Result<std::shared_ptr<RdmaPeer>> peer = peer_for(
+      dest.getPeerAddress().cStr(), ports[decode_rank], decode_rank, dest.getPeerInstance().cStr());
+  if (!peer) return peer.error();
+  return std::shared_ptr<Destination>(std::make_shared<PeerDestination>(*peer));
+}
+
+Status RdmaTransport::check_connect(schema::ConnectTask::Reader connect) {
+  const auto ports = connect.getPorts();
+  if (options_.rank >= ports.size())
+    return make_error(Errc::kInvalidArgument, fmt::format("no port for rank {}", options_.rank));
+  Result<std::shared_ptr<RdmaPeer>> peer =
+      peer_for(connect.getPeerAddress().cStr(), ports[options_.rank], options_.rank,
+               connect.getPeerInstance().cStr());
+  if (!peer) return peer.error();
+  auto result = std::make_shared<std::promise<Status>>();
+  std::future<Status> answer = result->get_future();
+  asio::post((*peer)->strand(), [p = *peer, result] {
+    p->ensure_connected([result](Status s) { result->set_value(std::move(s)); });
+  });
+  if (answer.wait_for(options_.connect_timeout + std::chrono::milliseconds(500)) !=
+      std::future_status::ready)
+    return make_error(Errc::kTimeout, fmt::format("no answer from {} within {} ms",
+                                                  (*peer)->name(),
+                                                  options_.connect_timeout.count()));
+  return answer.get();
+}
+
+}  // namespace kvrelay::worker::rdma
