@@ -72,13 +72,19 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();
   std::string protocol = "ipc", auth_key_file;
   app.add_option("--protocol", protocol,
-                 "ipc (same host) or tcp (to the decode instance's --tcp-ports)")
-      ->check(CLI::IsMember({"ipc", "tcp"}))
+                 "ipc (same host), tcp (to the decode instance's --tcp-ports) or rdma (to "
+                 "its --rdma-ports, over the first RDMA device)")
+      ->check(CLI::IsMember({"ipc", "tcp", "rdma"}))
       ->capture_default_str();
-  app.add_option("--peer-address", o.peer_address, "tcp: the decode instance's listen address")
+  app.add_option("--peer-address", o.peer_address,
+                 "tcp, rdma: the decode instance's listen address")
       ->capture_default_str();
   app.add_option("--auth-key-file", auth_key_file,
-                 "tcp with --start: the instances' key (default: a fresh temporary one)");
+                 "tcp, rdma with --start: the instances' key (default: a fresh temporary one)");
+  std::string rdma_gid_index = "1";
+  app.add_option("--rdma-gid-index", rdma_gid_index,
+                 "rdma with --start: the instances' RoCE GID index")
+      ->capture_default_str();
   int64_t timeout_s = o.timeout.count();
   app.add_flag("--expect-arrivals", o.expect_arrivals,
                "the decode engine declares every request to its instance first (ExpectSpec) and "
@@ -113,12 +119,13 @@ int main(int argc, char** argv) {
   }
   o.progress = isatty(2) != 0;
   o.tcp = protocol == "tcp";
+  o.rdma = protocol == "rdma";
 
-  // With tcp, --start gives the decode instance a listener per rank and
-  // both instances one key.
+  // With tcp or rdma, --start gives the decode instance a listener per rank
+  // and both instances one key.
   sim::TemporaryKey temporary_key;
   std::vector<std::string> decode_flags, prefill_flags;
-  if (start && o.tcp) {
+  if (start && (o.tcp || o.rdma)) {
     if (auth_key_file.empty()) auth_key_file = temporary_key.path();
     const std::vector<uint16_t> ports = sim::free_tcp_ports(g.tp, o.peer_address);
     if (auth_key_file.empty() || ports.size() != g.tp) {
@@ -128,9 +135,15 @@ int main(int argc, char** argv) {
     std::string list;
     for (uint16_t p : ports)
       list += (list.empty() ? "" : ",") + std::to_string(p);
-    decode_flags = {"--protocol",      "ipc,tcp",     "--tcp-ports",      list,
-                    "--auth-key-file", auth_key_file, "--listen-address", o.peer_address};
-    prefill_flags = {"--protocol", "ipc,tcp", "--auth-key-file", auth_key_file};
+    const std::string protocols = o.rdma ? "ipc,rdma" : "ipc,tcp";
+    decode_flags = {"--protocol",      protocols,     o.rdma ? "--rdma-ports" : "--tcp-ports",
+                    list,              "--auth-key-file", auth_key_file,
+                    "--listen-address", o.peer_address};
+    prefill_flags = {"--protocol", protocols, "--auth-key-file", auth_key_file};
+    if (o.rdma) {
+      for (auto* flags : {&decode_flags, &prefill_flags})
+        flags->insert(flags->end(), {"--rdma-gid-index", rdma_gid_index});
+    }
   }
 
   sim::ManagedInstance decode_instance, prefill_instance;

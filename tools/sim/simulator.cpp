@@ -194,11 +194,11 @@ class Simulation {
   void connect() {
     ConnectSpec c;
     c.task_id = 1;
-    c.protocol = o_.tcp ? Protocol::kTcp : Protocol::kIpc;
+    c.protocol = protocol();
     c.peer_instance = decode_instance_;
-    if (o_.tcp) {
+    if (o_.tcp || o_.rdma) {
       c.peer_address = o_.peer_address;
-      c.ports = decode_tcp_ports();
+      c.ports = o_.rdma ? decode_.info().rdma_ports : decode_tcp_ports();
     }
     submit(prefill_.submit(c, Deadline::after(10s)), "connect");
     Result<Completion> done = prefill_.wait(Deadline::after(60s));
@@ -291,13 +291,17 @@ class Simulation {
     CacheDestSpec d;
     d.request_id = r.id;
     d.dest_block_ids = r.blocks.dst;
-    d.protocol = o_.tcp ? Protocol::kTcp : Protocol::kIpc;
+    d.protocol = protocol();
     d.peer_instance = decode_instance_;
     for (uint32_t rank = 0; rank < tp_; ++rank)
       d.device_ids.push_back(rank);
     if (o_.tcp) {
       d.peer_address = o_.peer_address;
       d.tcp_ports = decode_tcp_ports();
+    }
+    if (o_.rdma) {
+      d.peer_address = o_.peer_address;
+      d.rdma_ports = decode_.info().rdma_ports;
     }
     submit(prefill_.submit(d, Deadline::after(10s)), r.id);
     r.dest_sent = true;
@@ -310,6 +314,9 @@ class Simulation {
   }
 
   std::vector<uint16_t> decode_tcp_ports() const { return decode_.info().tcp_ports; }
+  Protocol protocol() const {
+    return o_.rdma ? Protocol::kRdma : o_.tcp ? Protocol::kTcp : Protocol::kIpc;
+  }
 
   void submit(const Status& s, const std::string& id) {
     if (s) return;

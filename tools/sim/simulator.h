@@ -42,9 +42,11 @@ struct SimOptions {
   std::chrono::seconds timeout{600};
   // Soak mode: SIGKILL a random worker (of either instance) this often; 0: never.
   uint32_t kill_every_ms = 0;
-  // How the blocks travel: ipc (same host), or tcp to the decode instance's
-  // listeners (its --tcp-ports, read from its configuration) at peer_address.
+  // How the blocks travel: ipc (same host), or tcp or rdma to the decode
+  // instance's listeners (its --tcp-ports or --rdma-ports, read from its
+  // configuration) at peer_address.
   bool tcp = false;
+  bool rdma = false;
   std::string peer_address = "127.0.0.1";
   // The decode engine declares each request to its instance before the
   // prefill engine submits it (ExpectSpec), and must read exactly one

@@ -5,6 +5,7 @@
 namespace kvrelay::worker::tcp {
 
 Result<bool> ClientHandshake::on_message(const Inbound& in, std::vector<std::byte>& reply) {
+  if (in.kind == schema::TcpEnvelope::HEARTBEAT) return false;  // a quiet line, nothing more
   if (!challenged_) {
     if (in.kind != schema::TcpEnvelope::CHALLENGE || in.nonce.size() != kNonceBytes)
       return make_error(Errc::kInvalidArgument,

@@ -95,6 +95,8 @@ class Connection final : public Channel {
 
   void on_message(Inbound in) override {
     if (refusing_) return;  // nothing more is read from a refused peer
+    // A slow peer's heartbeat can come before its proof: the line was quiet.
+    if (in.kind == schema::TcpEnvelope::HEARTBEAT) return read_next();
     switch (state_) {
       case State::kAwaitProof:
         if (in.kind != schema::TcpEnvelope::PROOF) return refuse("it sent no authentication");
@@ -128,7 +130,6 @@ class Connection final : public Channel {
       case State::kServing: break;
     }
     switch (in.kind) {
-      case schema::TcpEnvelope::HEARTBEAT: return read_next();
       case schema::TcpEnvelope::FRAME: return on_frame(in.frame);
       case schema::TcpEnvelope::RDMA_OFFER: return on_rdma_offer(in.rdma_offer);
       case schema::TcpEnvelope::RDMA_INTENT: return on_rdma_intent(in.rdma_intent);
