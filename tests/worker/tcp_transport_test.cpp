@@ -260,6 +260,21 @@ TEST_F(TcpTransportTest, AClientThatSaysNothingIsClosedAndTouchesNothing) {
   EXPECT_EQ(wrong_bytes(*dst, {}, {}), 0u);
 }
 
+TEST_F(TcpTransportTest, AHeartbeatBeforeTheProofIsNotARefusal) {
+  // A slow peer's line is quiet for a heartbeat interval before it answers
+  // the challenge (seen under an emulated CPU): that is no reason to refuse.
+  listen(*dst);
+  RawClient slow(receiver->port());
+  std::vector<std::byte> beat;
+  encode_heartbeat(beat);
+  slow.write(beat);
+  slow.write(beat);
+  Result<Inbound> ack = slow.authenticate(key);
+  ASSERT_TRUE(ack) << ack.error().message;
+  EXPECT_TRUE(ack->hello_ack.accepted) << ack->hello_ack.reason;
+  EXPECT_EQ(receiver->stats().refused.load(), 0u);
+}
+
 TEST_F(TcpTransportTest, AFrameOutOfRangeFailsOnlyItsTransferAndTheConnectionLivesOn) {
   listen(*dst);
   RawClient client(receiver->port());
