@@ -292,6 +292,7 @@ class Session final : public tcp::Channel {
 
   // Asks for the layer's destination blocks; its writes wait for the grant.
   void start(Job job) {
+    if (closed()) return peer_.fail(job, close_reason_);  // an earlier start's send failed
     job.transfer = ++next_transfer_;
     tcp::RdmaIntent intent;
     intent.transfer = job.transfer;
@@ -306,9 +307,11 @@ class Session final : public tcp::Channel {
       intent.last = i + tcp::kMaxIntentRuns >= job.runs.size();
       tcp::encode_rdma_intent(intent, out.owned);
     }
-    send(std::move(out));
+    // In flight before it is sent: a send that fails closes the session at
+    // once, and the close fails what is in flight.
     const uint64_t id = job.transfer;
     in_flight_.emplace(id, std::move(job));
+    send(std::move(out));
   }
 
   void on_grant(uint64_t transfer, bool ok, const std::string& reason) {
