@@ -7,33 +7,24 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <deque>
-#include <future>
 #include <optional>
 
 #include "worker/copy_plan.h"
 #include "worker/rdma/completion_watch.h"
 #include "worker/rdma/rdma_receiver.h"
 #include "worker/rdma/write_poster.h"
-#include "worker/tcp/client_handshake.h"
+#include "worker/tcp/client_channel.h"
+#include "worker/tcp/peer_link.h"
 
 namespace kvrelay::worker::rdma {
 
 namespace asio = boost::asio;
 
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// One layer of one request, as handed to a session.
-struct Job {
-  TransferTicket ticket;
-  std::vector<BlockRun> runs;
-  uint64_t transfer = 0;
-  uint64_t bytes = 0;
-};
+using Job = tcp::LayerJob;
 
-constexpr auto kMinBackoff = std::chrono::milliseconds(100);
-constexpr auto kMaxBackoff = std::chrono::milliseconds(5000);
 // A work request's length is 32 bits; longer runs are split.
 constexpr uint64_t kMaxWriteBytes = 1ull << 30;
 
@@ -54,7 +45,8 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
         host_(std::move(host)),
         port_(port),
         expected_instance_(std::move(instance)),
-        name_(fmt::format("decode rank {} at {}:{} over rdma", decode_rank, host_, port_)),
+        link_(fmt::format("decode rank {} at {}:{} over rdma", decode_rank, host_, port_),
+              options.rank, "rdma session"),
         local_(local),
         registration_(std::move(registration)),
         key_(key),
@@ -62,14 +54,8 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
         options_(std::move(options)),
         sink_(std::move(sink)) {}
 
-  const std::string& name() const { return name_; }
-  uint32_t blocks_in_layer(uint32_t layer) const {
-    // Unknown until a session has shaken hands: the receiver checks every intent.
-    if (!known_.load(std::memory_order_acquire)) return UINT32_MAX;
-    return layer < peer_layers_.load(std::memory_order_relaxed)
-               ? peer_blocks_.load(std::memory_order_relaxed)
-               : peer_extra_blocks_.load(std::memory_order_relaxed);
-  }
+  const std::string& name() const { return link_.name(); }
+  const tcp::PeerLink& link() const { return link_; }
 
   // On the peer's strand.
   void dispatch(Job job);
@@ -106,7 +92,7 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
   std::string host_;
   uint16_t port_;
   std::string expected_instance_;
-  std::string name_;
+  tcp::PeerLink link_;
   const LocalPool& local_;
   std::shared_ptr<const PoolRegistration> registration_;
   const AuthKey& key_;
@@ -114,57 +100,22 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
   RdmaSenderOptions options_;
   std::shared_ptr<tcp::CompletionSink> sink_;
   std::shared_ptr<Session> session_;
-  Clock::time_point retry_at_{};
-  std::chrono::milliseconds backoff_{0};
-  std::string last_error_;
-  uint64_t epoch_ = 0;
-  std::vector<std::function<void(Status)>> connect_waiters_;
   bool stopped_ = false;
-  std::atomic<bool> known_{false};
-  std::atomic<uint32_t> peer_layers_{0};
-  std::atomic<uint32_t> peer_blocks_{0};
-  std::atomic<uint32_t> peer_extra_blocks_{0};
 };
 
 // The control connection and queue pairs of one session, on a strand of
 // their own (the socket's).
-class Session final : public tcp::Channel {
+class Session final : public tcp::ClientChannel {
  public:
   Session(asio::io_context& io, RdmaPeer& peer)
-      : Channel(asio::ip::tcp::socket(asio::make_strand(io)), peer.options().timing, peer.name()),
+      : ClientChannel(io, peer.options().timing, peer.name(), peer.key(),
+                      tcp::make_hello(peer.options().instance, peer.expected_instance(),
+                                      peer.options().rank, peer.options().tp_size,
+                                      peer.local().geometry()),
+                      tcp::ClientTarget{peer.host(), peer.port(), peer.options().connect_timeout,
+                                        "connection, handshake and queue pairs"}),
         peer_(peer),
-        resolver_(socket_.get_executor()),
-        deadline_(socket_.get_executor()),
         watch_(socket_.get_executor()) {}
-
-  bool ready() const { return ready_.load(std::memory_order_acquire); }
-
-  void connect() {
-    auto self = std::static_pointer_cast<Session>(shared_from_this());
-    deadline_.expires_after(peer_.options().connect_timeout);
-    deadline_.async_wait([self](const boost::system::error_code& ec) {
-      if (!ec && !self->ready())
-        self->close(fmt::format("no connection, handshake and queue pairs within {} ms",
-                                self->peer_.options().connect_timeout.count()));
-    });
-    resolver_.async_resolve(
-        peer_.host(), std::to_string(peer_.port()),
-        [self](const boost::system::error_code& ec, asio::ip::tcp::resolver::results_type results) {
-          if (self->closed()) return;
-          if (ec)
-            return self->close(
-                fmt::format("cannot resolve {}: {}", self->peer_.host(), ec.message()));
-          asio::async_connect(self->socket_, results,
-                              [self](const boost::system::error_code& ec2, const asio::ip::tcp::endpoint&) {
-                                if (self->closed()) return;
-                                if (ec2)
-                                  return self->close(
-                                      fmt::format("cannot connect: {}", ec2.message()));
-                                tcp_tune(self->socket_, self->timing_.peer_timeout);
-                                self->start_channel();  // the listener speaks first
-                              });
-        });
-  }
 
   void submit(Job job) {
     if (closed()) return peer_.fail(job, close_reason_);
@@ -175,8 +126,7 @@ class Session final : public tcp::Channel {
     start(std::move(job));
   }
 
-  void on_message(tcp::Inbound in) override {
-    if (!handshake_done_) return handshake(in);
+  void on_serving(tcp::Inbound in) override {
     if (!ready()) {
       if (in.kind == schema::TcpEnvelope::HEARTBEAT) return read_next();
       if (in.kind != schema::TcpEnvelope::RDMA_ACCEPT)
@@ -197,8 +147,7 @@ class Session final : public tcp::Channel {
   }
 
   void on_closed(const std::string& why) override {
-    resolver_.cancel();
-    deadline_.cancel();
+    stop_connecting();
     watch_.stop();
     const bool was_ready = ready();
     const std::string reason = was_ready ? fmt::format("rdma session lost: {}", why)
@@ -219,27 +168,7 @@ class Session final : public tcp::Channel {
   }
 
  private:
-  static void tcp_tune(asio::ip::tcp::socket& s, std::chrono::milliseconds t) { tcp::tune_socket(s, t); }
-
-  void handshake(const tcp::Inbound& in) {
-    if (!handshake_) {
-      tcp::Hello hello;
-      hello.version = tcp::kWireVersion;
-      hello.instance = peer_.options().instance;
-      hello.expected_instance = peer_.expected_instance();
-      hello.rank = peer_.options().rank;
-      hello.tp_size = peer_.options().tp_size;
-      hello.pool = peer_.local().geometry();
-      handshake_.emplace(peer_.key(), std::move(hello));
-    }
-    tcp::Outgoing out;
-    Result<bool> done = handshake_->on_message(in, out.owned);
-    if (!out.owned.empty()) send(std::move(out));
-    if (!done) return close(done.error().message);
-    if (!*done) return read_next();
-    handshake_done_ = true;
-    offer();
-  }
+  void on_accepted() override { offer(); }
 
   // Our queue pairs, for the receiver to connect its own to.
   void offer() {
@@ -262,7 +191,7 @@ class Session final : public tcp::Channel {
     if (a.queue_pairs.size() != queue_pairs_.size())
       return close(fmt::format("the receiver answered {} queue pairs for the {} offered",
                                a.queue_pairs.size(), queue_pairs_.size()));
-    const PoolGeometry& remote_pool = handshake_->ack().pool;
+    const PoolGeometry& remote_pool = ack().pool;
     Result<RemoteTensors> remote = check_regions(a.regions, remote_pool);
     if (!remote) return close(remote.error().message);
     remote_ = std::move(remote).value();
@@ -278,11 +207,8 @@ class Session final : public tcp::Channel {
     watch_.start(fds, [this] { on_completions(); });
     on_completions();  // arms them
     if (closed()) return;
-    ready_.store(true, std::memory_order_release);
-    deadline_.cancel();
-    asio::post(peer_.strand(), [p = peer_.shared_from_this(), ack = handshake_->ack()] {
-      p->session_ready(ack);
-    });
+    mark_ready();
+    asio::post(peer_.strand(), [p = peer_.shared_from_this(), a = ack()] { p->session_ready(a); });
     std::deque<Job> queued = std::move(waiting_);
     waiting_.clear();
     for (Job& job : queued)
@@ -388,12 +314,7 @@ class Session final : public tcp::Channel {
   }
 
   RdmaPeer& peer_;
-  asio::ip::tcp::resolver resolver_;
-  asio::steady_timer deadline_;
   CompletionWatch watch_;
-  std::atomic<bool> ready_{false};
-  bool handshake_done_ = false;
-  std::optional<tcp::ClientHandshake> handshake_;
   std::string close_reason_;
   std::vector<std::unique_ptr<RcQueuePair>> queue_pairs_;
   std::optional<WritePoster> poster_;
@@ -409,12 +330,7 @@ void RdmaPeer::dispatch(Job job) {
   if (stopped_) return fail(job, "the worker's transport is stopping");
   if (session_ && session_->closed()) session_.reset();
   if (!session_) {
-    const auto now = Clock::now();
-    if (now < retry_at_)
-      return fail(job, fmt::format("cannot reach it: {} (next attempt in {} ms)", last_error_,
-                                   std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       retry_at_ - now)
-                                       .count()));
+    if (std::optional<std::string> why = link_.backing_off()) return fail(job, *why);
     open_session();
   }
   submit_on(std::move(job));
@@ -435,73 +351,30 @@ void RdmaPeer::ensure_connected(std::function<void(Status)> done) {
   if (stopped_) return done(make_error(Errc::kAborted, "the worker's transport is stopping"));
   if (session_ && session_->closed()) session_.reset();
   if (session_ && session_->ready()) return done({});
-  connect_waiters_.push_back(std::move(done));
+  link_.on_next_attempt(std::move(done));
   if (!session_) open_session();  // a ConnectTask tries now, backoff or not
 }
 
 void RdmaPeer::session_ready(const tcp::HelloAck& ack) {
-  if (epoch_ != 0 && epoch_ != ack.epoch)
-    spdlog::info("rank {}: {} restarted (a new pool there)", options_.rank, name_);
-  epoch_ = ack.epoch;
-  peer_layers_.store(ack.pool.num_layers, std::memory_order_relaxed);
-  peer_blocks_.store(ack.pool.num_blocks, std::memory_order_relaxed);
-  peer_extra_blocks_.store(ack.pool.extra_layer_blocks, std::memory_order_relaxed);
-  known_.store(true, std::memory_order_release);
-  backoff_ = std::chrono::milliseconds(0);
-  retry_at_ = {};
-  spdlog::info("rank {}: rdma session with {} ready", options_.rank, name_);
-  for (auto& w : std::exchange(connect_waiters_, {}))
-    w({});
+  link_.connected(ack);
+  spdlog::info("rank {}: rdma session with {} ready", options_.rank, name());
 }
 
 void RdmaPeer::session_closed(bool was_ready, const std::string& why) {
   if (stopped_) return;
-  if (was_ready) {
-    spdlog::warn("rank {}: rdma session with {} closed: {}", options_.rank, name_, why);
-    return;  // the next transfer opens a fresh one at once
-  }
-  last_error_ = why;
-  backoff_ = std::clamp(backoff_ * 2, std::chrono::milliseconds(kMinBackoff),
-                        std::chrono::milliseconds(kMaxBackoff));
-  retry_at_ = Clock::now() + backoff_;
-  spdlog::warn("rank {}: cannot reach {}: {} (retrying after {} ms)", options_.rank, name_, why,
-               backoff_.count());
-  for (auto& w : std::exchange(connect_waiters_, {}))
-    w(make_error(Errc::kTimeout, fmt::format("cannot reach {}: {}", name_, why)));
+  if (was_ready) return link_.lost(why);  // the next transfer opens a fresh one at once
+  link_.unreachable(why);
 }
 
 void RdmaPeer::close_all(const std::string& why, const std::shared_ptr<tcp::WaitGroup>& closed) {
   stopped_ = true;
+  link_.stop();
   if (session_) {
     closed->add(1);
     session_->close_soon(why, [closed] { closed->done(); });
   }
   session_.reset();
 }
-
-namespace {
-
-class PeerDestination final : public Destination {
- public:
-  explicit PeerDestination(std::shared_ptr<RdmaPeer> peer) : peer_(std::move(peer)) {}
-  uint32_t blocks_in_layer(uint32_t layer) const override { return peer_->blocks_in_layer(layer); }
-  const std::string& peer() const override { return peer_->name(); }
-  Status submit_layer(const TransferTicket& ticket, uint32_t,
-                      std::span<const BlockRun> runs) override {
-    Job job;
-    job.ticket = ticket;
-    job.runs.assign(runs.begin(), runs.end());
-    asio::post(peer_->strand(), [peer = peer_, job = std::move(job)]() mutable {
-      peer->dispatch(std::move(job));
-    });
-    return {};
-  }
-
- private:
-  std::shared_ptr<RdmaPeer> peer_;
-};
-
-}  // namespace
 
 RdmaTransport::RdmaTransport(tcp::NetThread& net, const LocalPool& local, const AuthKey* key,
                              Fabric* fabric, std::string why_not, RdmaSenderOptions options,
@@ -515,17 +388,9 @@ RdmaTransport::RdmaTransport(tcp::NetThread& net, const LocalPool& local, const 
       sink_(std::make_shared<tcp::CompletionSink>(doorbell)) {}
 
 RdmaTransport::~RdmaTransport() {
-  // Close every session on its strand and wait: after this nothing reads the
-  // local pool or touches the fabric. Their transfers complete with an error.
-  auto closed = std::make_shared<tcp::WaitGroup>();
-  for (auto& [k, peer] : peers_) {
-    closed->add(1);
-    asio::post(peer->strand(), [p = peer, closed] {
-      p->close_all("the transport is stopping", closed);
-      closed->done();
-    });
-  }
-  closed->wait();
+  // After this nothing reads the local pool or touches the fabric. Their
+  // transfers complete with an error.
+  tcp::close_peers(peers_);
 }
 
 Status RdmaTransport::usable() const {
@@ -537,60 +402,42 @@ Status RdmaTransport::usable() const {
   return {};
 }
 
-Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const std::string& host, uint16_t port,
-                                                          uint32_t decode_rank,
-                                                          const std::string& instance) {
+Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const tcp::PeerAddress& at) {
   if (Status s = usable(); !s) return s.error();
-  if (host.empty()) return make_error(Errc::kInvalidArgument, "rdma: the peer address is empty");
-  if (port == 0) return make_error(Errc::kInvalidArgument, "rdma: port 0 is not a port");
+  if (at.host.empty())
+    return make_error(Errc::kInvalidArgument, "rdma: the peer address is empty");
+  if (at.port == 0) return make_error(Errc::kInvalidArgument, "rdma: port 0 is not a port");
   if (!registration_) {
     Result<std::unique_ptr<PoolRegistration>> r = PoolRegistration::create(*fabric_, local_);
     if (!r) return r.error();
     registration_ = std::move(r).value();
   }
-  const std::string k = fmt::format("{}:{}/{}", host, port, instance);
-  auto it = peers_.find(k);
+  auto it = peers_.find(at.key());
   if (it != peers_.end()) return it->second;
-  auto peer = std::make_shared<RdmaPeer>(net_.io(), host, port, decode_rank, instance, local_,
-                                         registration_, *key_, *fabric_, options_, sink_);
-  peers_.emplace(k, peer);
+  auto peer = std::make_shared<RdmaPeer>(net_.io(), at.host, at.port, at.decode_rank, at.instance,
+                                         local_, registration_, *key_, *fabric_, options_, sink_);
+  peers_.emplace(at.key(), peer);
   return peer;
 }
 
 Result<std::shared_ptr<Destination>> RdmaTransport::resolve(schema::CacheDest::Reader dest) {
-  const auto ports = dest.getRdmaPorts();
-  const auto devices = dest.getDeviceIds();
-  const uint32_t decode_rank = options_.rank < devices.size() ? devices[options_.rank]
-                                                              : options_.rank;
-  if (decode_rank >= ports.size())
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("rdmaPorts has {} ports, none for decode rank {}", ports.size(),
-                                  decode_rank));
-  Result<std::shared_ptr<RdmaPeer>> peer = peer_for(
-      dest.getPeerAddress().cStr(), ports[decode_rank], decode_rank, dest.getPeerInstance().cStr());
+  Result<tcp::PeerAddress> at =
+      tcp::destination_address(dest, dest.getRdmaPorts(), "rdmaPorts", options_.rank);
+  if (!at) return at.error();
+  Result<std::shared_ptr<RdmaPeer>> peer = peer_for(*at);
   if (!peer) return peer.error();
-  return std::shared_ptr<Destination>(std::make_shared<PeerDestination>(*peer));
+  return std::shared_ptr<Destination>(std::make_shared<tcp::PeerDestination<RdmaPeer>>(*peer));
 }
 
 Status RdmaTransport::check_connect(schema::ConnectTask::Reader connect) {
-  const auto ports = connect.getPorts();
-  if (options_.rank >= ports.size())
-    return make_error(Errc::kInvalidArgument, fmt::format("no port for rank {}", options_.rank));
-  Result<std::shared_ptr<RdmaPeer>> peer =
-      peer_for(connect.getPeerAddress().cStr(), ports[options_.rank], options_.rank,
-               connect.getPeerInstance().cStr());
+  Result<tcp::PeerAddress> at = tcp::connect_address(connect, options_.rank);
+  if (!at) return at.error();
+  Result<std::shared_ptr<RdmaPeer>> peer = peer_for(*at);
   if (!peer) return peer.error();
-  auto result = std::make_shared<std::promise<Status>>();
-  std::future<Status> answer = result->get_future();
-  asio::post((*peer)->strand(), [p = *peer, result] {
-    p->ensure_connected([result](Status s) { result->set_value(std::move(s)); });
-  });
-  if (answer.wait_for(options_.connect_timeout + std::chrono::milliseconds(500)) !=
-      std::future_status::ready)
-    return make_error(Errc::kTimeout, fmt::format("no answer from {} within {} ms",
-                                                  (*peer)->name(),
-                                                  options_.connect_timeout.count()));
-  return answer.get();
+  std::shared_ptr<RdmaPeer> p = *peer;
+  return tcp::await_connected(
+      p->strand(), [p](std::function<void(Status)> done) { p->ensure_connected(std::move(done)); },
+      p->name(), options_.connect_timeout);
 }
 
 }  // namespace kvrelay::worker::rdma

@@ -39,6 +39,7 @@
 #include "worker/rdma/pool_registration.h"
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
+#include "worker/tcp/peer_link.h"
 #include "worker/tcp/tcp_transport.h"
 #include "worker/transport.h"
 
@@ -71,8 +72,7 @@ class RdmaTransport final : public Transport {
 
  private:
   Status usable() const;
-  Result<std::shared_ptr<RdmaPeer>> peer_for(const std::string& host, uint16_t port,
-                                             uint32_t decode_rank, const std::string& instance);
+  Result<std::shared_ptr<RdmaPeer>> peer_for(const tcp::PeerAddress& at);
 
   tcp::NetThread& net_;
   const LocalPool& local_;

@@ -14,6 +14,19 @@
 
 namespace kvrelay::worker::tcp {
 
+// What a sending rank says in its hello.
+inline Hello make_hello(const std::string& instance, const std::string& expected_instance,
+                        uint32_t rank, uint32_t tp_size, const PoolGeometry& pool) {
+  Hello h;
+  h.version = kWireVersion;
+  h.instance = instance;
+  h.expected_instance = expected_instance;
+  h.rank = rank;
+  h.tp_size = tp_size;
+  h.pool = pool;
+  return h;
+}
+
 class ClientHandshake {
  public:
   ClientHandshake(const AuthKey& key, Hello hello) : key_(key), hello_(std::move(hello)) {}

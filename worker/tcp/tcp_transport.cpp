@@ -7,17 +7,15 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <deque>
-#include <future>
 #include <optional>
 
 #include "worker/copy_plan.h"
-#include "worker/tcp/client_handshake.h"
+#include "worker/tcp/client_channel.h"
+#include "worker/tcp/peer_link.h"
 
 namespace kvrelay::worker::tcp {
 
 namespace asio = boost::asio;
-using asio::ip::tcp;
-using Clock = std::chrono::steady_clock;
 
 void CompletionSink::push(TransferCompletion c) {
   {
@@ -39,16 +37,7 @@ void CompletionSink::take(std::vector<TransferCompletion>& out) {
 
 namespace {
 
-// One layer of one request, as handed to a lane.
-struct Job {
-  TransferTicket ticket;
-  std::vector<BlockRun> runs;
-  uint64_t transfer = 0;
-  uint64_t bytes = 0;
-};
-
-constexpr auto kMinBackoff = std::chrono::milliseconds(100);
-constexpr auto kMaxBackoff = std::chrono::milliseconds(5000);
+using Job = LayerJob;
 
 }  // namespace
 
@@ -66,20 +55,15 @@ class Peer : public std::enable_shared_from_this<Peer> {
         host_(std::move(host)),
         port_(port),
         expected_instance_(std::move(instance)),
-        name_(fmt::format("decode rank {} at {}:{} over tcp", decode_rank, host_, port_)),
+        link_(fmt::format("decode rank {} at {}:{} over tcp", decode_rank, host_, port_),
+              options.rank, "tcp lane"),
         local_(local),
         key_(key),
         options_(std::move(options)),
         sink_(std::move(sink)) {}
 
-  const std::string& name() const { return name_; }
-  uint32_t blocks_in_layer(uint32_t layer) const {
-    // Unknown until a lane has shaken hands: the receiver checks every frame.
-    if (!known_.load(std::memory_order_acquire)) return UINT32_MAX;
-    return layer < peer_layers_.load(std::memory_order_relaxed)
-               ? peer_blocks_.load(std::memory_order_relaxed)
-               : peer_extra_blocks_.load(std::memory_order_relaxed);
-  }
+  const std::string& name() const { return link_.name(); }
+  const PeerLink& link() const { return link_; }
 
   // On the peer's strand.
   void dispatch(Job job);
@@ -111,7 +95,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::string host_;
   uint16_t port_;
   std::string expected_instance_;
-  std::string name_;
+  PeerLink link_;
   const LocalPool& local_;
   const AuthKey& key_;
   SenderOptions options_;
@@ -119,54 +103,18 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::vector<std::shared_ptr<Lane>> lanes_;
   size_t next_lane_ = 0;
   uint64_t next_transfer_ = 0;
-  Clock::time_point retry_at_{};
-  std::chrono::milliseconds backoff_{0};
-  std::string last_error_;
-  uint64_t epoch_ = 0;
-  std::vector<std::function<void(Status)>> connect_waiters_;
   bool stopped_ = false;  // the transport is going: no new lanes
-  std::atomic<bool> known_{false};
-  // The receiver's pool shape, from its last hello: read by the worker's thread.
-  std::atomic<uint32_t> peer_layers_{0};
-  std::atomic<uint32_t> peer_blocks_{0};
-  std::atomic<uint32_t> peer_extra_blocks_{0};
 };
 
-class Lane final : public Channel {
+class Lane final : public ClientChannel {
  public:
-  // On a strand of its own: lanes move bytes in parallel.
   Lane(asio::io_context& io, Peer& peer)
-      : Channel(tcp::socket(asio::make_strand(io)), peer.options().timing, peer.name()),
-        peer_(peer),
-        resolver_(socket_.get_executor()),
-        deadline_(socket_.get_executor()) {}
-
-  bool ready() const { return ready_.load(std::memory_order_acquire); }
-
-  void connect() {
-    auto self = std::static_pointer_cast<Lane>(shared_from_this());
-    deadline_.expires_after(peer_.options().connect_timeout);
-    deadline_.async_wait([self](const boost::system::error_code& ec) {
-      if (!ec && !self->ready())
-        self->close(fmt::format("no connection and handshake within {} ms",
-                                self->peer_.options().connect_timeout.count()));
-    });
-    resolver_.async_resolve(
-        peer_.host(), std::to_string(peer_.port()),
-        [self](const boost::system::error_code& ec, tcp::resolver::results_type results) {
-          if (self->closed()) return;
-          if (ec) return self->close(fmt::format("cannot resolve {}: {}", self->peer_.host(),
-                                                 ec.message()));
-          asio::async_connect(
-              self->socket_, results,
-              [self](const boost::system::error_code& ec2, const tcp::endpoint&) {
-                if (self->closed()) return;
-                if (ec2) return self->close(fmt::format("cannot connect: {}", ec2.message()));
-                tune_socket(self->socket_, self->timing_.peer_timeout);
-                self->start_channel();  // the peer speaks first: its challenge
-              });
-        });
-  }
+      : ClientChannel(io, peer.options().timing, peer.name(), peer.key(),
+                      make_hello(peer.options().instance, peer.expected_instance(),
+                                 peer.options().rank, peer.options().tp_size,
+                                 peer.local().geometry()),
+                      ClientTarget{peer.host(), peer.port(), peer.options().connect_timeout}),
+        peer_(peer) {}
 
   void submit(Job job) {
     if (closed()) return peer_.fail(job, close_reason_);  // closed after it was chosen
@@ -177,8 +125,7 @@ class Lane final : public Channel {
     write(std::move(job));
   }
 
-  void on_message(Inbound in) override {
-    if (!ready()) return handshake(in);
+  void on_serving(Inbound in) override {
     switch (in.kind) {
       case schema::TcpEnvelope::HEARTBEAT: return read_next();
       case schema::TcpEnvelope::ACK: {
@@ -201,8 +148,7 @@ class Lane final : public Channel {
   }
 
   void on_closed(const std::string& why) override {
-    resolver_.cancel();
-    deadline_.cancel();
+    stop_connecting();
     const bool was_ready = ready();
     const std::string reason = was_ready ? fmt::format("connection lost: {}", why)
                                          : fmt::format("cannot reach it: {}", why);
@@ -219,27 +165,9 @@ class Lane final : public Channel {
   }
 
  private:
-  void handshake(const Inbound& in) {
-    if (!handshake_) {
-      Hello hello;
-      hello.version = kWireVersion;
-      hello.instance = peer_.options().instance;
-      hello.expected_instance = peer_.expected_instance();
-      hello.rank = peer_.options().rank;
-      hello.tp_size = peer_.options().tp_size;
-      hello.pool = peer_.local().geometry();
-      handshake_.emplace(peer_.key(), std::move(hello));
-    }
-    Outgoing out;
-    Result<bool> done = handshake_->on_message(in, out.owned);
-    if (!out.owned.empty()) send(std::move(out));
-    if (!done) return close(done.error().message);
-    if (!*done) return read_next();
-    ready_.store(true, std::memory_order_release);
-    deadline_.cancel();
-    asio::post(peer_.strand(), [p = peer_.shared_from_this(), ack = handshake_->ack()] {
-      p->lane_ready(ack);
-    });
+  void on_accepted() override {
+    mark_ready();
+    asio::post(peer_.strand(), [p = peer_.shared_from_this(), a = ack()] { p->lane_ready(a); });
     std::deque<Job> queued = std::move(waiting_);
     waiting_.clear();
     for (Job& job : queued)
@@ -301,11 +229,7 @@ class Lane final : public Channel {
   }
 
   Peer& peer_;
-  tcp::resolver resolver_;
-  asio::steady_timer deadline_;
-  std::atomic<bool> ready_{false};
   std::string close_reason_;  // what transfers handed to it after it closed are told
-  std::optional<ClientHandshake> handshake_;
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;
   std::vector<kernels::CopyRun> byte_runs_;
@@ -328,12 +252,7 @@ void Peer::dispatch(Job job) {
     return submit_on(*ready, std::move(job));
   }
   if (lanes_.empty()) {
-    const auto now = Clock::now();
-    if (now < retry_at_)
-      return fail(job, fmt::format("cannot reach it: {} (next attempt in {} ms)", last_error_,
-                                   std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       retry_at_ - now)
-                                       .count()));
+    if (std::optional<std::string> why = link_.backing_off()) return fail(job, *why);
     open_lanes();
   }
   submit_on(*lanes_[next_lane_++ % lanes_.size()], std::move(job));
@@ -358,76 +277,29 @@ void Peer::ensure_connected(std::function<void(Status)> done) {
   std::erase_if(lanes_, [](const auto& l) { return l->closed(); });
   for (const auto& l : lanes_)
     if (l->ready()) return done({});
-  connect_waiters_.push_back(std::move(done));
+  link_.on_next_attempt(std::move(done));
   if (lanes_.empty()) open_lanes();  // a ConnectTask tries now, backoff or not
 }
 
-void Peer::lane_ready(const HelloAck& ack) {
-  if (epoch_ != 0 && epoch_ != ack.epoch)
-    spdlog::info("rank {}: {} restarted (a new pool there)", options_.rank, name_);
-  epoch_ = ack.epoch;
-  peer_layers_.store(ack.pool.num_layers, std::memory_order_relaxed);
-  peer_blocks_.store(ack.pool.num_blocks, std::memory_order_relaxed);
-  peer_extra_blocks_.store(ack.pool.extra_layer_blocks, std::memory_order_relaxed);
-  known_.store(true, std::memory_order_release);
-  backoff_ = std::chrono::milliseconds(0);
-  retry_at_ = {};
-  for (auto& w : std::exchange(connect_waiters_, {}))
-    w({});
-}
+void Peer::lane_ready(const HelloAck& ack) { link_.connected(ack); }
 
 void Peer::lane_closed(bool was_ready, const std::string& why) {
   if (stopped_) return;  // the worker is going: nothing to say or retry
-  if (was_ready) {
-    spdlog::warn("rank {}: tcp lane to {} closed: {}", options_.rank, name_, why);
-    return;  // the next transfer reconnects at once
-  }
-  last_error_ = why;
-  bool any_open = false;
+  if (was_ready) return link_.lost(why);  // the next transfer reconnects at once
   for (const auto& l : lanes_)
-    any_open = any_open || !l->closed();
-  if (any_open) return;  // the attempt is not over yet
-  backoff_ = std::clamp(backoff_ * 2, std::chrono::milliseconds(kMinBackoff),
-                        std::chrono::milliseconds(kMaxBackoff));
-  retry_at_ = Clock::now() + backoff_;
-  spdlog::warn("rank {}: cannot reach {}: {} (retrying after {} ms)", options_.rank, name_, why,
-               backoff_.count());
-  for (auto& w : std::exchange(connect_waiters_, {}))
-    w(make_error(Errc::kTimeout, fmt::format("cannot reach {}: {}", name_, why)));
+    if (!l->closed()) return;  // the attempt is not over yet
+  link_.unreachable(why);
 }
 
 void Peer::close_all(const std::string& why, const std::shared_ptr<WaitGroup>& closed) {
   stopped_ = true;
+  link_.stop();
   for (auto& l : lanes_) {
     closed->add(1);
     l->close_soon(why, [closed] { closed->done(); });
   }
   lanes_.clear();
 }
-
-namespace {
-
-class PeerDestination final : public Destination {
- public:
-  explicit PeerDestination(std::shared_ptr<Peer> peer) : peer_(std::move(peer)) {}
-  uint32_t blocks_in_layer(uint32_t layer) const override { return peer_->blocks_in_layer(layer); }
-  const std::string& peer() const override { return peer_->name(); }
-  Status submit_layer(const TransferTicket& ticket, uint32_t,
-                      std::span<const BlockRun> runs) override {
-    Job job;
-    job.ticket = ticket;
-    job.runs.assign(runs.begin(), runs.end());
-    asio::post(peer_->strand(), [peer = peer_, job = std::move(job)]() mutable {
-      peer->dispatch(std::move(job));
-    });
-    return {};
-  }
-
- private:
-  std::shared_ptr<Peer> peer_;
-};
-
-}  // namespace
 
 TcpTransport::TcpTransport(NetThread& net, const LocalPool& local, const AuthKey* key,
                            SenderOptions options, WaitEvent* doorbell)
@@ -438,71 +310,43 @@ TcpTransport::TcpTransport(NetThread& net, const LocalPool& local, const AuthKey
       sink_(std::make_shared<CompletionSink>(doorbell)) {}
 
 TcpTransport::~TcpTransport() {
-  // Close every lane on its strand and wait: after this no handler reads the
-  // local pool. Their transfers complete with an error (unread).
-  auto closed = std::make_shared<WaitGroup>();
-  for (auto& [key, peer] : peers_) {
-    closed->add(1);
-    asio::post(peer->strand(), [p = peer, closed] {
-      p->close_all("the transport is stopping", closed);
-      closed->done();
-    });
-  }
-  closed->wait();
+  // After this no handler reads the local pool. Their transfers complete
+  // with an error (unread).
+  close_peers(peers_);
 }
 
-Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const std::string& host, uint16_t port,
-                                                     uint32_t decode_rank,
-                                                     const std::string& instance) {
+Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const PeerAddress& at) {
   if (key_ == nullptr)
     return make_error(Errc::kInvalidArgument,
                       "tcp transfers need a pre-shared key: start this instance with "
                       "--auth-key-file (README: Cross-host transfer)");
-  if (host.empty()) return make_error(Errc::kInvalidArgument, "tcp: the peer address is empty");
-  if (port == 0) return make_error(Errc::kInvalidArgument, "tcp: port 0 is not a port");
-  const std::string key = fmt::format("{}:{}/{}", host, port, instance);
-  auto it = peers_.find(key);
+  if (at.host.empty()) return make_error(Errc::kInvalidArgument, "tcp: the peer address is empty");
+  if (at.port == 0) return make_error(Errc::kInvalidArgument, "tcp: port 0 is not a port");
+  auto it = peers_.find(at.key());
   if (it != peers_.end()) return it->second;
-  auto peer = std::make_shared<Peer>(net_.io(), host, port, decode_rank, instance, local_, *key_,
-                                     options_, sink_);
-  peers_.emplace(key, peer);
+  auto peer = std::make_shared<Peer>(net_.io(), at.host, at.port, at.decode_rank, at.instance,
+                                     local_, *key_, options_, sink_);
+  peers_.emplace(at.key(), peer);
   return peer;
 }
 
 Result<std::shared_ptr<Destination>> TcpTransport::resolve(schema::CacheDest::Reader dest) {
-  const auto ports = dest.getTcpPorts();
-  const auto devices = dest.getDeviceIds();
-  const uint32_t decode_rank = options_.rank < devices.size() ? devices[options_.rank]
-                                                              : options_.rank;
-  if (decode_rank >= ports.size())
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("tcpPorts has {} ports, none for decode rank {}", ports.size(),
-                                  decode_rank));
-  Result<std::shared_ptr<Peer>> peer = peer_for(dest.getPeerAddress().cStr(), ports[decode_rank],
-                                                decode_rank, dest.getPeerInstance().cStr());
+  Result<PeerAddress> at = destination_address(dest, dest.getTcpPorts(), "tcpPorts", options_.rank);
+  if (!at) return at.error();
+  Result<std::shared_ptr<Peer>> peer = peer_for(*at);
   if (!peer) return peer.error();
-  return std::shared_ptr<Destination>(std::make_shared<PeerDestination>(*peer));
+  return std::shared_ptr<Destination>(std::make_shared<PeerDestination<Peer>>(*peer));
 }
 
 Status TcpTransport::check_connect(schema::ConnectTask::Reader connect) {
-  const auto ports = connect.getPorts();
-  if (options_.rank >= ports.size())
-    return make_error(Errc::kInvalidArgument, fmt::format("no port for rank {}", options_.rank));
-  Result<std::shared_ptr<Peer>> peer =
-      peer_for(connect.getPeerAddress().cStr(), ports[options_.rank], options_.rank,
-               connect.getPeerInstance().cStr());
+  Result<PeerAddress> at = connect_address(connect, options_.rank);
+  if (!at) return at.error();
+  Result<std::shared_ptr<Peer>> peer = peer_for(*at);
   if (!peer) return peer.error();
-  auto result = std::make_shared<std::promise<Status>>();
-  std::future<Status> answer = result->get_future();
-  asio::post((*peer)->strand(), [p = *peer, result] {
-    p->ensure_connected([result](Status s) { result->set_value(std::move(s)); });
-  });
-  if (answer.wait_for(options_.connect_timeout + std::chrono::milliseconds(500)) !=
-      std::future_status::ready)
-    return make_error(Errc::kTimeout, fmt::format("no answer from {} within {} ms",
-                                                  (*peer)->name(),
-                                                  options_.connect_timeout.count()));
-  return answer.get();
+  std::shared_ptr<Peer> p = *peer;
+  return await_connected(
+      p->strand(), [p](std::function<void(Status)> done) { p->ensure_connected(std::move(done)); },
+      p->name(), options_.connect_timeout);
 }
 
 }  // namespace kvrelay::worker::tcp

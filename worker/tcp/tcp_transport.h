@@ -29,6 +29,7 @@
 #include "worker/local_pool.h"
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
+#include "worker/tcp/peer_link.h"
 #include "worker/transport.h"
 
 namespace kvrelay::worker::tcp {
@@ -73,8 +74,7 @@ class TcpTransport final : public Transport {
   bool has_completions() const override { return sink_->any(); }
 
  private:
-  Result<std::shared_ptr<Peer>> peer_for(const std::string& host, uint16_t port,
-                                         uint32_t decode_rank, const std::string& instance);
+  Result<std::shared_ptr<Peer>> peer_for(const PeerAddress& at);
 
   NetThread& net_;
   const LocalPool& local_;
