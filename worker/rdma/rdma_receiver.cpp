@@ -20,10 +20,10 @@ Error broken(std::string message) {
 
 }  // namespace
 
-Result<std::shared_ptr<const PoolRegistration>> RdmaListener::registration() {
+Result<std::shared_ptr<const RegisteredPool>> RdmaListener::registration() {
   std::lock_guard<std::mutex> lock(mu_);
   if (registration_) return registration_;
-  Result<std::unique_ptr<PoolRegistration>> r = PoolRegistration::create(*fabric_, pool_);
+  Result<std::unique_ptr<RegisteredPool>> r = RegisteredPool::create(*fabric_, pool_);
   if (!r) return r.error();
   registration_ = std::move(r).value();
   spdlog::info("rank {}: pool {} registered on {} for rdma ({} registrations)", rank_,
@@ -38,7 +38,7 @@ Result<std::unique_ptr<RdmaSession>> RdmaSession::accept(RdmaListener& listener,
   if (listener.fabric() == nullptr)
     return make_error(Errc::kInvalidArgument, listener.why_not());
   std::unique_ptr<RdmaSession> s(new RdmaSession(listener, arrivals, std::move(peer)));
-  Result<std::shared_ptr<const PoolRegistration>> reg = listener.registration();
+  Result<std::shared_ptr<const RegisteredPool>> reg = listener.registration();
   if (!reg) return reg.error();
   s->registration_ = std::move(reg).value();
   for (const QpEndpoint& remote : offer) {

@@ -37,7 +37,7 @@
 #include "worker/arrivals.h"
 #include "worker/local_pool.h"
 #include "worker/rdma/fabric.h"
-#include "worker/rdma/pool_registration.h"
+#include "worker/rdma/registered_pool.h"
 #include "worker/tcp/wire.h"
 
 namespace kvrelay::worker::rdma {
@@ -53,7 +53,7 @@ class RdmaListener {
   const LocalPool& pool() const { return pool_; }
   uint32_t rank() const { return rank_; }
   // The pool's registration, made by the first session that needs it.
-  Result<std::shared_ptr<const PoolRegistration>> registration();
+  Result<std::shared_ptr<const RegisteredPool>> registration();
 
  private:
   Fabric* fabric_;
@@ -61,7 +61,7 @@ class RdmaListener {
   const LocalPool& pool_;
   uint32_t rank_;
   std::mutex mu_;
-  std::shared_ptr<const PoolRegistration> registration_;
+  std::shared_ptr<const RegisteredPool> registration_;
 };
 
 struct Ack {
@@ -81,7 +81,7 @@ class RdmaSession {
 
   // For the RdmaAccept.
   std::vector<QpEndpoint> endpoints() const;
-  const PoolRegistration& registration() const { return *registration_; }
+  const RegisteredPool& registration() const { return *registration_; }
   std::vector<int> event_fds() const;
 
   // One part of an intent. After the last part: the grant to send (ok, or
@@ -109,7 +109,7 @@ class RdmaSession {
   RdmaListener& listener_;
   Arrivals& arrivals_;
   std::string peer_;
-  std::shared_ptr<const PoolRegistration> registration_;
+  std::shared_ptr<const RegisteredPool> registration_;
   std::vector<std::unique_ptr<RcQueuePair>> queue_pairs_;
   std::unordered_map<uint32_t, Granted> transfers_;  // by immediate (the transfer's low 32 bits)
   uint64_t bytes_landed_ = 0;

@@ -38,7 +38,7 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
  public:
   RdmaPeer(asio::io_context& io, std::string host, uint16_t port, uint32_t decode_rank,
            std::string instance, const LocalPool& local,
-           std::shared_ptr<const PoolRegistration> registration, const AuthKey& key,
+           std::shared_ptr<const RegisteredPool> registration, const AuthKey& key,
            Fabric& fabric, RdmaSenderOptions options, std::shared_ptr<tcp::CompletionSink> sink)
       : io_(io),
         strand_(asio::make_strand(io)),
@@ -78,7 +78,7 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
   uint16_t port() const { return port_; }
   const std::string& expected_instance() const { return expected_instance_; }
   const LocalPool& local() const { return local_; }
-  const PoolRegistration& registration() const { return *registration_; }
+  const RegisteredPool& registration() const { return *registration_; }
   const AuthKey& key() const { return key_; }
   Fabric& fabric() const { return fabric_; }
   const RdmaSenderOptions& options() const { return options_; }
@@ -94,7 +94,7 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
   std::string expected_instance_;
   tcp::PeerLink link_;
   const LocalPool& local_;
-  std::shared_ptr<const PoolRegistration> registration_;
+  std::shared_ptr<const RegisteredPool> registration_;
   const AuthKey& key_;
   Fabric& fabric_;
   RdmaSenderOptions options_;
@@ -258,7 +258,7 @@ class Session final : public tcp::ClientChannel {
   // than a work request may be.
   void post_writes(Job& job) {
     const PoolGeometry& g = peer_.local().geometry();
-    const PoolRegistration& reg = peer_.registration();
+    const RegisteredPool& reg = peer_.registration();
     const uint32_t layer = job.ticket.layer;
     LayerWrite lw;
     lw.transfer = job.transfer;
@@ -408,7 +408,7 @@ Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const tcp::PeerAddress
     return make_error(Errc::kInvalidArgument, "rdma: the peer address is empty");
   if (at.port == 0) return make_error(Errc::kInvalidArgument, "rdma: port 0 is not a port");
   if (!registration_) {
-    Result<std::unique_ptr<PoolRegistration>> r = PoolRegistration::create(*fabric_, local_);
+    Result<std::unique_ptr<RegisteredPool>> r = RegisteredPool::create(*fabric_, local_);
     if (!r) return r.error();
     registration_ = std::move(r).value();
   }

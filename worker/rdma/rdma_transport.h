@@ -36,7 +36,7 @@
 #include "shm/wait_event.h"
 #include "worker/local_pool.h"
 #include "worker/rdma/fabric.h"
-#include "worker/rdma/pool_registration.h"
+#include "worker/rdma/registered_pool.h"
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
 #include "worker/tcp/peer_link.h"
@@ -81,7 +81,7 @@ class RdmaTransport final : public Transport {
   std::string why_not_;
   RdmaSenderOptions options_;
   std::shared_ptr<tcp::CompletionSink> sink_;
-  std::shared_ptr<const PoolRegistration> registration_;  // the local pool, once
+  std::shared_ptr<const RegisteredPool> registration_;  // the local pool, once
   std::unordered_map<std::string, std::shared_ptr<RdmaPeer>> peers_;  // "host:port/instance"
 };
 

@@ -1,4 +1,4 @@
-#include "worker/rdma/pool_registration.h"
+#include "worker/rdma/registered_pool.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 
 namespace kvrelay::worker::rdma {
 
-Result<std::unique_ptr<PoolRegistration>> PoolRegistration::create(Fabric& fabric,
+Result<std::unique_ptr<RegisteredPool>> RegisteredPool::create(Fabric& fabric,
                                                                    const LocalPool& pool) {
   const PoolGeometry& g = pool.geometry();
   const uint32_t per_layer = g.tensors_per_layer();
@@ -29,7 +29,7 @@ Result<std::unique_ptr<PoolRegistration>> PoolRegistration::create(Fabric& fabri
   std::sort(spans.begin(), spans.end(),
             [](const Span& a, const Span& b) { return a.begin < b.begin; });
 
-  std::unique_ptr<PoolRegistration> r(new PoolRegistration(pool));
+  std::unique_ptr<RegisteredPool> r(new RegisteredPool(pool));
   r->tensors_.assign(spans.size(), RemoteTensor{});
   r->keys_.assign(spans.size(), Keys{});
   for (size_t i = 0; i < spans.size();) {

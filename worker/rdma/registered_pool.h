@@ -16,9 +16,9 @@
 
 namespace kvrelay::worker::rdma {
 
-class PoolRegistration {
+class RegisteredPool {
  public:
-  static Result<std::unique_ptr<PoolRegistration>> create(Fabric& fabric, const LocalPool& pool);
+  static Result<std::unique_ptr<RegisteredPool>> create(Fabric& fabric, const LocalPool& pool);
 
   const LocalPool& pool() const { return pool_; }
   uint32_t lkey(uint32_t layer, uint32_t tensor) const { return at(layer, tensor).lkey; }
@@ -32,7 +32,7 @@ class PoolRegistration {
     uint64_t address;
     uint32_t lkey;
   };
-  explicit PoolRegistration(const LocalPool& pool) : pool_(pool) {}
+  explicit RegisteredPool(const LocalPool& pool) : pool_(pool) {}
   const Keys& at(uint32_t layer, uint32_t tensor) const {
     return keys_[size_t{layer} * pool_.geometry().tensors_per_layer() + tensor];
   }
