@@ -51,7 +51,7 @@ class DataPlaneTest : public ::testing::Test {
     engine_pools_.push_back(std::make_unique<HostPool>(std::move(p).value()));
     return name;
   }
-  RegisteredPool register_pool(const std::string& segment, PoolTier tier) {
+  PoolRegistration register_pool(const std::string& segment, PoolTier tier) {
     capnp::MallocMessageBuilder msg;
     auto d = msg.initRoot<schema::PoolDescriptor>();
     d.setLocation(schema::PoolDescriptor::Location::HOST_SEGMENT);
@@ -83,7 +83,7 @@ TEST_F(DataPlaneTest, ARegisteredDevicePoolReplacesTheOldOneAndEverythingOverIt)
   const std::string mine =
       engine_pool(pool_geometry_of(config_, PoolTier::kDevice), PoolTier::kDevice);
   const std::string ours = data_->device_pool().name();
-  const RegisteredPool r = register_pool(mine, PoolTier::kDevice);
+  const PoolRegistration r = register_pool(mine, PoolTier::kDevice);
   EXPECT_TRUE(r.registered) << r.message;
   EXPECT_FALSE(r.broken);
   EXPECT_EQ(data_->device_pool().name(), mine);
@@ -97,7 +97,7 @@ TEST_F(DataPlaneTest, APoolOfAnotherGeometryIsRefusedAndNothingChanges) {
   const std::string before = data_->device_pool().name();
   PoolGeometry wrong = pool_geometry_of(config_, PoolTier::kDevice);
   wrong.head_dim = 16;
-  const RegisteredPool r =
+  const PoolRegistration r =
       register_pool(engine_pool(wrong, PoolTier::kDevice), PoolTier::kDevice);
   EXPECT_FALSE(r.registered);
   EXPECT_FALSE(r.broken);
@@ -109,7 +109,7 @@ TEST_F(DataPlaneTest, ACudaPoolIsRefusedWithTheReason) {
   capnp::MallocMessageBuilder msg;
   auto d = msg.initRoot<schema::PoolDescriptor>();
   d.setLocation(schema::PoolDescriptor::Location::CUDA_IPC);
-  const RegisteredPool r = data_->register_pool(d.asReader());
+  const PoolRegistration r = data_->register_pool(d.asReader());
   EXPECT_FALSE(r.registered);
   EXPECT_EQ(r.message, "CUDA IPC pools need a CUDA build and a GPU");
 }
