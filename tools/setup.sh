@@ -20,8 +20,9 @@ packages=(
   # tools/rxe-vm, the rdma tests' soft-RoCE guest (its kernel is fetched with
   # apt-get download, never installed): qemu under TCG, a static busybox for
   # the initramfs, rdma-core's verbs utilities (ibverbs-providers has rxe's
-  # provider). Not the rdma-core package: it pulls in systemd and udev.
-  qemu-system-x86 busybox-static ibverbs-utils ibverbs-providers
+  # provider), and perftest (ib_write_bw: the rdma benchmark's baseline). Not the
+  # rdma-core package: it pulls in systemd and udev.
+  qemu-system-x86 busybox-static ibverbs-utils ibverbs-providers perftest
 )
 
 missing=()

@@ -31,10 +31,17 @@ std::string quoted(std::string_view text) {
   return out + '"';
 }
 
-// Appends one JSON object (given as its members) to $KVRELAY_BENCH_JSON.
+// Appends one JSON object (given as its members) to $KVRELAY_BENCH_JSON; with
+// the value "-", prints it on stdout after "@bench-json " instead (a
+// benchmark run inside tools/rxe-vm, whose files stay in the guest).
 void emit_json(const std::string& members) {
   const char* path = std::getenv("KVRELAY_BENCH_JSON");
   if (path == nullptr || *path == '\0') return;
+  if (std::string(path) == "-") {
+    std::printf("@bench-json {\"suite\": %s, %s}\n", quoted(g_suite).c_str(), members.c_str());
+    std::fflush(stdout);
+    return;
+  }
   if (FILE* f = std::fopen(path, "a")) {
     std::fprintf(f, "{\"suite\": %s, %s}\n", quoted(g_suite).c_str(), members.c_str());
     std::fclose(f);

@@ -1,0 +1,209 @@
+// rdma transport bandwidth against rdma-core's perftest (ib_write_bw) on the
+// same device, with the same message sizes, in one run: kvrelay sends every
+// layer of scattered blocks (so each RDMA WRITE is one block of one tensor)
+// from one pool to another through a real session (control connection,
+// intents and grants, queue pairs, one WRITE_WITH_IMM per layer, the
+// receiver's ack); ib_write_bw writes messages of the block's size between
+// two processes over as many queue pairs. Runs where ibv_devices lists a device: on soft-RoCE inside
+// tools/rxe-vm (where only the ratio means anything), or on a NIC
+// (tools/rdma-check). Exits 77, saying why, where there is no device.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "bench_support.h"
+#include "instance/pool_segment.h"
+#include "worker/copy_plan.h"
+#include "worker/rdma/fabric.h"
+#include "worker/rdma/rdma_transport.h"
+#include "worker/tcp/tcp_receiver.h"
+
+using namespace kvrelay;
+using namespace kvrelay::bench;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr uint32_t kLayers = 4;
+
+PoolGeometry geometry_for(uint64_t block_bytes, uint64_t layer_bytes) {
+  PoolGeometry g;
+  g.num_layers = kLayers;
+  g.kv_heads = 1;
+  g.block_size = 16;
+  g.head_dim = static_cast<uint32_t>(block_bytes / 16 / 2);  // bf16
+  g.dtype = static_cast<uint32_t>(CacheDtype::kBf16);
+  g.num_blocks = static_cast<uint32_t>(std::max<uint64_t>(1, layer_bytes / 2 / block_bytes));
+  return g;
+}
+
+std::unique_ptr<worker::HostSegmentPool> make_pool(const std::string& name, const PoolGeometry& g) {
+  (void)SharedSegment::unlink(name);
+  Result<HostPool> pool = HostPool::create(name, 0, PoolTier::kDevice, g);
+  if (!pool) {
+    fmt::print(stderr, "cannot create pool {}: {}\n", name, pool.error().message);
+    std::exit(1);
+  }
+  (void)SharedSegment::unlink(name);  // gone with this process
+  return std::make_unique<worker::HostSegmentPool>(std::move(pool).value());
+}
+
+// kvrelay: MB/s (10^6 bytes) moving `total` bytes as layers of scattered blocks.
+double kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes, uint64_t layer_bytes,
+                    uint64_t total, uint32_t queue_pairs) {
+  const PoolGeometry g = geometry_for(block_bytes, layer_bytes);
+  const std::string tag = fmt::format("kvrelay-bench-rdma-{}", getpid());
+  auto src = make_pool(tag + "-src", g);
+  auto dst = make_pool(tag + "-dst", g);
+  for (uint32_t l = 0; l < kLayers; ++l)
+    std::memset(src->tensor(l, PoolTensor::kKey), static_cast<int>(l + 1), g.tensor_bytes(l, PoolTensor::kKey));
+  const AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 5));
+  worker::tcp::NetThread net;
+  worker::tcp::ReceiverOptions ro;
+  ro.instance = "bench-d";
+  ro.rdma = std::make_shared<worker::rdma::RdmaListener>(&fabric, "", *dst, 0);
+  auto receiver = worker::tcp::TcpReceiver::start(net, *dst, key, ro);
+  if (!receiver) {
+    fmt::print(stderr, "{}\n", receiver.error().message);
+    std::exit(1);
+  }
+  worker::rdma::RdmaSenderOptions so;
+  so.instance = "bench-p";
+  so.queue_pairs = queue_pairs;
+  worker::rdma::RdmaTransport sender(net, *src, &key, &fabric, "", so, nullptr);
+  capnp::MallocMessageBuilder m;
+  auto d = m.initRoot<schema::CacheDest>();
+  d.setProtocol(schema::TransferProtocol::RDMA);
+  d.setPeerAddress("127.0.0.1");
+  d.setPeerInstance("bench-d");
+  d.initRdmaPorts(1).set(0, (*receiver)->port());
+  auto dest = sender.resolve(d.asReader());
+  if (!dest) {
+    fmt::print(stderr, "{}\n", dest.error().message);
+    std::exit(1);
+  }
+  // Scattered: a permutation, so no two blocks coalesce.
+  std::vector<uint32_t> src_ids(g.num_blocks), dst_ids(g.num_blocks);
+  std::iota(src_ids.begin(), src_ids.end(), 0);
+  std::iota(dst_ids.begin(), dst_ids.end(), 0);
+  std::mt19937 rng(1);
+  std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
+  auto runs = worker::plan_block_runs(src_ids, dst_ids, g.num_blocks, g.num_blocks, 0, 0);
+  if (!runs) std::exit(1);
+  const uint64_t per_layer = uint64_t{g.num_blocks} * 2 * block_bytes;
+  const uint64_t layers = std::max<uint64_t>(kLayers, total / per_layer);
+
+  auto send = [&](uint64_t n) {
+    std::vector<worker::TransferCompletion> done;
+    for (uint64_t i = 0; i < n; ++i) {
+      worker::TransferTicket t;
+      t.handle = i / kLayers + 1;
+      t.layer = static_cast<uint32_t>(i % kLayers);
+      (void)(*dest)->submit_layer(t, t.layer, *runs);
+    }
+    const auto until = std::chrono::steady_clock::now() + 300s;
+    while (done.size() < n && std::chrono::steady_clock::now() < until) {
+      sender.poll(done);
+      std::this_thread::sleep_for(100us);
+    }
+    for (const auto& c : done)
+      if (!c.status) {
+        fmt::print(stderr, "a transfer failed: {}\n", c.status.error().message);
+        std::exit(1);
+      }
+    if (done.size() < n) {
+      fmt::print(stderr, "transfers did not complete\n");
+      std::exit(1);
+    }
+  };
+  send(kLayers);  // the session, its queue pairs and registrations
+  const auto t0 = std::chrono::steady_clock::now();
+  send(layers);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(layers * per_layer) / s / 1e6;
+}
+
+// ib_write_bw's average MB/s for `iterations` writes of `bytes`.
+double perftest_mbps(const std::string& device, int gid_index, uint32_t queue_pairs,
+                     uint64_t bytes, uint64_t iterations) {
+  const std::string args = fmt::format("-d {} -x {} -q {} -s {} -n {} -F -p 18515", device,
+                                       gid_index, queue_pairs, bytes, iterations);
+  const pid_t server = fork();
+  if (server == 0) {
+    const std::string cmd = "exec ib_write_bw " + args + " > /dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::this_thread::sleep_for(1s);
+  double mbps = 0;
+  FILE* p = popen(("ib_write_bw " + args + " 127.0.0.1 2>&1").c_str(), "r");
+  char line[512];
+  while (p != nullptr && fgets(line, sizeof line, p) != nullptr) {
+    unsigned long long b = 0, it = 0;
+    double peak = 0, avg = 0;
+    if (sscanf(line, " %llu %llu %lf %lf", &b, &it, &peak, &avg) == 4 && b == bytes) mbps = avg;
+  }
+  if (p != nullptr) pclose(p);
+  int status = 0;
+  waitpid(server, &status, 0);
+  return mbps;  // perftest's MB is 10^6 bytes
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvrelay-bench-rdma: the rdma transport against ib_write_bw on one device"};
+  std::string device;
+  int gid_index = 1;
+  uint64_t total_mib = 24;
+  uint32_t queue_pairs = 2;
+  std::vector<uint64_t> sizes_kib = {16, 256};
+  app.add_option("--device", device, "RDMA device (default: the first)");
+  app.add_option("--gid-index", gid_index, "RoCE GID index")->capture_default_str();
+  app.add_option("--mib", total_mib, "MiB moved per case and side")->capture_default_str();
+  app.add_option("--queue-pairs", queue_pairs, "kvrelay's queue pairs")->capture_default_str();
+  app.add_option("--block-kib", sizes_kib, "block (message) sizes")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::warn);
+
+  worker::rdma::FabricOptions fo;
+  fo.device = device;
+  fo.gid_index = gid_index;
+  auto fabric = worker::rdma::open_verbs_fabric(fo);
+  if (!fabric) {
+    fmt::print("kvrelay-bench-rdma: skipped: {}\n", fabric.error().message);
+    return 77;
+  }
+  const std::string name = (*fabric)->name();
+  const std::string dev = name.substr(0, name.find(' '));
+  print_header(fmt::format("rdma transfer bandwidth (MB/s) on {}, scattered blocks, {} queue pairs",
+                           name, queue_pairs),
+               "ib_write_bw");
+  double worst = 1e9;
+  for (uint64_t kib : sizes_kib) {
+    const uint64_t bytes = kib * 1024;
+    const uint64_t total = total_mib << 20;
+    Row row;
+    row.name = fmt::format("{} KiB blocks", kib);
+    row.unit = "MB/s";
+    row.ours = kvrelay_mbps(**fabric, bytes, std::min<uint64_t>(total / kLayers, 8ull << 20), total,
+                            queue_pairs);
+    row.baseline =
+        perftest_mbps(dev, gid_index, queue_pairs, bytes, std::max<uint64_t>(16, total / bytes));
+    print_row(row);
+    record_point("kvrelay", "block KiB", static_cast<double>(kib), "MB/s", row.ours, true);
+    record_point("ib_write_bw", "block KiB", static_cast<double>(kib), "MB/s", row.baseline, true);
+    if (row.baseline > 0) worst = std::min(worst, row.ratio());
+  }
+  print_target(">= 90% of ib_write_bw at >= 16 KiB", worst >= 0.9,
+               fmt::format("worst ratio {:.2f} (soft-RoCE under TCG: the ratio only)", worst));
+  return 0;
+}
