@@ -9,6 +9,7 @@
 
 using namespace kvrelay;
 using namespace kvrelay::worker::tcp;
+namespace rdma = kvrelay::worker::rdma;
 
 namespace {
 
@@ -72,5 +73,39 @@ int main(int argc, char** argv) {
   encode_ack(1, true, "", frames);
   encode_ack(2, false, "refused", frames);
   write(dir + "/frames", frames);
+
+  // An rdma session: offer, accept with the pool's regions, intents (one for
+  // the declared request's blocks, one for blocks out of range), grants, acks.
+  std::vector<std::byte> rdma_stream;
+  rdma::QpEndpoint qp;
+  qp.qpn = 0x11;
+  qp.psn = 0x123;
+  qp.mtu = 4096;
+  qp.gid[15] = 1;
+  const std::vector<rdma::QpEndpoint> qps = {qp, qp};
+  encode_rdma_offer(qps, rdma_stream);
+  std::vector<rdma::RemoteTensor> tensors;
+  for (uint32_t l = 0; l < hello.pool.total_layers(); ++l)
+    for (uint32_t t = 0; t < hello.pool.tensors_per_layer(); ++t)
+      tensors.push_back({0x100000 + (l * 4 + t) * 0x10000, 7,
+                         hello.pool.tensor_bytes(l, static_cast<PoolTensor>(t))});
+  encode_rdma_accept(true, "", qps, hello.pool, tensors, rdma_stream);
+  RdmaIntent intent;
+  intent.transfer = 1;
+  intent.request_key = worker::request_key("fuzz-declared");
+  intent.layer = 2;
+  intent.runs = {{3, 3}};
+  encode_rdma_intent(intent, rdma_stream);
+  intent.transfer = 2;
+  intent.runs = {{60, 8}};
+  intent.last = false;
+  encode_rdma_intent(intent, rdma_stream);
+  intent.runs = {{1, 1}};
+  intent.last = true;
+  encode_rdma_intent(intent, rdma_stream);
+  encode_rdma_grant(1, true, "", rdma_stream);
+  encode_rdma_grant(2, false, "refused", rdma_stream);
+  encode_ack(1, true, "", rdma_stream);
+  write(dir + "/rdma", rdma_stream);
   return 0;
 }
