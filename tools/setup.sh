@@ -17,6 +17,10 @@ packages=(
   util-linux procps gnuplot-nox
   # ip netns and veth pairs: the tcp transport's two-host tests
   iproute2
+  # the install tests: dpkg-shlibdeps for the .deb's Depends (dpkg-dev), curl
+  # for the metrics endpoint, systemd-analyze for the units (systemd: only
+  # the package, nothing is started)
+  dpkg-dev curl systemd
   # tools/rxe-vm, the rdma tests' soft-RoCE guest (its kernel is fetched with
   # apt-get download, never installed): qemu under TCG, a static busybox for
   # the initramfs, rdma-core's verbs utilities (ibverbs-providers has rxe's

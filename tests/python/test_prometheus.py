@@ -121,6 +121,57 @@ def test_prometheus_output_is_well_formed_and_counts_what_happened(pair, engine)
     assert {l["rank"] for _, l, _ in families["kvrelay_worker_tasks_total"]["samples"]} == {"0", "1"}
 
 
+def curl(url: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["curl", "-sS", "--max-time", "10", *extra, url],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_serve_answers_scrapers_over_http_with_the_same_exposition(pair):
+    prefill = pair[0]
+    server = subprocess.Popen([str(BIN_DIR / "kvrelay-dump"), prefill, "--serve", "127.0.0.1:0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", line)
+        assert m, (line, server.stderr.read() if server.poll() is not None else "")
+        base = f"http://127.0.0.1:{m.group(1)}"
+
+        got = curl(f"{base}/metrics", "-i")
+        assert got.returncode == 0, got.stderr
+        head, _, body = got.stdout.partition("\n\n")  # text mode: \r\n read as \n
+        assert head.startswith("HTTP/1.1 200 OK"), head
+        assert "Content-Type: text/plain; version=0.0.4" in head, head
+        families = parse(body)
+        assert value(families, "kvrelay_instance_ready", instance=prefill, role="prefill") == 1
+        assert value(families, "kvrelay_worker_ready", rank="0") == 1
+
+        # Scraped again: rendered afresh, still well formed.
+        again = curl(f"{base}/metrics", "-f")
+        assert again.returncode == 0 and parse(again.stdout)
+        missing = curl(f"{base}/nothing-here", "-o", "/dev/null", "-w", "%{http_code}")
+        assert missing.stdout == "404", missing
+        post = curl(f"{base}/metrics", "-X", "POST", "-o", "/dev/null", "-w", "%{http_code}")
+        assert post.stdout == "405", post
+    finally:
+        server.terminate()
+        assert server.wait(timeout=10) == 0, "SIGTERM stops the server cleanly"
+
+
+def test_serve_says_why_when_the_instance_is_not_there():
+    server = subprocess.Popen([str(BIN_DIR / "kvrelay-dump"), "py-no-such-instance", "--serve",
+                               "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = re.search(r":(\d+)/metrics", server.stdout.readline()).group(1)
+        got = curl(f"http://127.0.0.1:{port}/metrics", "-o", "/dev/null", "-w", "%{http_code}")
+        assert got.stdout == "503", got
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    bad = subprocess.run([str(BIN_DIR / "kvrelay-dump"), "x", "--serve", "127.0.0.1:99999"],
+                         capture_output=True, text=True, timeout=10)
+    assert bad.returncode == 2 and "'99999' is not a port" in bad.stderr, bad.stderr
+
+
 def test_a_malformed_exposition_is_refused_by_the_parser():
     # The parser must be able to fail, or passing it proves nothing.
     good = "# HELP a_total x\n# TYPE a_total counter\na_total{r=\"0\"} 1\n"

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "instance_view.h"
+#include "metrics_server.h"
 #include "prometheus.h"
 #include "render.h"
 #include "ring_peek.h"
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "kvrelay-dump: shows an instance's header, configuration, workers, rings, barrier, counters "
       "and latency histograms, read from its shared memory without writing to it"};
-  std::string instance, ring;
+  std::string instance, ring, serve;
   bool list = false, json = false, prometheus = false;
   size_t peek = 10;
   int watch_ms = 0;
@@ -38,6 +39,9 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "machine-readable output (schema kvrelay-dump/1, see the README)");
   app.add_flag("--prometheus", prometheus,
                "the counters and histograms in the Prometheus text exposition format 0.0.4");
+  app.add_option("--serve", serve,
+                 "serve the --prometheus text over HTTP at ADDRESS:PORT/metrics for a scraper "
+                 "(port 0: any free one; the address and port are printed)");
   app.add_option("--watch", watch_ms, "refresh every N ms (default 1000), like top")
       ->expected(0, 1)
       ->default_str("1000");
@@ -59,6 +63,29 @@ int main(int argc, char** argv) {
   if (instance.empty()) {
     fmt::print(stderr, "kvrelay-dump: name an instance, or use --list\n");
     return 2;
+  }
+  if (!serve.empty()) {
+    Result<dump::ListenAddress> at = dump::parse_listen_address(serve);
+    if (!at) {
+      fmt::print(stderr, "kvrelay-dump: {}\n", at.error().message);
+      return 2;
+    }
+    // Attached anew for every scrape: a restarted instance is followed.
+    auto render = [&instance]() -> dump::MetricsBody {
+      Result<ControlSegment> c = open_instance(instance);
+      if (!c) return {503, fmt::format("kvrelay-dump: {}\n", c.error().message)};
+      return {200, dump::render_prometheus(*c, dump::snapshot(*c))};
+    };
+    Status s = dump::serve_metrics(*at, render, [&](uint16_t port) {
+      fmt::print("kvrelay-dump: serving the metrics of instance '{}' at http://{}:{}/metrics\n",
+                 instance, at->host, port);
+      std::fflush(stdout);
+    });
+    if (!s) {
+      fmt::print(stderr, "kvrelay-dump: {}\n", s.error().message);
+      return 2;
+    }
+    return 0;
   }
   Result<ControlSegment> control = open_instance(instance);
   if (!control) {
