@@ -5,7 +5,8 @@
 #   include/  kvrelay.h and kvrelay/*.h (client/include, nothing else)
 #   lib/cmake/kvrelay/  find_package(kvrelay CONFIG): kvrelay::client, kvrelay::c
 #   lib/pkgconfig/kvrelay.pc
-#   lib/python3/dist-packages/  the Python module and its stubs
+#   lib/python3/dist-packages/ (under /usr; lib/python3.X/dist-packages elsewhere)
+#             the Python module and its stubs
 #   lib/systemd/system/  kvrelay.service, kvrelay@.service
 #   share/doc/kvrelay/   README.md, examples/kvrelay.env (the units' flags)
 include(CMakePackageConfigHelpers)
@@ -31,13 +32,22 @@ file(RELATIVE_PATH KVRELAY_PC_TO_PREFIX ${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig $
 configure_file(${CMAKE_CURRENT_LIST_DIR}/kvrelay.pc.in ${CMAKE_CURRENT_BINARY_DIR}/kvrelay.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kvrelay.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
-# Debian's python3 looks in lib/python3/dist-packages under /usr and /usr/local.
-set(KVRELAY_PYTHON_INSTALL_DIR lib/python3/dist-packages CACHE STRING
-    "where the Python module installs, relative to the prefix")
+# The Python module goes where Debian's python3 looks under the prefix: under
+# /usr lib/python3/dist-packages, elsewhere (/usr/local) lib/python3.X/
+# dist-packages. Known at install time only (CPack installs under /usr).
+set(KVRELAY_PYTHON_INSTALL_DIR "" CACHE STRING
+    "where the Python module installs, relative to the prefix (empty: as Debian's python3 looks)")
 if(KVRELAY_HAVE_PYTHON)
-  install(TARGETS kvrelay_python LIBRARY DESTINATION ${KVRELAY_PYTHON_INSTALL_DIR})
-  install(FILES ${PROJECT_SOURCE_DIR}/client/python/kvrelay.pyi
-          DESTINATION ${KVRELAY_PYTHON_INSTALL_DIR})
+  install(CODE "
+    set(dir \"${KVRELAY_PYTHON_INSTALL_DIR}\")
+    if(NOT dir AND CMAKE_INSTALL_PREFIX STREQUAL \"/usr\")
+      set(dir lib/python3/dist-packages)
+    elseif(NOT dir)
+      set(dir lib/python${Python3_VERSION_MAJOR}.${Python3_VERSION_MINOR}/dist-packages)
+    endif()
+    file(INSTALL $<TARGET_FILE:kvrelay_python> ${PROJECT_SOURCE_DIR}/client/python/kvrelay.pyi
+         DESTINATION \"\${CMAKE_INSTALL_PREFIX}/\${dir}\")
+  ")
 endif()
 
 # systemd: the units name the binaries under the prefix they are installed

@@ -53,7 +53,7 @@ cc -std=c11 -o "$work/c_pkgconfig" "$tests/c_api/c_api_test.c" $flags -Wl,-rpath
 "$work/c_pkgconfig" "$prefix/bin/kvrelay-coordinator"
 
 echo "== python3: import kvrelay from the prefix"
-site=$prefix/lib/python3/dist-packages
+site=$(ls -d "$prefix"/lib/python3*/dist-packages)
 instance=install-py-$$
 "$prefix/bin/kvrelay-coordinator" --instance "$instance" --role mixed --tp-size 1 --num-layers 2 \
   --num-blocks 16 --block-size 16 --head-dim 32 --log-level warn &
