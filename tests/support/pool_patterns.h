@@ -12,8 +12,13 @@
 #include <string>
 #include <vector>
 
+#include <chrono>
+#include <thread>
+
 #include "instance/pool_segment.h"
+#include "worker/copy_plan.h"
 #include "worker/local_pool.h"
+#include "worker/transport.h"
 
 namespace kvrelay::testing {
 
@@ -77,6 +82,39 @@ inline uint64_t wrong_bytes(const worker::LocalPool& dst, const std::vector<uint
       }
     }
   return wrong;
+}
+
+// The completions `transport` reports within `within`, until there are `n`.
+inline std::vector<worker::TransferCompletion> wait_for_completions(
+    worker::Transport& transport, size_t n,
+    std::chrono::milliseconds within = std::chrono::seconds(5)) {
+  std::vector<worker::TransferCompletion> got;
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (got.size() < n && std::chrono::steady_clock::now() < until) {
+    transport.poll(got);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return got;
+}
+
+// Submits every layer of src_ids -> dst_ids (pools of 32 blocks) as request
+// `handle` (request key `request`), and returns the completions, one per
+// layer, or fewer if they do not come within 5 s.
+inline std::vector<worker::TransferCompletion> send_all_layers(
+    worker::Transport& transport, worker::Destination& dest, uint32_t layers, uint64_t handle,
+    const std::vector<uint32_t>& src_ids, const std::vector<uint32_t>& dst_ids,
+    uint64_t request = 0) {
+  Result<std::vector<worker::BlockRun>> runs =
+      worker::plan_block_runs(src_ids, dst_ids, 32, 32, 0, 0);
+  EXPECT_TRUE(runs);
+  for (uint32_t l = 0; l < layers; ++l) {
+    worker::TransferTicket t;
+    t.handle = handle;
+    t.request_key = request;
+    t.layer = l;
+    EXPECT_TRUE(dest.submit_layer(t, l, *runs));
+  }
+  return wait_for_completions(transport, layers);
 }
 
 }  // namespace kvrelay::testing

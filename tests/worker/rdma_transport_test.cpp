@@ -84,32 +84,15 @@ class RdmaTransportTest : public ::testing::Test {
     EXPECT_TRUE(dest) << dest.error().message;
     return dest ? *dest : nullptr;
   }
-  // Every layer of src_ids -> dst_ids as request `handle` (request key
-  // `key`); the completions, one per layer, or fewer if they do not come.
   std::vector<TransferCompletion> send_all_layers(Destination& dest, uint64_t handle,
                                                   const std::vector<uint32_t>& src_ids,
                                                   const std::vector<uint32_t>& dst_ids,
                                                   uint64_t request = 0) {
-    Result<std::vector<BlockRun>> runs = plan_block_runs(src_ids, dst_ids, 32, 32, 0, 0);
-    EXPECT_TRUE(runs);
-    const uint32_t layers = src->geometry().total_layers();
-    for (uint32_t l = 0; l < layers; ++l) {
-      TransferTicket t;
-      t.handle = handle;
-      t.request_key = request;
-      t.layer = l;
-      EXPECT_TRUE(dest.submit_layer(t, l, *runs));
-    }
-    return wait_for(layers);
+    return kvrelay::testing::send_all_layers(*sender, dest, src->geometry().total_layers(),
+                                             handle, src_ids, dst_ids, request);
   }
-  std::vector<TransferCompletion> wait_for(size_t n, std::chrono::milliseconds within = 5s) {
-    std::vector<TransferCompletion> got;
-    const auto until = std::chrono::steady_clock::now() + within;
-    while (got.size() < n && std::chrono::steady_clock::now() < until) {
-      sender->poll(got);
-      std::this_thread::sleep_for(1ms);
-    }
-    return got;
+  std::vector<TransferCompletion> wait_for(size_t n) {
+    return kvrelay::testing::wait_for_completions(*sender, n);
   }
   static std::string message(const TransferCompletion& c) {
     return c.status ? "" : c.status.error().message;

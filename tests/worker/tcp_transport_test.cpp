@@ -83,30 +83,15 @@ class TcpTransportTest : public ::testing::Test {
     EXPECT_TRUE(dest) << dest.error().message;
     return dest ? *dest : nullptr;
   }
-  // Sends every layer of src_ids -> dst_ids as request `handle`; returns the
-  // completions (one per layer), or fewer if they do not come within 5 s.
   std::vector<TransferCompletion> send_all_layers(Destination& dest, uint64_t handle,
                                                   const std::vector<uint32_t>& src_ids,
-                                                  const std::vector<uint32_t>& dst_ids) {
-    Result<std::vector<BlockRun>> runs = plan_block_runs(src_ids, dst_ids, 32, 32, 0, 0);
-    EXPECT_TRUE(runs);
-    const uint32_t layers = src->geometry().total_layers();
-    for (uint32_t l = 0; l < layers; ++l) {
-      TransferTicket t;
-      t.handle = handle;
-      t.layer = l;
-      EXPECT_TRUE(dest.submit_layer(t, l, *runs));
-    }
-    return wait_for(layers);
+                                                  const std::vector<uint32_t>& dst_ids,
+                                                  uint64_t request = 0) {
+    return kvrelay::testing::send_all_layers(*sender, dest, src->geometry().total_layers(),
+                                             handle, src_ids, dst_ids, request);
   }
-  std::vector<TransferCompletion> wait_for(size_t n, std::chrono::milliseconds within = 5s) {
-    std::vector<TransferCompletion> got;
-    const auto until = std::chrono::steady_clock::now() + within;
-    while (got.size() < n && std::chrono::steady_clock::now() < until) {
-      sender->poll(got);
-      std::this_thread::sleep_for(1ms);
-    }
-    return got;
+  std::vector<TransferCompletion> wait_for(size_t n) {
+    return kvrelay::testing::wait_for_completions(*sender, n);
   }
 
   AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
