@@ -269,6 +269,49 @@ TEST_F(RdmaTransportTest, AReceiverThatGoesAwayFailsWhatItCarriedAndIsReachedAga
   EXPECT_EQ(fabric.live_queue_pairs(), 4u) << "the dead session's queue pairs are gone";
 }
 
+TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {
+  // What a hostile or broken peer could send on an authenticated connection,
+  // straight to the receiving session.
+  RdmaListener listener(&fabric, "", *dst, 0);
+  Result<std::unique_ptr<RcQueuePair>> theirs = fabric.create_queue_pair();
+  ASSERT_TRUE(theirs);
+  const QpEndpoint offer[] = {(*theirs)->local()};
+  Result<std::unique_ptr<RdmaSession>> session =
+      RdmaSession::accept(listener, *arrivals, offer, "test peer");
+  ASSERT_TRUE(session) << session.error().message;
+
+  // More runs than the layer has blocks, over several parts: refused before
+  // it can grow without bound.
+  tcp::RdmaIntent part;
+  part.transfer = 1;
+  part.layer = 0;
+  part.last = false;
+  part.runs.assign(20, tcp::BlockSpan{0, 1});
+  ASSERT_TRUE((*session)->on_intent(part));
+  Result<std::optional<Status>> more = (*session)->on_intent(part);
+  ASSERT_FALSE(more);
+  EXPECT_NE(more.error().message.find("40 runs for a layer of 32 blocks"), std::string::npos)
+      << more.error().message;
+
+  // A second transfer under the immediate of one still open is a protocol error.
+  Result<std::unique_ptr<RdmaSession>> fresh =
+      RdmaSession::accept(listener, *arrivals, offer, "test peer");
+  ASSERT_TRUE(fresh);
+  part.runs = {tcp::BlockSpan{1, 1}};
+  part.last = true;
+  ASSERT_TRUE((*fresh)->on_intent(part));  // granted: transfer 1 holds immediate 1
+  part.transfer = 1 + (uint64_t{1} << 32);  // same low 32 bits
+  Result<std::optional<Status>> clash = (*fresh)->on_intent(part);
+  ASSERT_FALSE(clash);
+  EXPECT_NE(clash.error().message.find("holds its immediate"), std::string::npos);
+
+  // Sessions that go take their queue pairs with them (theirs is the test's).
+  EXPECT_EQ(fabric.live_queue_pairs(), 3u);
+  fresh = make_error(Errc::kAborted, "closed");
+  session = make_error(Errc::kAborted, "closed");
+  EXPECT_EQ(fabric.live_queue_pairs(), 1u);
+}
+
 TEST_F(RdmaTransportTest, AListenerWithoutRdmaRefusesTheOfferSayingSo) {
   listen(/*with_rdma=*/false);
   connect();

@@ -13,6 +13,9 @@ namespace {
 // (its last write's immediate), and the sender has no more transfers on a
 // queue pair than its send queue holds.
 constexpr uint32_t kReceivesPerQueuePair = 256;
+// Transfers asked for and not yet landed, per session: more than the
+// sender's send queues could carry means it is not a kvrelay sender.
+constexpr size_t kMaxOpenTransfers = 16 * 4096;
 
 Error broken(std::string message) {
   return make_error(Errc::kInvalidArgument, std::move(message));
@@ -81,6 +84,9 @@ void RdmaSession::abandon(Granted& g) {
 
 Result<std::optional<Status>> RdmaSession::on_intent(const tcp::RdmaIntent& part) {
   const uint32_t imm = immediate_of(part.transfer);
+  if (transfers_.size() >= kMaxOpenTransfers && transfers_.count(imm) == 0)
+    return broken(fmt::format("more than {} rdma transfers open on one session",
+                              kMaxOpenTransfers));
   auto [it, fresh] = transfers_.try_emplace(imm);
   Granted& g = it->second;
   if (fresh) {
@@ -91,6 +97,12 @@ Result<std::optional<Status>> RdmaSession::on_intent(const tcp::RdmaIntent& part
                               part.transfer, g.transfer));
   }
   const PoolGeometry& geometry = listener_.pool().geometry();
+  // Runs do not overlap in a transfer of ours: more of them than the layer
+  // has blocks is a peer that would grow this without bound.
+  g.runs += part.runs.size();
+  if (part.layer < geometry.total_layers() && g.runs > geometry.blocks_in_layer(part.layer))
+    return broken(fmt::format("an rdma intent of {} runs for a layer of {} blocks", g.runs,
+                              geometry.blocks_in_layer(part.layer)));
   for (const tcp::BlockSpan& run : part.runs) {
     if (!g.refused.empty()) break;
     if (part.layer >= geometry.total_layers()) {

@@ -99,6 +99,7 @@ class RdmaSession {
     uint64_t transfer = 0;
     std::vector<LandedWrite> writes;  // admitted
     uint64_t bytes = 0;
+    uint64_t runs = 0;    // over its parts so far
     std::string refused;  // why, once a part was refused
     bool granted = false;
   };
