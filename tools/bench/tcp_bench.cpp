@@ -23,6 +23,7 @@
 #include <random>
 #include <thread>
 
+#include "bench_pools.h"
 #include "bench_support.h"
 #include "shm/wait_event.h"
 #include "two_hosts.h"
@@ -37,8 +38,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr uint32_t kLayers = 4;
-
 struct BaselineHeader {
   uint32_t layer;
   uint32_t tensor;  // high bit: the layer's last frame on this connection
@@ -47,27 +46,6 @@ struct BaselineHeader {
 };
 constexpr uint32_t kLastFrame = 1u << 31;
 
-PoolGeometry geometry_for(uint64_t block_bytes, uint64_t layer_bytes) {
-  PoolGeometry g;
-  g.num_layers = kLayers;
-  g.kv_heads = 1;
-  g.block_size = 16;
-  g.head_dim = static_cast<uint32_t>(block_bytes / 16 / 2);  // bf16
-  g.dtype = static_cast<uint32_t>(CacheDtype::kBf16);
-  g.num_blocks = static_cast<uint32_t>(layer_bytes / 2 / block_bytes);
-  return g;
-}
-
-std::unique_ptr<worker::HostSegmentPool> make_pool(const std::string& name, const PoolGeometry& g) {
-  (void)SharedSegment::unlink(name);
-  Result<HostPool> pool = HostPool::create(name, 0, PoolTier::kDevice, g);
-  if (!pool) {
-    fmt::print(stderr, "cannot create pool {}: {}\n", name, pool.error().message);
-    std::exit(1);
-  }
-  (void)SharedSegment::unlink(name);  // gone with this process
-  return std::make_unique<worker::HostSegmentPool>(std::move(pool).value());
-}
 
 bool read_all(int fd, void* p, size_t n) {
   auto* b = static_cast<char*>(p);
