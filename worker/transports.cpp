@@ -95,8 +95,21 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
       t->no_rdma_ = fmt::format("rank {} has no RDMA device: {}", rank, fabric.error().message);
       spdlog::warn("{}", t->no_rdma_);
     } else {
-      t->fabric_ = std::move(fabric).value();
-      spdlog::info("rank {}: rdma on {}", rank, t->fabric_->name());
+      // Registered here, on the worker's thread, not by the first session on
+      // the net thread: pinning a pool of tens of GiB takes seconds, and the
+      // net thread's heartbeats (every peer's) would stop meanwhile.
+      Result<std::unique_ptr<rdma::RegisteredPool>> registered =
+          rdma::RegisteredPool::create(*fabric.value(), local);
+      if (!registered) {
+        t->no_rdma_ = fmt::format("rank {} cannot register its pool on {} for rdma: {}", rank,
+                                  fabric.value()->name(), registered.error().message);
+        spdlog::warn("{}", t->no_rdma_);
+      } else {
+        t->fabric_ = std::move(fabric).value();
+        t->registered_pool_ = std::move(registered).value();
+        spdlog::info("rank {}: rdma on {}, pool registered ({} registrations)", rank,
+                     t->fabric_->name(), t->registered_pool_->registrations());
+      }
     }
   } else {
     t->no_rdma_ = "this instance does not accept rdma: add rdma to its --protocol";
@@ -120,7 +133,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   rdma_sender.timing = sender.timing;
   t->rdma_ = std::make_unique<rdma::RdmaTransport>(*t->net_, local, t->key_.get(),
                                                    t->fabric_.get(), t->no_rdma_, rdma_sender,
-                                                   doorbell);
+                                                   doorbell, t->registered_pool_);
   if (receives && (listens || (rdma_port != 0 && wants_rdma))) {
     tcp::ReceiverOptions receiver;
     receiver.address = network.listen_address;
@@ -130,7 +143,8 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
     receiver.arrivals =
         t->arrivals_ ? t->arrivals_ : std::make_shared<Arrivals>(local.geometry(), doorbell);
     if (t->fabric_)
-      receiver.rdma = std::make_shared<rdma::RdmaListener>(t->fabric_.get(), "", local, rank);
+      receiver.rdma = std::make_shared<rdma::RdmaListener>(t->fabric_.get(), "", local, rank,
+                                                           t->registered_pool_);
     if (listens) {
       receiver.port = port;
       Result<std::unique_ptr<tcp::TcpReceiver>> r =

@@ -96,6 +96,8 @@ class Transports final : public Transport {
   std::vector<ArrivalEvent> held_;      // failed or withdrawn, until their claims are settled
   std::unique_ptr<AuthKey> key_;
   std::shared_ptr<rdma::Fabric> fabric_;        // outlives every queue pair
+  // The pool on fabric_, registered once for both directions.
+  std::shared_ptr<const rdma::RegisteredPool> registered_pool_;
   std::unique_ptr<tcp::NetThread> net_;         // before the users of its thread
   std::unique_ptr<tcp::TcpTransport> tcp_;      // destroyed before the thread
   std::unique_ptr<rdma::RdmaTransport> rdma_;   // destroyed before the thread

@@ -85,6 +85,11 @@ int main(int argc, char** argv) {
   app.add_option("--rdma-gid-index", rdma_gid_index,
                  "rdma with --start: the instances' RoCE GID index")
       ->capture_default_str();
+  uint32_t peer_timeout_ms = 0;
+  app.add_option("--peer-timeout-ms", peer_timeout_ms,
+                 "with --start: the instances' --peer-timeout-ms (0: their default); raise it "
+                 "where the machine is emulated or starved, so that slowness is not taken for "
+                 "a dead peer");
   int64_t timeout_s = o.timeout.count();
   app.add_flag("--expect-arrivals", o.expect_arrivals,
                "the decode engine declares every request to its instance first (ExpectSpec) and "
@@ -144,6 +149,11 @@ int main(int argc, char** argv) {
       for (auto* flags : {&decode_flags, &prefill_flags})
         flags->insert(flags->end(), {"--rdma-gid-index", rdma_gid_index});
     }
+  }
+
+  if (start && peer_timeout_ms != 0) {
+    for (auto* flags : {&decode_flags, &prefill_flags})
+      flags->insert(flags->end(), {"--peer-timeout-ms", std::to_string(peer_timeout_ms)});
   }
 
   sim::ManagedInstance decode_instance, prefill_instance;

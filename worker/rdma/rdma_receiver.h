@@ -45,14 +45,22 @@ namespace kvrelay::worker::rdma {
 // What the sessions of one listener share.
 class RdmaListener {
  public:
-  // `fabric` null: rdma offers are refused with `why_not`.
-  RdmaListener(Fabric* fabric, std::string why_not, const LocalPool& pool, uint32_t rank)
-      : fabric_(fabric), why_not_(std::move(why_not)), pool_(pool), rank_(rank) {}
+  // `fabric` null: rdma offers are refused with `why_not`. `registered`:
+  // the pool's registration on `fabric`, made up front; null, and the first
+  // session makes it.
+  RdmaListener(Fabric* fabric, std::string why_not, const LocalPool& pool, uint32_t rank,
+               std::shared_ptr<const RegisteredPool> registered = nullptr)
+      : fabric_(fabric),
+        why_not_(std::move(why_not)),
+        pool_(pool),
+        rank_(rank),
+        registration_(std::move(registered)) {}
   Fabric* fabric() const { return fabric_; }
   const std::string& why_not() const { return why_not_; }
   const LocalPool& pool() const { return pool_; }
   uint32_t rank() const { return rank_; }
-  // The pool's registration, made by the first session that needs it.
+  // The pool's registration, made by the first session that needs it if it
+  // was not given.
   Result<std::shared_ptr<const RegisteredPool>> registration();
 
  private:

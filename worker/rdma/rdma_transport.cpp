@@ -378,14 +378,15 @@ void RdmaPeer::close_all(const std::string& why, const std::shared_ptr<tcp::Wait
 
 RdmaTransport::RdmaTransport(tcp::NetThread& net, const LocalPool& local, const AuthKey* key,
                              Fabric* fabric, std::string why_not, RdmaSenderOptions options,
-                             WaitEvent* doorbell)
+                             WaitEvent* doorbell, std::shared_ptr<const RegisteredPool> registered)
     : net_(net),
       local_(local),
       key_(key),
       fabric_(fabric),
       why_not_(std::move(why_not)),
       options_(std::move(options)),
-      sink_(std::make_shared<tcp::CompletionSink>(doorbell)) {}
+      sink_(std::make_shared<tcp::CompletionSink>(doorbell)),
+      registration_(std::move(registered)) {}
 
 RdmaTransport::~RdmaTransport() {
   // After this nothing reads the local pool or touches the fabric. Their

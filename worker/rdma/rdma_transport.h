@@ -60,9 +60,12 @@ class RdmaPeer;
 class RdmaTransport final : public Transport {
  public:
   // `fabric` null: every rdma request is refused with `why_not`. `key` null:
-  // refused too (the control connection must authenticate).
+  // refused too (the control connection must authenticate). `registered`:
+  // the local pool's registration on `fabric`, made up front; null, and the
+  // first request makes it.
   RdmaTransport(tcp::NetThread& net, const LocalPool& local, const AuthKey* key, Fabric* fabric,
-                std::string why_not, RdmaSenderOptions options, WaitEvent* doorbell);
+                std::string why_not, RdmaSenderOptions options, WaitEvent* doorbell,
+                std::shared_ptr<const RegisteredPool> registered = nullptr);
   ~RdmaTransport() override;
 
   Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) override;
