@@ -220,6 +220,12 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--kv-heads", d.kv_heads, "KV heads per rank (original: --kv_num_head)")
       ->capture_default_str();
+  app.add_option("--total-kv-heads", d.total_kv_heads,
+                 "the model's KV heads over all ranks (0: kv-heads x tp-size). Below tp-size, "
+                 "heads are replicated over ranks (GQA): kv-heads must be 1. A decode instance "
+                 "of another tp-size accepts blocks when the totals match (README: "
+                 "Heterogeneous TP)")
+      ->capture_default_str();
   app.add_option("--head-dim", d.head_dim, "head dimension (original: --head_dim)")
       ->capture_default_str();
   app.add_option("--dtype", dtype, "bfloat16, float16, uint8 or fp8 (original: --cache_dtype)")
@@ -327,6 +333,7 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   c.num_layers = d.num_layers;
   c.block_size = d.block_size;
   c.kv_heads = d.kv_heads;
+  c.total_kv_heads = d.total_kv_heads;
   c.head_dim = d.head_dim;
   c.num_blocks = d.num_blocks;
   c.host_blocks = d.host_blocks;

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "instance/head_layout.h"
 #include "instance/names.h"
 #include "shm/bits.h"
 #include "shm/mpsc_ring.h"
@@ -91,6 +92,11 @@ Status validate_config(const InstanceConfig& c) {
     return out_of_range("block_size", c.block_size, "must be in [1, 4096] tokens");
   if (c.kv_heads < 1 || c.kv_heads > 1024)
     return out_of_range("kv_heads", c.kv_heads, "must be in [1, 1024]");
+  if (c.total_kv_heads != 0) {
+    if (Status s = head_layout_of(c).check(); !s)
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("total_kv_heads {}: {}", c.total_kv_heads, s.error().message));
+  }
   if (c.head_dim < 1 || c.head_dim > 4096)
     return out_of_range("head_dim", c.head_dim, "must be in [1, 4096]");
   if (c.dtype > static_cast<uint32_t>(CacheDtype::kFp8))

@@ -44,7 +44,10 @@ struct InstanceConfig {
   uint32_t host_blocks;   // blocks in the host (offload) tier of swap tasks; 0: none
   uint32_t protocols;     // transfer protocols this instance accepts: bit 0 ipc, 1 tcp, 2 rdma
   uint32_t group_access;  // 1: every segment of the instance (pools too) is 0660, else 0600
-  uint32_t reserved_geometry[4];
+  // The model's KV heads over all ranks; 0: kv_heads * tp_size. Fewer than
+  // tp_size: heads replicated over ranks (instance/head_layout.h).
+  uint32_t total_kv_heads;
+  uint32_t reserved_geometry[3];
 
   // Rings. Byte rings are sized in bytes, fixed-record rings in records.
   uint32_t submit_ring_bytes;      // clients -> coordinator (multi-producer)

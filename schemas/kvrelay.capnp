@@ -480,6 +480,11 @@ struct IpcLanded {
   # Each run's length in blocks (every tensor of the layer).
   refused @4 :Bool;
   # Nothing was written: the claims refused these runs.
+  firstHead @5 :UInt32;
+  heads @6 :UInt32;
+  # Heterogeneous TP: only heads [firstHead, firstHead + heads) of each block
+  # were written (another prefill rank writes the others). heads 0: whole
+  # blocks.
 }
 
 struct TcpAuthChallenge {

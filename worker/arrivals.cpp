@@ -88,18 +88,18 @@ void Arrivals::credit_early(uint64_t key, Expected& e) {
         return;
       }
     }
-    mark(e, w.layer, w.tensor, w.first, w.last);
+    mark(e, w);
   }
 }
 
-void Arrivals::remember_early(const LandedWrite& f, uint32_t first, uint32_t last) {
+void Arrivals::remember_early(uint64_t key, const Span& span) {
   forget_old_early();
-  Early& early = early_[f.request_key];
+  Early& early = early_[key];
   if (early.writes.empty()) {
     early.since_ns = mono_now_ns();
-    early_order_.push_back(f.request_key);
+    early_order_.push_back(key);
   }
-  early.writes.push_back(EarlyWrite{f.layer, f.tensor, first, last});
+  early.writes.push_back(span);
   ++early_entries_;
   while (early_entries_ > kRememberEarly && !early_order_.empty()) {
     auto oldest = early_.find(early_order_.front());
@@ -124,18 +124,29 @@ void Arrivals::forget_old_early() {
   }
 }
 
-// Sets the arrived bits of blocks [first, last] of (layer, tensor).
-void Arrivals::mark(Expected& e, uint32_t layer, uint32_t tensor, uint32_t first, uint32_t last) {
-  const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(tensor));
-  const uint64_t row = (uint64_t{layer} * pool_.tensors_per_layer() + tensor) * e.blocks.size();
-  for (uint32_t b = first; b <= last; ++b) {
+// Sets the arrived bits of the span's blocks; a head range sets its heads'
+// bits in the block's mask, and the block's bit once the mask is full.
+void Arrivals::mark(Expected& e, const Span& span) {
+  const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(span.tensor));
+  const uint64_t row =
+      (uint64_t{span.layer} * pool_.tensors_per_layer() + span.tensor) * e.blocks.size();
+  for (uint32_t b = span.first; b <= span.last; ++b) {
     const uint64_t bit = row + index_in_owner_[b];
     uint64_t& word = e.arrived[bit / 64];
-    if ((word & (1ull << (bit % 64))) == 0) {
-      word |= 1ull << (bit % 64);
-      --e.missing;
-      e.bytes += block;
+    if ((word & (1ull << (bit % 64))) != 0) continue;
+    if (span.heads != 0) {
+      std::vector<uint64_t>& mask = e.partial[bit];
+      if (mask.empty()) mask.assign((pool_.kv_heads + 63) / 64, 0);
+      uint32_t have = 0;
+      for (uint32_t h = span.first_head; h < span.first_head + span.heads; ++h)
+        mask[h / 64] |= 1ull << (h % 64);
+      for (uint64_t m : mask) have += static_cast<uint32_t>(__builtin_popcountll(m));
+      if (have < pool_.kv_heads) continue;
+      e.partial.erase(bit);
     }
+    word |= 1ull << (bit % 64);
+    --e.missing;
+    e.bytes += block;
   }
 }
 
@@ -150,17 +161,31 @@ bool Arrivals::withdraw(uint64_t handle) {
   return true;
 }
 
-bool Arrivals::write_blocks(const LandedWrite& f, uint32_t* first, uint32_t* last) const {
+bool Arrivals::write_span(const LandedWrite& f, Span* span) const {
   const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(f.tensor));
   if (block == 0 || f.bytes == 0) return false;
-  *first = static_cast<uint32_t>(f.dst_offset / block);
-  *last = static_cast<uint32_t>((f.dst_offset + f.bytes) / block - 1);
-  return *last < owner_.size();
+  span->layer = f.layer;
+  span->tensor = f.tensor;
+  span->first = static_cast<uint32_t>(f.dst_offset / block);
+  span->first_head = span->heads = 0;
+  if (f.dst_offset % block == 0 && f.bytes % block == 0) {
+    span->last = static_cast<uint32_t>((f.dst_offset + f.bytes) / block - 1);
+    return span->last < owner_.size();
+  }
+  // A head range: whole heads, within one block.
+  const uint64_t head = block / pool_.kv_heads;
+  const uint64_t at = f.dst_offset % block;
+  if (at % head != 0 || f.bytes % head != 0 || at + f.bytes > block) return false;
+  span->last = span->first;
+  span->first_head = static_cast<uint32_t>(at / head);
+  span->heads = static_cast<uint32_t>(f.bytes / head);
+  return span->first < owner_.size();
 }
 
 Status Arrivals::admit(const LandedWrite& f) {
-  uint32_t first = 0, last = 0;
-  if (!write_blocks(f, &first, &last)) return {};  // the shape check refuses it
+  Span span{};
+  if (!write_span(f, &span)) return {};  // the shape check refuses it
+  const uint32_t first = span.first, last = span.last;
   std::lock_guard<std::mutex> lock(mu_);
   forget_old_gone();
   auto gone = gone_ids_.find(f.request_key);
@@ -207,13 +232,15 @@ void Arrivals::undeclared_write_over(uint64_t key) {
 }
 
 void Arrivals::landed(const LandedWrite& f) {
-  uint32_t first = 0, last = 0;
-  if (!write_blocks(f, &first, &last)) return;
+  Span span{};
+  if (!write_span(f, &span)) return;
+  const uint32_t first = span.first, last = span.last;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = expected_.find(f.request_key);
   if (it == expected_.end()) {  // undeclared: counts if it is declared soon
     undeclared_write_over(f.request_key);
-    if (f.request_key != 0 && gone_ids_.count(f.request_key) == 0) remember_early(f, first, last);
+    if (f.request_key != 0 && gone_ids_.count(f.request_key) == 0)
+      remember_early(f.request_key, span);
     return;
   }
   Expected& e = it->second;
@@ -234,7 +261,7 @@ void Arrivals::landed(const LandedWrite& f) {
              e.failure);
     return;
   }
-  mark(e, f.layer, f.tensor, first, last);
+  mark(e, span);
   if (e.missing == 0) finish(f.request_key, ArrivalEvent::kArrived, "");
 }
 

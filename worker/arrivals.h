@@ -39,7 +39,10 @@
 
 namespace kvrelay::worker {
 
-// One tensor's bytes of one layer, written at `dst_offset` of that tensor.
+// One tensor's bytes of one layer, written at `dst_offset` of that tensor:
+// whole blocks, or (heterogeneous TP: several senders fill one block) a
+// range of heads within one block. A block has arrived once every head of
+// it has, from whichever writes.
 struct LandedWrite {
   uint64_t request_key = 0;
   uint32_t layer = 0;
@@ -91,24 +94,30 @@ class Arrivals {
     std::vector<uint64_t> arrived;  // bits: (layer * tensors + tensor) * blocks + index
     uint64_t missing;               // bits not yet set
     uint64_t bytes = 0;
+    // Blocks of which only some heads arrived: bit (as in `arrived`) -> head mask.
+    std::unordered_map<uint64_t, std::vector<uint64_t>> partial;
     uint32_t writing = 0;  // admitted writes whose bytes are being written
     bool withdrawn = false;
     std::string failure;  // why it failed (a write broke a rule), once writes in progress end
   };
-  struct EarlyWrite {
-    uint32_t layer, tensor, first, last;
+  // Blocks [first, last] of (layer, tensor), or heads [first_head, +heads)
+  // of block `first` (heads 0: whole blocks).
+  struct Span {
+    uint32_t layer, tensor, first, last, first_head, heads;
   };
+  using EarlyWrite = Span;
   struct Early {
     uint64_t since_ns;
     std::vector<EarlyWrite> writes;
   };
   void credit_early(uint64_t key, Expected& e);
   void undeclared_write_over(uint64_t key);
-  void remember_early(const LandedWrite& w, uint32_t first, uint32_t last);
+  void remember_early(uint64_t key, const Span& span);
   void forget_old_early();
-  void mark(Expected& e, uint32_t layer, uint32_t tensor, uint32_t first, uint32_t last);
-  // Block ranges of a write: [first, last] (whole blocks, checked before).
-  bool write_blocks(const LandedWrite& w, uint32_t* first, uint32_t* last) const;
+  void mark(Expected& e, const Span& span);
+  // What a write covers; false when it is no whole blocks and no head range
+  // within one block, or lies outside the pool (the shape check refuses it).
+  bool write_span(const LandedWrite& w, Span* span) const;
   void finish(uint64_t key, ArrivalEvent::Kind kind, const std::string& message);
   void remember_gone(uint64_t key, const std::string& id);
   void forget_old_gone();

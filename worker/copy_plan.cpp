@@ -46,4 +46,20 @@ void to_byte_runs(std::span<const BlockRun> runs, uint64_t block_bytes,
   }
 }
 
+void to_head_runs(std::span<const BlockRun> runs, uint64_t src_block_bytes,
+                  uint64_t dst_block_bytes, uint64_t head_bytes, const HeadShare& share,
+                  std::vector<kernels::CopyRun>& out) {
+  const uint64_t bytes = uint64_t{share.heads} * head_bytes;
+  if (bytes == src_block_bytes && bytes == dst_block_bytes)
+    return to_byte_runs(runs, src_block_bytes, out);
+  out.clear();
+  const uint64_t src_at = uint64_t{share.src_head} * head_bytes;
+  const uint64_t dst_at = uint64_t{share.dst_head} * head_bytes;
+  for (const BlockRun& r : runs) {
+    for (uint32_t i = 0; i < r.count; ++i)
+      out.push_back(kernels::CopyRun{uint64_t{r.src_block + i} * src_block_bytes + src_at,
+                                     uint64_t{r.dst_block + i} * dst_block_bytes + dst_at, bytes});
+  }
+}
+
 }  // namespace kvrelay::worker

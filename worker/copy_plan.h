@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "instance/head_layout.h"
 #include "kernels/block_copy.h"
 #include "shm/result.h"
 
@@ -33,6 +34,14 @@ Result<std::vector<BlockRun>> plan_block_runs(std::span<const uint32_t> src,
 
 // The byte runs of one tensor, for blocks of `block_bytes` bytes each.
 void to_byte_runs(std::span<const BlockRun> runs, uint64_t block_bytes,
+                  std::vector<kernels::CopyRun>& out);
+
+// The byte runs of one tensor for the head range `share` (heterogeneous TP):
+// blocks are [kv_heads, ...] of `head_bytes` each, so the range is one run
+// per block, and runs of consecutive blocks are not adjacent unless the
+// range is every head on both sides (then as to_byte_runs).
+void to_head_runs(std::span<const BlockRun> runs, uint64_t src_block_bytes,
+                  uint64_t dst_block_bytes, uint64_t head_bytes, const HeadShare& share,
                   std::vector<kernels::CopyRun>& out);
 
 }  // namespace kvrelay::worker

@@ -23,6 +23,13 @@ Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& poo
           Errc::kInvalidArgument,
           fmt::format("layer {} does not exist (the pool has {})", layer, pool.total_layers()));
     const uint32_t blocks = pool.blocks_in_layer(layer);
+    // Heterogeneous TP: a head range of each block (all heads: whole blocks).
+    const uint32_t first_head = landed.getFirstHead();
+    const uint32_t heads = landed.getHeads() == pool.kv_heads ? 0 : landed.getHeads();
+    if (heads != 0 && uint64_t{first_head} + heads > pool.kv_heads)
+      return make_error(Errc::kInvalidArgument,
+                        fmt::format("heads {}..{} are outside the pool's {} heads per block",
+                                    first_head, uint64_t{first_head} + heads, pool.kv_heads));
     for (uint32_t i = 0; i < firsts.size(); ++i) {
       const uint64_t first = firsts[i], count = counts[i];
       if (count == 0 || first + count > blocks)
@@ -30,18 +37,27 @@ Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& poo
                           fmt::format("blocks {}..{} of layer {} are outside its {} blocks", first,
                                       first + count, layer, blocks));
     }
+    const auto apply = [&](const LandedWrite& w) {
+      // A refused write wrote nothing: admitting it only applies the rules
+      // (a declared request's write outside its blocks fails it).
+      if (!arrivals.admit(w)) return;
+      if (landed.getRefused()) {
+        arrivals.abandoned(w);
+      } else {
+        arrivals.landed(w);
+      }
+    };
     for (uint32_t i = 0; i < firsts.size(); ++i) {
       for (uint32_t t = 0; t < pool.tensors_per_layer(); ++t) {
         const uint64_t block = pool.block_bytes(static_cast<PoolTensor>(t));
-        const LandedWrite w{landed.getRequestKey(), layer, t, firsts[i] * block, counts[i] * block};
-        // A refused write wrote nothing: admitting it only applies the
-        // rules (a declared request's write outside its blocks fails it).
-        if (!arrivals.admit(w)) continue;
-        if (landed.getRefused()) {
-          arrivals.abandoned(w);
-        } else {
-          arrivals.landed(w);
+        if (heads == 0 || landed.getRefused()) {
+          apply(LandedWrite{landed.getRequestKey(), layer, t, firsts[i] * block, counts[i] * block});
+          continue;
         }
+        const uint64_t head = block / pool.kv_heads;
+        for (uint64_t b = firsts[i]; b < uint64_t{firsts[i]} + counts[i]; ++b)
+          apply(LandedWrite{landed.getRequestKey(), layer, t, b * block + first_head * head,
+                            heads * head});
       }
     }
     return {};

@@ -80,13 +80,14 @@ void IpcIntakeWriter::abandon_last() {
   announce_oldest();
 }
 
-void IpcIntakeWriter::landed(uint64_t key, uint32_t layer, std::span<const BlockRun> runs) {
-  queue(key, layer, runs, false, true);
+void IpcIntakeWriter::landed(uint64_t key, uint32_t layer, std::span<const BlockRun> runs,
+                             const HeadShare* share) {
+  queue(key, layer, runs, false, true, share);
   flush();
 }
 
 void IpcIntakeWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockRun> runs,
-                            bool refused, bool releases_write) {
+                            bool refused, bool releases_write, const HeadShare* share) {
   size_t done = 0;
   do {
     const size_t n = std::min(kRunsPerRecord, runs.size() - done);
@@ -98,6 +99,10 @@ void IpcIntakeWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockR
     landed.setRequestKey(key);
     landed.setLayer(layer);
     landed.setRefused(refused);
+    if (share != nullptr) {
+      landed.setFirstHead(share->dst_head);
+      landed.setHeads(share->heads);
+    }
     auto firsts = landed.initFirstBlocks(static_cast<unsigned>(n));
     auto counts = landed.initBlockCounts(static_cast<unsigned>(n));
     for (size_t i = 0; i < n; ++i) {

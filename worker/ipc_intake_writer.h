@@ -55,7 +55,9 @@ class IpcIntakeWriter {
   void abandon_last();
   // The oldest admitted write's copies completed (writes complete in the
   // order they were admitted).
-  void landed(uint64_t key, uint32_t layer, std::span<const BlockRun> runs);
+  // `share`: heterogeneous TP, only these heads of each block were written.
+  void landed(uint64_t key, uint32_t layer, std::span<const BlockRun> runs,
+              const HeadShare* share = nullptr);
   // Sends what waited for room; true when nothing waits any more.
   bool flush();
   bool backlog() const { return !pending_.empty(); }
@@ -69,7 +71,7 @@ class IpcIntakeWriter {
   IpcIntakeWriter(std::shared_ptr<const ControlSegment> control, MpscProducer producer,
                   IntakeWriterView view, uint32_t rank);
   void queue(uint64_t key, uint32_t layer, std::span<const BlockRun> runs, bool refused,
-             bool releases_write);
+             bool releases_write, const HeadShare* share = nullptr);
   void announce_oldest();
 
   std::shared_ptr<const ControlSegment> control_;

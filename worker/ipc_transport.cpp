@@ -15,31 +15,32 @@ const std::shared_ptr<IpcIntakeWriter> kNone;
 
 class IpcTransport::PoolDestination final : public Destination {
  public:
-  PoolDestination(IpcTransport& transport, std::shared_ptr<const LocalPool> peer, std::string name,
-                  std::shared_ptr<IpcIntakeWriter> intake)
+  PoolDestination(IpcTransport& transport, std::vector<Part> parts, std::string name)
       : transport_(transport),
-        peer_(std::move(peer)),
-        name_(std::move(name)),
-        intake_(std::move(intake)) {}
+        parts_(std::make_shared<const std::vector<Part>>(std::move(parts))),
+        name_(std::move(name)) {}
   uint32_t blocks_in_layer(uint32_t layer) const override {
-    return peer_->geometry().blocks_in_layer(layer);
+    // No parts: a replica whose heads other ranks send; it writes nothing,
+    // and the ranks that do check the ids.
+    uint32_t blocks = UINT32_MAX;
+    for (const Part& p : *parts_) blocks = std::min(blocks, p.pool->geometry().blocks_in_layer(layer));
+    return blocks;
   }
   const std::string& peer() const override { return name_; }
   Status submit_layer(const TransferTicket& ticket, uint32_t layer,
                       std::span<const BlockRun> runs) override {
-    return transport_.submit(ticket, layer, runs, peer_, intake_);
+    return transport_.submit(ticket, layer, runs, parts_);
   }
 
  private:
   IpcTransport& transport_;
-  std::shared_ptr<const LocalPool> peer_;
+  std::shared_ptr<const std::vector<Part>> parts_;
   std::string name_;
-  std::shared_ptr<IpcIntakeWriter> intake_;  // none for pools mapped by hand
 };
 
 IpcTransport::IpcTransport(uint32_t rank, const LocalPool& local,
-                           std::unique_ptr<kernels::CopyEngine> engine)
-    : rank_(rank), local_(local), engine_(std::move(engine)) {}
+                           std::unique_ptr<kernels::CopyEngine> engine, HeadLayout heads)
+    : rank_(rank), local_(local), heads_(heads), engine_(std::move(engine)) {}
 
 IpcTransport::~IpcTransport() {
   // The engine may still read the scratch runs and write the peer pools.
@@ -49,17 +50,7 @@ IpcTransport::~IpcTransport() {
 
 Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
                             std::span<const BlockRun> runs,
-                            const std::shared_ptr<const LocalPool>& peer,
-                            const std::shared_ptr<IpcIntakeWriter>& intake) {
-  // Until the decode engine asks for an expected request, its ranks' claims
-  // are empty and nobody counts: skip them (one load).
-  const std::shared_ptr<IpcIntakeWriter>& tracked = intake && intake->in_use() ? intake : kNone;
-  if (tracked) {
-    if (Status s = tracked->admit(ticket.request_key, layer, runs); !s) {
-      if (tracked->backlog()) note_backlog(tracked);
-      return s;
-    }
-  }
+                            const std::shared_ptr<const std::vector<Part>>& parts) {
   std::unique_ptr<Scratch> scratch;
   if (spare_scratch_.empty()) {
     scratch = std::make_unique<Scratch>();
@@ -67,16 +58,35 @@ Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
     scratch = std::move(spare_scratch_.back());
     spare_scratch_.pop_back();
   }
-  Result<StartedLayerCopy> started =
-      start_layer_copy(*engine_, local_, *peer, layer, runs, scratch->copy);
-  if (!started) {
-    if (tracked) tracked->abandon_last();
+  const auto give_back = [&] {
+    for (const Part* p : scratch->tracked) p->intake->abandon_last();
+    scratch->tracked.clear();
     spare_scratch_.push_back(std::move(scratch));
+  };
+  scratch->targets.clear();
+  scratch->tracked.clear();
+  for (const Part& p : *parts) {
+    // Until the decode engine asks for an expected request, its ranks'
+    // claims are empty and nobody counts: skip them (one load).
+    if (p.intake && p.intake->in_use()) {
+      if (Status s = p.intake->admit(ticket.request_key, layer, runs); !s) {
+        if (p.intake->backlog()) note_backlog(p.intake);
+        give_back();
+        return s;
+      }
+      scratch->tracked.push_back(&p);
+    }
+    scratch->targets.push_back(CopyTarget{p.pool.get(), p.share ? &*p.share : nullptr});
+  }
+  Result<StartedLayerCopy> started =
+      start_layer_copy(*engine_, local_, scratch->targets, layer, runs, scratch->copy);
+  if (!started) {
+    give_back();
     return started.error();
   }
-  if (tracked) scratch->runs.assign(runs.begin(), runs.end());
+  if (!scratch->tracked.empty()) scratch->runs.assign(runs.begin(), runs.end());
   in_flight_.push_back(
-      InFlight{ticket, started->ticket, started->bytes, layer, peer, tracked, std::move(scratch)});
+      InFlight{ticket, started->ticket, started->bytes, layer, parts, std::move(scratch)});
   return {};
 }
 
@@ -101,11 +111,15 @@ void IpcTransport::poll(std::vector<TransferCompletion>& out) {
     TransferCompletion c;
     c.ticket = f.ticket;
     c.bytes = f.bytes;
-    c.status = check_both_intact(local_, *f.peer);
-    if (f.intake) {
-      f.intake->landed(f.ticket.request_key, f.layer, f.scratch->runs);
-      if (f.intake->backlog()) note_backlog(f.intake);
+    c.status = local_.check_intact();
+    for (const Part& p : *f.parts)
+      if (c.status) c.status = p.pool->check_intact();
+    for (const Part* p : f.scratch->tracked) {
+      p->intake->landed(f.ticket.request_key, f.layer, f.scratch->runs,
+                        p->share ? &*p->share : nullptr);
+      if (p->intake->backlog()) note_backlog(p->intake);
     }
+    f.scratch->tracked.clear();
     out.push_back(std::move(c));
     spare_scratch_.push_back(std::move(f.scratch));
     in_flight_.pop_front();
@@ -147,7 +161,8 @@ Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instan
   if (!name) return name.error();
   Result<HostPool> pool = HostPool::open(*name, nullptr);
   if (!pool) return pool.error();
-  if (Status s = check_compatible(local_.geometry(), pool->geometry()); !s)
+  if (Status s = check_compatible(local_.geometry(), heads_, pool->geometry(), head_layout_of(peer));
+      !s)
     return make_error(s.code(),
                       fmt::format("peer instance '{}': {}", peer_instance, s.error().message));
   Result<std::shared_ptr<IpcIntakeWriter>> intake = IpcIntakeWriter::open(control, peer_rank);
@@ -163,16 +178,48 @@ Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instan
 std::shared_ptr<Destination> IpcTransport::destination_for(
     std::shared_ptr<const LocalPool> peer, std::string peer_name,
     std::shared_ptr<IpcIntakeWriter> intake) {
-  return std::make_shared<PoolDestination>(*this, std::move(peer), std::move(peer_name),
-                                           std::move(intake));
+  std::vector<Part> parts{Part{std::move(peer), std::move(intake), std::nullopt}};
+  return std::make_shared<PoolDestination>(*this, std::move(parts), std::move(peer_name));
+}
+
+Result<std::shared_ptr<Destination>> IpcTransport::resolve_split(schema::CacheDest::Reader,
+                                                                 const std::string& instance) {
+  Result<std::shared_ptr<const ControlSegment>> control = peers_.share(instance);
+  if (!control) return control.error();
+  const HeadLayout theirs = head_layout_of((*control)->config());
+  if (theirs.total_heads != heads_.total_heads)
+    return make_error(Errc::kLayoutMismatch,
+                      fmt::format("peer instance '{}' has {} KV heads in all (tp {}, {} per rank), "
+                                  "this instance {} (tp {}, {} per rank)",
+                                  instance, theirs.total_heads, theirs.tp_size,
+                                  theirs.heads_per_rank, heads_.total_heads, heads_.tp_size,
+                                  heads_.heads_per_rank));
+  std::vector<Part> parts;
+  std::string ranks;
+  for (const HeadShare& share : head_shares(heads_, rank_, theirs)) {
+    Result<Mapped> m = mapped(instance, share.decode_rank);
+    if (!m) return m.error();
+    parts.push_back(Part{m->pool, m->intake, share});
+    ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", share.decode_rank);
+  }
+  return std::shared_ptr<Destination>(std::make_shared<PoolDestination>(
+      *this, std::move(parts),
+      fmt::format("decode instance '{}' rank{} {} over ipc (tp {} -> tp {})", instance,
+                  parts.size() == 1 ? "" : "s", ranks.empty() ? "none" : ranks, heads_.tp_size,
+                  theirs.tp_size)));
 }
 
 Result<std::shared_ptr<Destination>> IpcTransport::resolve(schema::CacheDest::Reader dest) {
+  const std::string instance = dest.getPeerInstance().cStr();
+  {
+    Result<std::shared_ptr<const ControlSegment>> control = peers_.share(instance);
+    if (!control) return control.error();
+    if (head_layout_of((*control)->config()) != heads_) return resolve_split(dest, instance);
+  }
   const auto devices = dest.getDeviceIds();
   if (rank_ >= devices.size())
     return make_error(Errc::kInvalidArgument,
                       fmt::format("device_ids has no entry for rank {}", rank_));
-  const std::string instance = dest.getPeerInstance().cStr();
   Result<Mapped> m = mapped(instance, devices[rank_]);
   if (!m) return m.error();
   return destination_for(

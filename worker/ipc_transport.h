@@ -10,15 +10,23 @@
 // The decode rank's claims are checked before each layer is written, and
 // the rank is told what landed after (ipc_intake_writer.h), so that its
 // expected requests (ExpectArrival) work as over tcp.
+//
+// Heterogeneous TP (the decode instance has another tp_size): this rank's
+// heads go to the decode ranks that hold them (instance/head_layout.h), so a
+// destination has one part per such rank, each with its head range, and
+// device_ids is not consulted. A layer still moves as one copy batch into
+// every part, with one completion.
 #pragma once
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "instance/control_segment.h"
+#include "instance/head_layout.h"
 #include "instance/peer_instances.h"
 #include "worker/ipc_intake_writer.h"
 #include "worker/layer_copy.h"
@@ -29,7 +37,9 @@ namespace kvrelay::worker {
 
 class IpcTransport final : public Transport {
  public:
-  IpcTransport(uint32_t rank, const LocalPool& local, std::unique_ptr<kernels::CopyEngine> engine);
+  // `heads`: how this instance spreads the model's KV heads over its ranks.
+  IpcTransport(uint32_t rank, const LocalPool& local, std::unique_ptr<kernels::CopyEngine> engine,
+               HeadLayout heads = {});
   ~IpcTransport() override;
 
   Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) override;
@@ -52,22 +62,30 @@ class IpcTransport final : public Transport {
 
  private:
   class PoolDestination;
+  // One decode rank a destination writes into.
+  struct Part {
+    std::shared_ptr<const LocalPool> pool;
+    std::shared_ptr<IpcIntakeWriter> intake;  // none for pools mapped by hand
+    std::optional<HeadShare> share;           // heterogeneous TP: only these heads
+  };
   struct Scratch {
     LayerCopyScratch copy;       // the runs the engine reads until done
-    std::vector<BlockRun> runs;  // for the decode rank's intake
+    std::vector<CopyTarget> targets;
+    std::vector<BlockRun> runs;  // for the decode ranks' intakes
+    std::vector<const Part*> tracked;  // the parts whose intakes were told (same order)
   };
   struct InFlight {
     TransferTicket ticket;
     kernels::CopyTicket copy;
     uint64_t bytes;
     uint32_t layer;
-    std::shared_ptr<const LocalPool> peer;
-    std::shared_ptr<IpcIntakeWriter> intake;
+    std::shared_ptr<const std::vector<Part>> parts;  // held while the copy may write them
     std::unique_ptr<Scratch> scratch;
   };
   Status submit(const TransferTicket& ticket, uint32_t layer, std::span<const BlockRun> runs,
-                const std::shared_ptr<const LocalPool>& peer,
-                const std::shared_ptr<IpcIntakeWriter>& intake);
+                const std::shared_ptr<const std::vector<Part>>& parts);
+  Result<std::shared_ptr<Destination>> resolve_split(schema::CacheDest::Reader dest,
+                                                     const std::string& instance);
   struct Mapped {
     // The peer segment it was found through (held: a successor's segment
     // can never be mistaken for it).
@@ -80,6 +98,7 @@ class IpcTransport final : public Transport {
 
   uint32_t rank_;
   const LocalPool& local_;
+  HeadLayout heads_;
   std::unique_ptr<kernels::CopyEngine> engine_;
   PeerInstances peers_;
   std::unordered_map<std::string, Mapped> pools_;  // by "<instance>/<rank>"

@@ -1,12 +1,13 @@
-// One layer of block runs between two local pools, through a copy engine:
-// every tensor of the layer (K, V and, with fp8, their scales) in one batch.
+// One layer of block runs from a local pool, through a copy engine: every
+// tensor of the layer (K, V and, with fp8, their scales) in one batch, into
+// one pool or, for heterogeneous TP, a head range of each of several pools.
 // The ipc transport and the swap engine both move layers this way.
 #pragma once
 
-#include <array>
 #include <span>
 #include <vector>
 
+#include "instance/head_layout.h"
 #include "kernels/copy_engine.h"
 #include "worker/copy_plan.h"
 #include "worker/local_pool.h"
@@ -14,10 +15,17 @@
 namespace kvrelay::worker {
 
 // The byte runs of a started copy; must outlive it (until the engine says
-// its ticket is done).
+// its ticket is done). Kept between copies: no allocation per layer once
+// warm.
 struct LayerCopyScratch {
-  std::array<std::vector<kernels::CopyRun>, 4> runs;  // per tensor
-  std::array<kernels::TensorCopy, 4> batch;
+  std::vector<std::vector<kernels::CopyRun>> runs;  // per (target, tensor)
+  std::vector<kernels::TensorCopy> batch;
+};
+
+// Where a layer goes: a pool and, for heterogeneous TP, which heads.
+struct CopyTarget {
+  const LocalPool* pool = nullptr;
+  const HeadShare* share = nullptr;  // null: whole blocks (both sides hold the same heads)
 };
 
 struct StartedLayerCopy {
@@ -26,8 +34,14 @@ struct StartedLayerCopy {
 };
 
 // Starts copying `layer` of `runs` (src blocks of `from` -> dst blocks of
-// `to`). Refuses pools the engine cannot reach, or a missing layer; block ids
-// must have been checked (plan_block_runs).
+// each target) as one batch, so one ticket covers every target. Refuses
+// pools the engine cannot reach, a missing layer, or a head range outside a
+// pool; block ids must have been checked (plan_block_runs).
+Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const LocalPool& from,
+                                          std::span<const CopyTarget> targets, uint32_t layer,
+                                          std::span<const BlockRun> runs,
+                                          LayerCopyScratch& scratch);
+// The same into one pool, whole blocks.
 Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const LocalPool& from,
                                           const LocalPool& to, uint32_t layer,
                                           std::span<const BlockRun> runs,

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <tuple>
+
 namespace kvrelay::worker {
 
 Status check_compatible(const PoolGeometry& local, const PoolGeometry& peer) {
@@ -22,6 +24,27 @@ Status check_compatible(const PoolGeometry& local, const PoolGeometry& peer) {
           fmt::format("pools differ in {}: {} here, {} at the peer", f.what, f.mine, f.theirs));
   }
   return {};
+}
+
+Status check_compatible(const PoolGeometry& local, const HeadLayout& local_heads,
+                        const PoolGeometry& peer, const HeadLayout& peer_heads) {
+  if (local_heads.total_heads != peer_heads.total_heads)
+    return make_error(Errc::kLayoutMismatch,
+                      fmt::format("pools differ in the model's KV heads: {} here (tp {}), {} at "
+                                  "the peer (tp {})",
+                                  local_heads.total_heads, local_heads.tp_size,
+                                  peer_heads.total_heads, peer_heads.tp_size));
+  for (const auto& [pool, heads, where] :
+       {std::tuple{&local, &local_heads, "here"}, std::tuple{&peer, &peer_heads, "at the peer"}}) {
+    if (pool->kv_heads != heads->heads_per_rank)
+      return make_error(Errc::kLayoutMismatch,
+                        fmt::format("the pool {} holds {} KV heads per block, but its instance "
+                                    "gives each rank {}",
+                                    where, pool->kv_heads, heads->heads_per_rank));
+  }
+  PoolGeometry same_heads = peer;
+  same_heads.kv_heads = local.kv_heads;  // the rest must match field for field
+  return check_compatible(local, same_heads);
 }
 
 }  // namespace kvrelay::worker

@@ -17,8 +17,8 @@ tcp::Timing tcp_timing(const InstanceConfig& config) {
   return t;
 }
 
-Transports::Transports(uint32_t rank, const LocalPool& local)
-    : rank_(rank), ipc_(rank, local, kernels::make_host_copy_engine()) {}
+Transports::Transports(uint32_t rank, const LocalPool& local, const HeadLayout& heads)
+    : rank_(rank), ipc_(rank, local, kernels::make_host_copy_engine(), heads) {}
 
 Transports::~Transports() {
   rdma_receiver_.reset();
@@ -60,7 +60,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
                                                        const NetworkOptions& network,
                                                        WaitEvent* doorbell,
                                                        const ControlSegment* control) {
-  std::unique_ptr<Transports> t(new Transports(rank, local));
+  std::unique_ptr<Transports> t(new Transports(rank, local, head_layout_of(config)));
   const bool decode = config.role == static_cast<uint32_t>(Role::kDecode);
   if (decode) {
     t->arrivals_ = std::make_shared<Arrivals>(local.geometry(), doorbell);

@@ -87,7 +87,7 @@ class Transports final : public Transport {
   std::vector<ArrivalEvent> take_arrivals();
 
  private:
-  Transports(uint32_t rank, const LocalPool& local);
+  Transports(uint32_t rank, const LocalPool& local, const HeadLayout& heads);
 
   uint32_t rank_;
   IpcTransport ipc_;
