@@ -1,5 +1,6 @@
 #include "client/views.h"
 
+#include "instance/head_layout.h"
 #include "instance/pool_geometry.h"
 
 namespace kvrelay {
@@ -11,6 +12,7 @@ InstanceInfo instance_info_of(const InstanceConfig& c) {
   info.tp_size = c.tp_size;
   info.device_pool = pool_geometry_of(c, PoolTier::kDevice);
   info.host_pool = pool_geometry_of(c, PoolTier::kHost);
+  info.total_kv_heads = head_layout_of(c).total_heads;
   info.accepts_ipc = (c.protocols & kProtocolIpc) != 0;
   info.accepts_tcp = (c.protocols & kProtocolTcp) != 0;
   info.accepts_rdma = (c.protocols & kProtocolRdma) != 0;

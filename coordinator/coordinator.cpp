@@ -82,6 +82,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
     table_options.default_deadline = std::chrono::milliseconds(config_.request_deadline_ms);
     table_options.withdraw_timeout = std::chrono::milliseconds(config_.peer_timeout_ms);
     table_options.own_instance = control_.instance();
+    table_options.own_tp_size = config_.tp_size;
     table_options.peer_info = [this](const std::string& peer) { return peer_info(peer); };
     table_ = std::make_unique<TaskTable>(messages::Limits::from(config_), std::move(table_options),
                                          *this);

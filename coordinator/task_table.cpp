@@ -301,7 +301,8 @@ void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns,
 }
 
 // The destination of an ipc transfer must be another instance that accepts
-// transfers (decode), and device_ids must name its ranks, each once.
+// transfers (decode), and device_ids must name its ranks, each once (when
+// both have the same TP size).
 std::optional<std::string> TaskTable::check_peer(schema::CacheDest::Reader dest,
                                                  std::optional<uint32_t>& peer_blocks) {
   if (dest.getProtocol() != schema::TransferProtocol::IPC) return std::nullopt;
@@ -321,6 +322,9 @@ std::optional<std::string> TaskTable::check_peer(schema::CacheDest::Reader dest,
         "accepts transfers",
         id, peer, role_name(info->role));
   peer_blocks = info->num_blocks;
+  // Heterogeneous TP: the workers write where the head split says
+  // (instance/head_layout.h); device_ids is not consulted.
+  if (options_.own_tp_size != 0 && info->tp_size != options_.own_tp_size) return std::nullopt;
   const auto devices = dest.getDeviceIds();
   std::vector<bool> used(info->tp_size, false);
   for (uint32_t i = 0; i < devices.size(); ++i) {

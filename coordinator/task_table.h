@@ -115,6 +115,10 @@ struct TableOptions {
   Nanos withdraw_timeout = std::chrono::seconds(1);
   // This instance's name: never a valid transfer destination.
   std::string own_instance;
+  // This instance's TP size: a peer of another size (heterogeneous TP)
+  // takes each rank's heads on the ranks the head split names, not on
+  // device_ids (0: unknown, device_ids always checked).
+  uint32_t own_tp_size = 0;
   // Optional: what is known of a peer (decode) instance for ipc
   // destinations, by name (looked up by the coordinator; nullopt: unknown).
   std::function<std::optional<PeerInfo>(const std::string& peer_instance)> peer_info;

@@ -187,13 +187,7 @@ Result<std::shared_ptr<Destination>> IpcTransport::resolve_split(schema::CacheDe
   Result<std::shared_ptr<const ControlSegment>> control = peers_.share(instance);
   if (!control) return control.error();
   const HeadLayout theirs = head_layout_of((*control)->config());
-  if (theirs.total_heads != heads_.total_heads)
-    return make_error(Errc::kLayoutMismatch,
-                      fmt::format("peer instance '{}' has {} KV heads in all (tp {}, {} per rank), "
-                                  "this instance {} (tp {}, {} per rank)",
-                                  instance, theirs.total_heads, theirs.tp_size,
-                                  theirs.heads_per_rank, heads_.total_heads, heads_.tp_size,
-                                  heads_.heads_per_rank));
+  if (Status s = same_model_heads(instance, theirs); !s) return s.error();
   std::vector<Part> parts;
   std::string ranks;
   for (const HeadShare& share : head_shares(heads_, rank_, theirs)) {
@@ -228,9 +222,33 @@ Result<std::shared_ptr<Destination>> IpcTransport::resolve(schema::CacheDest::Re
 }
 
 Status IpcTransport::check_connect(schema::ConnectTask::Reader connect) {
-  Result<std::shared_ptr<const LocalPool>> pool =
-      peer_pool(connect.getPeerInstance().cStr(), rank_);
-  return pool ? Status{} : Status(pool.error());
+  const std::string instance = connect.getPeerInstance().cStr();
+  Result<std::vector<uint32_t>> ranks = decode_ranks(instance);
+  if (!ranks) return ranks.error();
+  for (uint32_t rank : *ranks)
+    if (Result<Mapped> m = mapped(instance, rank); !m) return m.error();
+  return {};
+}
+
+Result<std::vector<uint32_t>> IpcTransport::decode_ranks(const std::string& instance) {
+  Result<std::shared_ptr<const ControlSegment>> control = peers_.share(instance);
+  if (!control) return control.error();
+  const HeadLayout theirs = head_layout_of((*control)->config());
+  if (theirs == heads_) return std::vector<uint32_t>{rank_};
+  if (Status s = same_model_heads(instance, theirs); !s) return s.error();
+  std::vector<uint32_t> ranks;
+  for (const HeadShare& share : head_shares(heads_, rank_, theirs))
+    ranks.push_back(share.decode_rank);
+  return ranks;
+}
+
+Status IpcTransport::same_model_heads(const std::string& instance, const HeadLayout& theirs) const {
+  if (theirs.total_heads == heads_.total_heads) return {};
+  return make_error(Errc::kLayoutMismatch,
+                    fmt::format("peer instance '{}' has {} KV heads in all (tp {}, {} per rank), "
+                                "this instance {} (tp {}, {} per rank)",
+                                instance, theirs.total_heads, theirs.tp_size, theirs.heads_per_rank,
+                                heads_.total_heads, heads_.tp_size, heads_.heads_per_rank));
 }
 
 }  // namespace kvrelay::worker

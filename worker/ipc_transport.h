@@ -86,6 +86,10 @@ class IpcTransport final : public Transport {
                 const std::shared_ptr<const std::vector<Part>>& parts);
   Result<std::shared_ptr<Destination>> resolve_split(schema::CacheDest::Reader dest,
                                                      const std::string& instance);
+  // The decode ranks this rank writes into: its own rank with the same
+  // layout, else those its head shares name.
+  Result<std::vector<uint32_t>> decode_ranks(const std::string& instance);
+  Status same_model_heads(const std::string& instance, const HeadLayout& theirs) const;
   struct Mapped {
     // The peer segment it was found through (held: a successor's segment
     // can never be mistaken for it).

@@ -51,4 +51,14 @@ void fill_request(const PoolView& pool, uint32_t rank, const RequestBlocks& r);
 // in `pool` (the decode pool of `rank`). 0: every byte arrived.
 uint64_t check_request(const PoolView& pool, uint32_t rank, const RequestBlocks& r);
 
+
+// The same, head by head: each head's bytes follow the model KV head they
+// hold, not the rank, so a decode block assembled from several prefill
+// ranks' heads (heterogeneous TP) checks out. `first_head`: the model head
+// that head 0 of the pool holds (InstanceInfo::first_kv_head).
+void fill_request_heads(const PoolView& pool, uint32_t first_head, const RequestBlocks& r);
+void fill_blocks_heads(const PoolView& pool, uint32_t first_head, const RequestBlocks& r,
+                       uint32_t layer, uint32_t first, uint32_t last);
+uint64_t check_request_heads(const PoolView& pool, uint32_t first_head, const RequestBlocks& r);
+
 }  // namespace kvrelay::sim

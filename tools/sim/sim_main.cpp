@@ -85,6 +85,15 @@ int main(int argc, char** argv) {
   app.add_option("--rdma-gid-index", rdma_gid_index,
                  "rdma with --start: the instances' RoCE GID index")
       ->capture_default_str();
+  uint32_t decode_tp = 0, total_kv_heads = 0;
+  app.add_option("--decode-tp", decode_tp,
+                 "with --start: the decode instance's TP size (0: --tp); another size than "
+                 "--tp is heterogeneous TP, verified head by head on every decode rank")
+      ->capture_default_str();
+  app.add_option("--total-kv-heads", total_kv_heads,
+                 "with --start: the model's KV heads (0: --kv-heads x --tp); fewer than a TP "
+                 "size replicate heads over that instance's ranks")
+      ->capture_default_str();
   uint32_t peer_timeout_ms = 0;
   app.add_option("--peer-timeout-ms", peer_timeout_ms,
                  "with --start: the instances' --peer-timeout-ms (0: their default); raise it "
@@ -156,13 +165,34 @@ int main(int argc, char** argv) {
       flags->insert(flags->end(), {"--peer-timeout-ms", std::to_string(peer_timeout_ms)});
   }
 
+  // Heterogeneous TP: both instances serve the same model heads, spread
+  // over their own ranks (replicated where a side has more ranks than heads).
+  sim::Geometry decode_g = g;
+  if (start && (decode_tp != 0 || total_kv_heads != 0)) {
+    if (o.tcp || o.rdma) {
+      fmt::print(stderr, "kvrelay-sim: --decode-tp and --total-kv-heads run over ipc only so far\n");
+      return 2;
+    }
+    const uint32_t heads = total_kv_heads != 0 ? total_kv_heads : g.kv_heads * g.tp;
+    decode_g.tp = decode_tp != 0 ? decode_tp : g.tp;
+    g.kv_heads = std::max(1u, heads / g.tp);
+    decode_g.kv_heads = std::max(1u, heads / decode_g.tp);
+    prefill_flags.insert(prefill_flags.end(), {"--total-kv-heads", std::to_string(heads)});
+    decode_flags.insert(decode_flags.end(), {"--total-kv-heads", std::to_string(heads)});
+  }
+
   sim::ManagedInstance decode_instance, prefill_instance;
   if (start) {
     fmt::print(
         "starting instances '{}' (decode) and '{}' (prefill): tp {}, {} layers, {} blocks of {} "
         "tokens\n",
-        decode, prefill, g.tp, g.layers + g.extra_layers, g.blocks, g.block_size);
-    if (Status s = decode_instance.start(decode, "decode", g, log_dir, log_level, decode_flags);
+        decode, prefill,
+        decode_g.tp == g.tp ? fmt::format("{}", g.tp)
+                            : fmt::format("{} -> {} ({} and {} KV heads per rank)", g.tp,
+                                          decode_g.tp, g.kv_heads, decode_g.kv_heads),
+        g.layers + g.extra_layers, g.blocks, g.block_size);
+    if (Status s =
+            decode_instance.start(decode, "decode", decode_g, log_dir, log_level, decode_flags);
         !s) {
       fmt::print(stderr, "kvrelay-sim: {}\n", s.error().message);
       return 2;

@@ -71,18 +71,22 @@ class Simulation {
         rng_(o.seed) {
     const InstanceInfo& info = prefill.info();
     tp_ = info.tp_size;
+    // Heterogeneous TP: the decode instance may have other ranks, each with
+    // other heads; blocks carry the pattern of the model head, not the rank.
+    decode_tp_ = decode.info().tp_size;
     layers_ = info.device_pool.total_layers();
     block_tokens_ = info.device_pool.block_size;
-    for (uint32_t r = 0; r < tp_ && fatal_.empty(); ++r) {
-      auto src = prefill.open_pool(r, PoolTier::kDevice);
-      auto dst = decode.open_pool(r, PoolTier::kDevice);
-      if (!src || !dst) {
-        fatal_ = fmt::format("cannot map rank {}'s pools: {}", r,
-                             !src ? src.error().message : dst.error().message);
-        break;
+    for (uint32_t r = 0; r < std::max(tp_, decode_tp_) && fatal_.empty(); ++r) {
+      for (auto [client, side, count, views] : {std::tuple{&prefill, "prefill", tp_, &src_},
+                                                std::tuple{&decode, "decode", decode_tp_, &dst_}}) {
+        if (r >= count) continue;
+        auto pool = client->open_pool(r, PoolTier::kDevice);
+        if (!pool) {
+          fatal_ = fmt::format("cannot map {} rank {}'s pool: {}", side, r, pool.error().message);
+          break;
+        }
+        views->push_back(std::make_unique<PoolView>(std::move(pool).value()));
       }
-      src_.push_back(std::make_unique<PoolView>(std::move(src).value()));
-      dst_.push_back(std::make_unique<PoolView>(std::move(dst).value()));
     }
     if (!fatal_.empty()) return;
     // The extra (speculative) layers may hold fewer blocks: allocate within both.
@@ -162,9 +166,17 @@ class Simulation {
     return g.extra_layers > 0 ? std::min(g.num_blocks, g.extra_layer_blocks) : g.num_blocks;
   }
 
+  // Every pool of both sides.
+  std::vector<const PoolView*> all_pools() const {
+    std::vector<const PoolView*> all;
+    for (const auto* side : {&src_, &dst_})
+      for (const auto& p : *side) all.push_back(p.get());
+    return all;
+  }
+
   void poison_pools() {
-    for (uint32_t r = 0; r < tp_; ++r) {
-      for (const PoolView* pool : {src_[r].get(), dst_[r].get()}) {
+    {
+      for (const PoolView* pool : all_pools()) {
         const PoolGeometry& g = pool->geometry();
         for (uint32_t l = 0; l < g.total_layers(); ++l)
           for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
@@ -269,7 +281,7 @@ class Simulation {
 
   // Destination blocks must be untouched (still poisoned) when handed out.
   void check_untouched(const SimRequest& r) {
-    for (uint32_t rank = 0; rank < tp_; ++rank) {
+    for (uint32_t rank = 0; rank < decode_tp_; ++rank) {
       const PoolGeometry& g = dst_[rank]->geometry();
       for (uint32_t b : r.blocks.dst)
         for (uint32_t l = 0; l < g.total_layers(); ++l)
@@ -332,8 +344,7 @@ class Simulation {
   }
 
   bool pools_intact() {
-    for (uint32_t rank = 0; rank < tp_; ++rank)
-      for (const PoolView* pool : {src_[rank].get(), dst_[rank].get()})
+    for (const PoolView* pool : all_pools())
         if (Status s = pool->check_intact(); !s) {
           stop(s.error().message);
           return false;
@@ -344,12 +355,9 @@ class Simulation {
   // Writes layer `layer` of blocks [first, last) of `r` on every rank: what
   // the model's attention does when it computes that layer.
   void compute_layer(const SimRequest& r, uint32_t layer, uint32_t first, uint32_t last) {
-    for (uint32_t rank = 0; rank < tp_; ++rank) {
-      const PoolGeometry& g = src_[rank]->geometry();
-      for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
-        for (uint32_t i = first; i < last; ++i)
-          fill_block(*src_[rank], r.blocks.src[i], BlockTag{r.blocks.tag, layer, t, i, rank});
-    }
+    for (uint32_t rank = 0; rank < tp_; ++rank)
+      fill_blocks_heads(*src_[rank], prefill_.info().first_kv_head(rank), r.blocks, layer, first,
+                        last);
   }
 
   void wait_compute() {
@@ -502,8 +510,9 @@ class Simulation {
       if (!r.late_dest && r.last_signal_ns != 0)
         exposed_.push_back(c.completed_ns > r.last_signal_ns ? c.completed_ns - r.last_signal_ns
                                                              : 0);
-      for (uint32_t rank = 0; rank < tp_; ++rank) {
-        const uint64_t wrong = check_request(*dst_[rank], rank, r.blocks);
+      for (uint32_t rank = 0; rank < decode_tp_; ++rank) {
+        const uint64_t wrong =
+            check_request_heads(*dst_[rank], decode_.info().first_kv_head(rank), r.blocks);
         report_.wrong_words += wrong;
         if (wrong != 0 && report_.first_error.empty())
           report_.first_error = fmt::format("'{}': {} wrong words on rank {}", r.id, wrong, rank);
@@ -545,9 +554,9 @@ class Simulation {
   void release(SimRequest& r) {
     if (r.released || r.completions == 0 || (o_.expect_arrivals && r.arrivals == 0)) return;
     r.released = true;
-    for (uint32_t rank = 0; rank < tp_; ++rank) {
-      for (const auto& [pool, ids] : {std::pair{src_[rank].get(), &r.blocks.src},
-                                      std::pair{dst_[rank].get(), &r.blocks.dst}}) {
+    for (const auto& [views, ids] : {std::pair{&src_, &r.blocks.src}, std::pair{&dst_, &r.blocks.dst}}) {
+      for (const auto& view : *views) {
+        const PoolView* pool = view.get();
         const PoolGeometry& g = pool->geometry();
         for (uint32_t b : *ids)
           for (uint32_t l = 0; l < g.total_layers(); ++l)
@@ -578,6 +587,7 @@ class Simulation {
   Client& decode_;
   std::mt19937_64 rng_;
   uint32_t tp_ = 1;
+  uint32_t decode_tp_ = 1;
   uint32_t layers_ = 1;
   uint32_t block_tokens_ = 1;
   std::vector<std::unique_ptr<PoolView>> src_;

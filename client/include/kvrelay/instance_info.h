@@ -25,6 +25,9 @@ struct InstanceInfo {
   // The host (offload) tier of swap tasks; num_blocks is 0 when the
   // instance has none.
   PoolGeometry host_pool;
+  // The model's KV heads over all ranks: device_pool.kv_heads x tp_size, or
+  // fewer than tp_size where each head is replicated over several ranks.
+  uint32_t total_kv_heads = 0;
 
   // Transfer protocols this instance accepts as a destination.
   bool accepts_ipc = false;
@@ -38,6 +41,12 @@ struct InstanceInfo {
   uint32_t heartbeat_interval_ms = 0;
   uint32_t peer_timeout_ms = 0;  // a silent peer is presumed dead after this
 
+  // The model KV head that head 0 of rank `rank`'s pool holds (the rank
+  // holds device_pool.kv_heads consecutive heads from there).
+  uint32_t first_kv_head(uint32_t rank) const {
+    if (total_kv_heads != 0 && tp_size > total_kv_heads) return rank / (tp_size / total_kv_heads);
+    return rank * device_pool.kv_heads;
+  }
   const PoolGeometry& pool(PoolTier tier) const {
     return tier == PoolTier::kHost ? host_pool : device_pool;
   }
