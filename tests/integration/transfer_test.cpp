@@ -5,7 +5,11 @@
 // the prefill workers have copied exactly the bytes the model expects, then
 // compares the decode pools with the model block by block, layer by layer:
 // every block the model says has arrived must hold its pattern, every other
-// block must still hold the poison it started with.
+// block must still hold the poison it started with. Blocks carry the pattern
+// of each model KV head, so the same model checks heterogeneous TP (another
+// decode TP size): every head of every block on exactly the decode ranks
+// that hold it.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -61,8 +65,8 @@ struct ModelRequest {
 
 class Differential {
  public:
-  // `block_bytes`: one block of every tensor of a layer together (K, V and
-  // the scales of fp8 pools).
+  // `block_bytes`: one decode block of every tensor of a layer together (K,
+  // V and the scales of fp8 pools).
   Differential(TwoInstances& env, uint32_t layers, uint32_t block_tokens, uint32_t tensors,
                uint64_t block_bytes)
       : env_(env),
@@ -72,8 +76,11 @@ class Differential {
         block_bytes_(block_bytes) {}
 
   void poison_all() {
-    for (uint32_t rank = 0; rank < env_.tp(); ++rank) {
-      for (const PoolView* pool : {&env_.src_pool(rank), &env_.dst_pool(rank)}) {
+    std::vector<const PoolView*> pools;
+    for (uint32_t rank = 0; rank < env_.tp(); ++rank) pools.push_back(&env_.src_pool(rank));
+    for (uint32_t rank = 0; rank < env_.decode_tp(); ++rank) pools.push_back(&env_.dst_pool(rank));
+    {
+      for (const PoolView* pool : pools) {
         const PoolGeometry& g = pool->geometry();
         for (uint32_t l = 0; l < g.total_layers(); ++l)
           for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
@@ -88,7 +95,7 @@ class Differential {
     for (const auto& [id, r] : requests)
       for (uint32_t l = 0; l < layers_; ++l)
         blocks += r.arrived(l, bt_);
-    return blocks * block_bytes_ * env_.tp();
+    return blocks * block_bytes_ * env_.decode_tp();
   }
 
   // Waits for the workers to have copied what the model expects, then
@@ -107,8 +114,9 @@ class Differential {
     for (const auto& [id, r] : requests)
       for (uint32_t j = 0; j < r.blocks.dst.size(); ++j)
         owner[r.blocks.dst[j]] = {&r, j};
-    for (uint32_t rank = 0; rank < env_.tp(); ++rank) {
+    for (uint32_t rank = 0; rank < env_.decode_tp(); ++rank) {
       const PoolView& dst = env_.dst_pool(rank);
+      const uint32_t first_head = env_.dst_first_head(rank);
       for (uint32_t l = 0; l < layers_; ++l) {
         for (uint32_t b = 0; b < dst.geometry().blocks_in_layer(l); ++b) {
           auto it = owner.find(b);
@@ -118,7 +126,8 @@ class Differential {
             if (should_arrive) {
               const ModelRequest& r = *it->second.first;
               const uint32_t index = r.blocks.prefix() + it->second.second;
-              ASSERT_EQ(sim::check_block(dst, b, sim::BlockTag{r.blocks.tag, l, t, index, rank}),
+              ASSERT_EQ(sim::check_block_heads(dst, b, sim::BlockTag{r.blocks.tag, l, t, index, 0},
+                                               first_head),
                         0u)
                   << when << ": block " << b << " layer " << l << " tensor " << t << " rank "
                   << rank << " of '" << r.id << "' should have arrived";
@@ -150,6 +159,17 @@ struct Scenario {
   uint32_t block_tokens = 16;
   uint32_t blocks = 96;
   std::string dtype = "bfloat16";
+  // Heterogeneous TP: the decode instance's TP size (0: tp) and the model's
+  // KV heads (0: one per prefill rank).
+  uint32_t decode_tp = 0;
+  uint32_t total_heads = 0;
+  uint32_t heads() const { return total_heads != 0 ? total_heads : tp; }
+  Placement placement() const {
+    Placement p;
+    p.decode_tp = decode_tp;
+    if (decode_tp != 0) p.decode_kv_heads = std::max(1u, heads() / decode_tp);
+    return p;
+  }
 };
 
 InstanceArgs args_of(const Scenario& s) {
@@ -161,6 +181,8 @@ InstanceArgs args_of(const Scenario& s) {
   a.blocks = s.blocks;
   a.head_dim = 16;
   a.dtype = s.dtype;
+  a.kv_heads = std::max(1u, s.heads() / s.tp);
+  a.extra = {"--total-kv-heads", std::to_string(s.heads())};
   return a;
 }
 
@@ -170,12 +192,12 @@ InstanceArgs args_of(const Scenario& s) {
 void run_random_schedule(const Scenario& s, uint64_t seed, uint32_t requests, uint32_t slots,
                          TcpHosts* tcp = nullptr) {
   TwoInstances env("diff" + std::to_string(seed), args_of(s),
-                   tcp != nullptr ? tcp->placement() : Placement{});
+                   tcp != nullptr ? tcp->placement() : s.placement());
   if (tcp != nullptr) env.set_route(tcp->route());
   const PoolGeometry& g = env.src_pool(0).geometry();
   uint64_t layer_block_bytes = 0;
   for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
-    layer_block_bytes += g.block_bytes(static_cast<PoolTensor>(t));
+    layer_block_bytes += env.dst_pool(0).geometry().block_bytes(static_cast<PoolTensor>(t));
   Differential model(env, g.total_layers(), s.block_tokens, g.tensors_per_layer(),
                      layer_block_bytes);
   model.poison_all();
@@ -262,8 +284,9 @@ void run_random_schedule(const Scenario& s, uint64_t seed, uint32_t requests, ui
         for (uint32_t rank = 0; rank < env.tp(); ++rank)
           for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
             for (uint32_t i = first; i < last; ++i)
-              sim::fill_block(env.src_pool(rank), r->blocks.src[i],
-                              sim::BlockTag{r->blocks.tag, l, t, i, rank});
+              sim::fill_block_heads(env.src_pool(rank), r->blocks.src[i],
+                                    sim::BlockTag{r->blocks.tag, l, t, i, 0},
+                                    env.src_first_head(rank));
         r->layer_tokens[l] = r->prefilled + len;
       }
       for (uint32_t rank = 0; rank < env.tp(); ++rank)
@@ -348,6 +371,29 @@ TEST(Transfer, FourRanksEachMoveTheirOwnShard) {
   s.tp = 4;
   run_random_schedule(s, 103, 6, 3);
 }
+
+// Heterogeneous TP: (prefill tp, decode tp, the model's KV heads).
+class HeteroTpDifferential
+    : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t, uint32_t>> {};
+
+TEST_P(HeteroTpDifferential, EveryHeadLandsOnExactlyTheDecodeRanksThatHoldIt) {
+  const auto [prefill_tp, decode_tp, heads] = GetParam();
+  Scenario s;
+  s.tp = prefill_tp;
+  s.decode_tp = decode_tp;
+  s.total_heads = heads;
+  run_random_schedule(s, 500 + prefill_tp * 10 + decode_tp, 8, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Splits, HeteroTpDifferential,
+    ::testing::Values(std::tuple{1u, 2u, 4u}, std::tuple{2u, 1u, 4u}, std::tuple{2u, 4u, 4u},
+                      std::tuple{4u, 2u, 4u}, std::tuple{1u, 4u, 4u}, std::tuple{1u, 4u, 2u},
+                      std::tuple{4u, 1u, 2u}),
+    [](const auto& info) {
+      return fmt::format("tp{}_to_tp{}_{}_heads", std::get<0>(info.param),
+                         std::get<1>(info.param), std::get<2>(info.param));
+    });
 
 // ---- specific cases ----
 

@@ -24,6 +24,10 @@ namespace kvrelay::testing {
 struct Placement {
   std::vector<std::string> decode_prefix, prefill_prefix;
   std::vector<std::string> decode_extra, prefill_extra;
+  // Heterogeneous TP: the decode instance's own TP size and heads per rank
+  // (0: as the prefill instance's).
+  uint32_t decode_tp = 0, decode_kv_heads = 0;
+  uint32_t decode_head_dim = 0;  // a mismatch, for the tests of refusals
 };
 
 // How the prefill instance reaches the decode one: ipc (default) or tcp.
@@ -41,7 +45,15 @@ class TwoInstances {
     base.role = "decode";
     base.prefix = where.decode_prefix;
     base.extra.insert(base.extra.end(), where.decode_extra.begin(), where.decode_extra.end());
+    const InstanceArgs prefill_base = base;
+    if (where.decode_tp != 0) base.tp = where.decode_tp;
+    if (where.decode_kv_heads != 0) base.kv_heads = where.decode_kv_heads;
+    if (where.decode_head_dim != 0) base.head_dim = where.decode_head_dim;
     decode_ = Instance::start(base);
+    decode_tp_ = base.tp;
+    base.tp = prefill_base.tp;
+    base.kv_heads = prefill_base.kv_heads;
+    base.head_dim = prefill_base.head_dim;
     base.instance = unique_instance(tag + "-p");
     base.role = "prefill";
     base.prefix = where.prefill_prefix;
@@ -49,12 +61,12 @@ class TwoInstances {
     base.extra.insert(base.extra.end(), where.prefill_extra.begin(), where.prefill_extra.end());
     prefill_ = Instance::start(base);
     tp_ = base.tp;
-    for (uint32_t r = 0; r < tp_; ++r) {
+    for (uint32_t r = 0; r < tp_; ++r)
       src_.push_back(std::make_unique<PoolView>(
           std::move(prefill_->client().open_pool(r, PoolTier::kDevice)).value()));
+    for (uint32_t r = 0; r < decode_tp_; ++r)
       dst_.push_back(std::make_unique<PoolView>(
           std::move(decode_->client().open_pool(r, PoolTier::kDevice)).value()));
-    }
   }
 
   // Stops both instances; each must exit 0 and leave nothing in /dev/shm.
@@ -69,6 +81,10 @@ class TwoInstances {
   Instance& prefill() { return *prefill_; }
   Instance& decode() { return *decode_; }
   uint32_t tp() const { return tp_; }
+  uint32_t decode_tp() const { return decode_tp_; }
+  // The model KV head of head 0 of each side's rank (heterogeneous TP).
+  uint32_t src_first_head(uint32_t r) { return prefill_->client().info().first_kv_head(r); }
+  uint32_t dst_first_head(uint32_t r) { return decode_->client().info().first_kv_head(r); }
   const PoolView& src_pool(uint32_t r) const { return *src_[r]; }
   const PoolView& dst_pool(uint32_t r) const { return *dst_[r]; }
 
@@ -147,6 +163,7 @@ class TwoInstances {
   std::unique_ptr<Instance> decode_;
   std::unique_ptr<Instance> prefill_;
   uint32_t tp_ = 1;
+  uint32_t decode_tp_ = 1;
   std::vector<std::unique_ptr<PoolView>> src_;
   std::vector<std::unique_ptr<PoolView>> dst_;
   std::multimap<std::string, Completion> seen_;

@@ -180,3 +180,70 @@ TEST(Arrivals, AWriteAdmittedBeforeTheDeclarationOutsideItsBlocksFailsItWhenItLa
 
 }  // namespace
 }  // namespace kvrelay::worker
+
+namespace kvrelay::worker {
+namespace {
+
+// Heterogeneous TP: 4 heads per block, written by several prefill ranks.
+PoolGeometry four_heads() {
+  PoolGeometry g = geometry();
+  g.kv_heads = 4;
+  return g;
+}
+constexpr uint64_t kHead = kBlock;  // geometry()'s block was one head
+LandedWrite heads(const std::string& id, uint32_t layer, uint32_t tensor, uint32_t block,
+                  uint32_t first_head, uint32_t count) {
+  LandedWrite f;
+  f.request_key = request_key(id);
+  f.layer = layer;
+  f.tensor = tensor;
+  f.dst_offset = block * 4 * kHead + first_head * kHead;
+  f.bytes = count * kHead;
+  return f;
+}
+
+TEST(Arrivals, ABlockFilledByHeadRangesArrivesOnlyOnceEveryHeadHasLanded) {
+  Arrivals a(four_heads(), nullptr);
+  ASSERT_TRUE(a.expect(3, "split", {5}));
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t t = 0; t < 2; ++t) {
+      ASSERT_TRUE(deliver(a, heads("split", l, t, 5, 0, 2)));  // prefill rank 0's half
+      if (l == 1 && t == 1) {
+        ASSERT_TRUE(deliver(a, heads("split", l, t, 5, 0, 2))) << "a repeat adds no head";
+        ASSERT_TRUE(deliver(a, heads("split", l, t, 5, 2, 1)));
+        EXPECT_FALSE(a.any()) << "head 3 of layer 1, V is still missing";
+        ASSERT_TRUE(deliver(a, heads("split", l, t, 5, 3, 1)));
+      } else {
+        ASSERT_TRUE(deliver(a, heads("split", l, t, 5, 2, 2)));  // prefill rank 1's half
+      }
+    }
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived);
+  EXPECT_EQ(events[0].bytes, 2 * 2 * 4 * kHead) << "each block once, whole";
+}
+
+TEST(Arrivals, HeadRangesThatLandedBeforeTheDeclarationCountOnceItComes) {
+  Arrivals a(four_heads(), nullptr);
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t t = 0; t < 2; ++t) ASSERT_TRUE(deliver(a, heads("late", l, t, 7, 0, 2)));
+  ASSERT_TRUE(a.expect(4, "late", {7}));
+  EXPECT_FALSE(a.any()) << "heads 2 and 3 are still missing everywhere";
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t t = 0; t < 2; ++t) ASSERT_TRUE(deliver(a, heads("late", l, t, 7, 2, 2)));
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived);
+}
+
+TEST(Arrivals, AHeadRangeIntoAnotherRequestsBlockIsRefused) {
+  Arrivals a(four_heads(), nullptr);
+  ASSERT_TRUE(a.expect(1, "owner", {2}));
+  const Status s = deliver(a, heads("intruder", 0, 0, 2, 1, 1));
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().message,
+            "a write goes to destination block 2, which request 'owner' declared");
+}
+
+}  // namespace
+}  // namespace kvrelay::worker

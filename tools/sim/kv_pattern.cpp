@@ -133,6 +133,16 @@ uint64_t heads_of_block(const PoolView& pool, uint32_t block_id, BlockTag tag, u
 
 }  // namespace
 
+void fill_block_heads(const PoolView& pool, uint32_t block_id, const BlockTag& tag,
+                      uint32_t first_head) {
+  heads_of_block(pool, block_id, tag, first_head, true);
+}
+
+uint64_t check_block_heads(const PoolView& pool, uint32_t block_id, const BlockTag& tag,
+                           uint32_t first_head) {
+  return heads_of_block(pool, block_id, tag, first_head, false);
+}
+
 void fill_blocks_heads(const PoolView& pool, uint32_t first_head, const RequestBlocks& r,
                        uint32_t layer, uint32_t first, uint32_t last) {
   for (uint32_t t = 0; t < pool.geometry().tensors_per_layer(); ++t)

@@ -52,10 +52,15 @@ void fill_request(const PoolView& pool, uint32_t rank, const RequestBlocks& r);
 uint64_t check_request(const PoolView& pool, uint32_t rank, const RequestBlocks& r);
 
 
-// The same, head by head: each head's bytes follow the model KV head they
+// The same, head by head (tag.rank is ignored): each head's bytes follow the model KV head they
 // hold, not the rank, so a decode block assembled from several prefill
 // ranks' heads (heterogeneous TP) checks out. `first_head`: the model head
 // that head 0 of the pool holds (InstanceInfo::first_kv_head).
+void fill_block_heads(const PoolView& pool, uint32_t block_id, const BlockTag& tag,
+                      uint32_t first_head);
+// Wrong 8-byte words (a head's last word may be shorter) of one block.
+uint64_t check_block_heads(const PoolView& pool, uint32_t block_id, const BlockTag& tag,
+                           uint32_t first_head);
 void fill_request_heads(const PoolView& pool, uint32_t first_head, const RequestBlocks& r);
 void fill_blocks_heads(const PoolView& pool, uint32_t first_head, const RequestBlocks& r,
                        uint32_t layer, uint32_t first, uint32_t last);
