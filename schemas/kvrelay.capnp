@@ -407,6 +407,10 @@ struct TransportHello {
   expectedInstance @5 :Text;
   # The instance the connecting side means to reach (CacheDest.peerInstance);
   # the peer refuses if it is another one. Empty: any.
+  totalKvHeads @6 :UInt32;
+  # The model's KV heads over all the connecting side's ranks (0: pool
+  # kvHeads x tpSize). A peer of another TP size (heterogeneous TP) must
+  # serve the same number.
 }
 
 struct TransportHelloAck {
@@ -421,6 +425,11 @@ struct TransportHelloAck {
   proof @3 :Data;
   # tcp: the accepting side's proof that it holds the key too:
   # HMAC-SHA256(key, "kvrelay-tcp-accept" || client nonce || server nonce).
+  tpSize @5 :UInt32;
+  totalKvHeads @6 :UInt32;
+  # The accepting instance's TP size and the model's KV heads over its ranks
+  # (0: unknown). A sender that split its heads for another layout
+  # (heterogeneous TP) fails those transfers instead of writing wrong heads.
 }
 
 struct RdmaQpInfo {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "instance/instance_config.h"
 #include "instance/names.h"
 
 namespace kvrelay::messages {
@@ -75,10 +76,16 @@ Status check_block_list(const std::string& who, std::string_view field,
   return {};
 }
 
-// One port per rank, none zero.
+// One port per rank, none zero. `per_decode_rank` (tcp): one per rank of
+// the decode instance, whose TP size may differ from this one's
+// (heterogeneous TP: the count is that size).
 Status check_ports(const std::string& who, std::string_view field,
-                   capnp::List<uint16_t>::Reader ports, uint32_t tp_size) {
-  if (ports.size() != tp_size)
+                   capnp::List<uint16_t>::Reader ports, uint32_t tp_size,
+                   bool per_decode_rank = false) {
+  if (per_decode_rank && (ports.size() == 0 || ports.size() > kMaxTpSize))
+    return invalid(fmt::format("{}: {} has {}; it needs one port per decode rank, 1 to {}", who,
+                               field, entries(ports.size()), kMaxTpSize));
+  if (!per_decode_rank && ports.size() != tp_size)
     return invalid(fmt::format("{}: {} has {} but the instance has {} ranks (one port per rank)",
                                who, field, entries(ports.size()), tp_size));
   for (uint32_t r = 0; r < ports.size(); ++r) {
@@ -186,7 +193,8 @@ Status validate(schema::CacheDest::Reader dest, const Limits& limits,
       break;
     case TransferProtocol::TCP:
       if (Status s = check_address(w, dest.getPeerAddress(), p); !s) return s;
-      if (Status s = check_ports(w, "tcp_ports", dest.getTcpPorts(), limits.tp_size); !s) return s;
+      if (Status s = check_ports(w, "tcp_ports", dest.getTcpPorts(), limits.tp_size, true); !s)
+        return s;
       break;
     case TransferProtocol::RDMA:
       if (Status s = check_address(w, dest.getPeerAddress(), p); !s) return s;
@@ -269,7 +277,7 @@ Status validate(schema::ConnectTask::Reader connect, const Limits& limits) {
   if (Status s = check_protocol_enabled(w, p, limits); !s) return s;
   if (p == TransferProtocol::IPC) return check_peer_instance(w, connect.getPeerInstance());
   if (Status s = check_address(w, connect.getPeerAddress(), p); !s) return s;
-  return check_ports(w, "ports", connect.getPorts(), limits.tp_size);
+  return check_ports(w, "ports", connect.getPorts(), limits.tp_size, p == TransferProtocol::TCP);
 }
 
 Status validate(schema::Cancel::Reader cancel, const Limits& /*limits*/) {

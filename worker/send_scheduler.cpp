@@ -403,8 +403,9 @@ void SendScheduler::advance(Request& r, uint64_t signal_ns) {
       return;
     }
     r.sent[layer] = to;
-    ++r.in_flight;
-    ++transfers_in_flight_;
+    const uint32_t transfers = r.destination->transfers_per_submit();
+    r.in_flight += transfers;
+    transfers_in_flight_ += transfers;
   }
   finish_if_done(r);
 }

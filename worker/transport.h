@@ -45,10 +45,15 @@ class Destination {
   // The peer, for messages: "decode instance 'd0' rank 1 over ipc".
   virtual const std::string& peer() const = 0;
   // Starts moving every tensor of `layer` (K, V and scales) for `runs` from
-  // the local pool; exactly one completion with `ticket` follows. An error
-  // here means nothing was started and no completion follows.
+  // the local pool; transfers_per_submit() completions with `ticket`
+  // follow. An error here means nothing was started and no completion
+  // follows.
   virtual Status submit_layer(const TransferTicket& ticket, uint32_t layer,
                               std::span<const BlockRun> runs) = 0;
+  // Completions that follow each successful submit_layer(): one, or one per
+  // decode rank a network transport writes into (heterogeneous TP; none for
+  // a rank whose heads other ranks send).
+  virtual uint32_t transfers_per_submit() const { return 1; }
 };
 
 class Transport {

@@ -122,6 +122,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   sender.instance = instance_of(config);
   sender.rank = rank;
   sender.tp_size = config.tp_size;
+  sender.total_kv_heads = head_layout_of(config).total_heads;
   sender.lanes = std::clamp<uint32_t>(network.lanes, 1, 8);
   sender.timing = tcp_timing(config);
   t->tcp_ = std::make_unique<tcp::TcpTransport>(*t->net_, local, t->key_.get(), sender, doorbell);
@@ -129,6 +130,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   rdma_sender.instance = sender.instance;
   rdma_sender.rank = rank;
   rdma_sender.tp_size = config.tp_size;
+  rdma_sender.total_kv_heads = sender.total_kv_heads;
   rdma_sender.queue_pairs = std::clamp<uint32_t>(network.rdma_queue_pairs, 1, 16);
   rdma_sender.timing = sender.timing;
   t->rdma_ = std::make_unique<rdma::RdmaTransport>(*t->net_, local, t->key_.get(),
@@ -139,6 +141,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
     receiver.address = network.listen_address;
     receiver.instance = instance_of(config);
     receiver.rank = rank;
+    receiver.heads = head_layout_of(config);
     receiver.timing = sender.timing;
     receiver.arrivals =
         t->arrivals_ ? t->arrivals_ : std::make_shared<Arrivals>(local.geometry(), doorbell);

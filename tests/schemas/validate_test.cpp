@@ -266,6 +266,20 @@ TEST(ConnectRules, PortsForEveryRank) {
             "ConnectTask 7: ports has 1 entry but the instance has 2 ranks (one port per rank)");
 }
 
+TEST(ConnectRules, TcpPortsAreOnePerDecodeRankOfAnyTpSize) {
+  capnp::MallocMessageBuilder msg;
+  auto c = msg.initRoot<schema::ConnectTask>();
+  c.setTaskId(8);
+  c.setProtocol(schema::TransferProtocol::TCP);
+  c.setPeerAddress("10.0.0.9");
+  auto four = c.initPorts(4);  // a decode instance of tp 4 (heterogeneous TP)
+  for (uint32_t r = 0; r < 4; ++r) four.set(r, static_cast<uint16_t>(8100 + r));
+  EXPECT_TRUE(validate(c.asReader(), example_limits()));
+  c.initPorts(0);
+  EXPECT_EQ(error_of(validate(c.asReader(), example_limits())),
+            "ConnectTask 8: ports has 0 entries; it needs one port per decode rank, 1 to 16");
+}
+
 TEST(ConnectRules, AddressWithASpace) {
   capnp::MallocMessageBuilder msg;
   auto c = msg.initRoot<schema::ConnectTask>();

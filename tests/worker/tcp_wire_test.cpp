@@ -101,7 +101,19 @@ TEST(TcpWire, EveryFrameCheckNamesWhatIsWrong) {
   f.tensor = 0;
   f.dst_offset = 100;
   EXPECT_EQ(check_frame(f, g).error().message,
-            "frame of 4096 bytes at offset 100 is not whole blocks of 4096 bytes");
+            "frame of 4096 bytes at offset 100 is neither whole blocks of 4096 bytes nor whole "
+            "heads of 2048 bytes within one block");
+  // Heterogeneous TP: whole heads of one block go, heads across two do not.
+  f.dst_offset = 5 * kBlock + kBlock / 2;
+  f.bytes = kBlock / 2;
+  EXPECT_TRUE(check_frame(f, g)) << "head 1 of block 5";
+  f.bytes = kBlock;
+  EXPECT_EQ(check_frame(f, g).error().message,
+            "frame of 4096 bytes at offset 22528 is neither whole blocks of 4096 bytes nor whole "
+            "heads of 2048 bytes within one block");
+  f.dst_offset = 63 * kBlock + kBlock / 2;
+  f.bytes = kBlock / 2;
+  EXPECT_TRUE(check_frame(f, g)) << "the last head of the last block";
   f.dst_offset = 63 * kBlock;
   f.bytes = 2 * kBlock;
   EXPECT_EQ(check_frame(f, g).error().message,
@@ -111,6 +123,33 @@ TEST(TcpWire, EveryFrameCheckNamesWhatIsWrong) {
   EXPECT_FALSE(check_frame(f, g));
   f.bytes = 0;
   EXPECT_FALSE(check_frame(f, g));
+}
+
+TEST(TcpWire, AHelloOfAnotherTpSizeIsAcceptedWhenItServesTheSameModelHeads) {
+  // This side: tp 2, 2 heads per rank (4 in all).
+  const HeadLayout here{2, 2, 4};
+  Hello h;
+  h.version = kWireVersion;
+  h.pool = geometry();
+  h.pool.kv_heads = 1;
+  h.tp_size = 4;  // 4 x 1 heads: the same 4
+  EXPECT_TRUE(check_hello(h, "d0", geometry(), here));
+  EXPECT_FALSE(check_hello(h, "d0", geometry())) << "without a layout the pools must match";
+  h.tp_size = 8;
+  h.total_kv_heads = 8;
+  EXPECT_EQ(check_hello(h, "d0", geometry(), here).error().message,
+            "pools differ in the model's KV heads: 4 here (tp 2), 8 at the peer (tp 8)");
+  h.tp_size = 3;
+  h.total_kv_heads = 2;
+  EXPECT_EQ(check_hello(h, "d0", geometry(), here).error().message,
+            "the peer's heads: 2 KV heads in all cannot be spread over tp 3 with 1 heads per "
+            "rank: kv_heads x tp_size must equal the total, or (fewer heads than ranks) kv_heads "
+            "must be 1 and tp_size a multiple of the total");
+  h.tp_size = 4;
+  h.total_kv_heads = 0;
+  h.pool.head_dim = 32;
+  EXPECT_EQ(check_hello(h, "d0", geometry(), here).error().message,
+            "pools differ in head_dim: 64 here, 32 at the peer");
 }
 
 TEST(TcpWire, AHelloIsRefusedNamingTheFieldThatDiffers) {

@@ -135,15 +135,34 @@ int main(int argc, char** argv) {
   o.tcp = protocol == "tcp";
   o.rdma = protocol == "rdma";
 
+  // Heterogeneous TP: both instances serve the same model heads, spread
+  // over their own ranks (replicated where a side has more ranks than heads).
+  sim::Geometry decode_g = g;
+  std::vector<std::string> hetero_flags;
+  if (start && (decode_tp != 0 || total_kv_heads != 0)) {
+    if (o.rdma) {
+      fmt::print(stderr,
+                 "kvrelay-sim: --decode-tp and --total-kv-heads run over ipc and tcp, not rdma "
+                 "yet\n");
+      return 2;
+    }
+    const uint32_t heads = total_kv_heads != 0 ? total_kv_heads : g.kv_heads * g.tp;
+    decode_g.tp = decode_tp != 0 ? decode_tp : g.tp;
+    g.kv_heads = std::max(1u, heads / g.tp);
+    decode_g.kv_heads = std::max(1u, heads / decode_g.tp);
+    hetero_flags = {"--total-kv-heads", std::to_string(heads)};
+  }
+
   // With tcp or rdma, --start gives the decode instance a listener per rank
   // and both instances one key.
   sim::TemporaryKey temporary_key;
   std::vector<std::string> decode_flags, prefill_flags;
   if (start && (o.tcp || o.rdma)) {
     if (auth_key_file.empty()) auth_key_file = temporary_key.path();
-    const std::vector<uint16_t> ports = sim::free_tcp_ports(g.tp, o.peer_address);
-    if (auth_key_file.empty() || ports.size() != g.tp) {
-      fmt::print(stderr, "kvrelay-sim: cannot make a key file or find {} free ports\n", g.tp);
+    const std::vector<uint16_t> ports = sim::free_tcp_ports(decode_g.tp, o.peer_address);
+    if (auth_key_file.empty() || ports.size() != decode_g.tp) {
+      fmt::print(stderr, "kvrelay-sim: cannot make a key file or find {} free ports\n",
+                 decode_g.tp);
       return 2;
     }
     std::string list;
@@ -160,25 +179,11 @@ int main(int argc, char** argv) {
     }
   }
 
+  for (auto* flags : {&decode_flags, &prefill_flags})
+    flags->insert(flags->end(), hetero_flags.begin(), hetero_flags.end());
   if (start && peer_timeout_ms != 0) {
     for (auto* flags : {&decode_flags, &prefill_flags})
       flags->insert(flags->end(), {"--peer-timeout-ms", std::to_string(peer_timeout_ms)});
-  }
-
-  // Heterogeneous TP: both instances serve the same model heads, spread
-  // over their own ranks (replicated where a side has more ranks than heads).
-  sim::Geometry decode_g = g;
-  if (start && (decode_tp != 0 || total_kv_heads != 0)) {
-    if (o.tcp || o.rdma) {
-      fmt::print(stderr, "kvrelay-sim: --decode-tp and --total-kv-heads run over ipc only so far\n");
-      return 2;
-    }
-    const uint32_t heads = total_kv_heads != 0 ? total_kv_heads : g.kv_heads * g.tp;
-    decode_g.tp = decode_tp != 0 ? decode_tp : g.tp;
-    g.kv_heads = std::max(1u, heads / g.tp);
-    decode_g.kv_heads = std::max(1u, heads / decode_g.tp);
-    prefill_flags.insert(prefill_flags.end(), {"--total-kv-heads", std::to_string(heads)});
-    decode_flags.insert(decode_flags.end(), {"--total-kv-heads", std::to_string(heads)});
   }
 
   sim::ManagedInstance decode_instance, prefill_instance;

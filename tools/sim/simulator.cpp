@@ -212,7 +212,9 @@ class Simulation {
       c.peer_address = o_.peer_address;
       c.ports = o_.rdma ? decode_.info().rdma_ports : decode_tcp_ports();
     }
-    submit(prefill_.submit(c, Deadline::after(10s)), "connect");
+    const Status submitted = prefill_.submit(c, Deadline::after(10s));
+    submit(submitted, "connect");
+    if (!submitted) return;  // refused: no completion follows
     Result<Completion> done = prefill_.wait(Deadline::after(60s));
     if (!done || done->status != CompletionStatus::kFinished) {
       if (report_.first_error.empty())

@@ -111,7 +111,7 @@ class Session final : public tcp::ClientChannel {
       : ClientChannel(io, peer.options().timing, peer.name(), peer.key(),
                       tcp::make_hello(peer.options().instance, peer.expected_instance(),
                                       peer.options().rank, peer.options().tp_size,
-                                      peer.local().geometry()),
+                                      peer.local().geometry(), peer.options().total_kv_heads),
                       tcp::ClientTarget{peer.host(), peer.port(), peer.options().connect_timeout,
                                         "connection, handshake and queue pairs"}),
         peer_(peer),
@@ -219,6 +219,8 @@ class Session final : public tcp::ClientChannel {
   // Asks for the layer's destination blocks; its writes wait for the grant.
   void start(Job job) {
     if (closed()) return peer_.fail(job, close_reason_);  // an earlier start's send failed
+    if (std::optional<std::string> why = tcp::layout_refusal(job, ack()))
+      return peer_.fail(job, *why);
     job.transfer = ++next_transfer_;
     tcp::RdmaIntent intent;
     intent.transfer = job.transfer;
@@ -422,12 +424,23 @@ Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const tcp::PeerAddress
 }
 
 Result<std::shared_ptr<Destination>> RdmaTransport::resolve(schema::CacheDest::Reader dest) {
+  const HeadLayout mine{options_.tp_size, local_.geometry().kv_heads,
+                        options_.total_kv_heads != 0
+                            ? options_.total_kv_heads
+                            : local_.geometry().kv_heads * options_.tp_size};
+  if (dest.getRdmaPorts().size() != 0 && dest.getRdmaPorts().size() != mine.tp_size)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("rdmaPorts names {} decode ranks and this instance has tp {}: "
+                                  "heterogeneous TP does not run over rdma yet (it does over tcp "
+                                  "and ipc)",
+                                  dest.getRdmaPorts().size(), mine.tp_size));
   Result<tcp::PeerAddress> at =
       tcp::destination_address(dest, dest.getRdmaPorts(), "rdmaPorts", options_.rank);
   if (!at) return at.error();
   Result<std::shared_ptr<RdmaPeer>> peer = peer_for(*at);
   if (!peer) return peer.error();
-  return std::shared_ptr<Destination>(std::make_shared<tcp::PeerDestination<RdmaPeer>>(*peer));
+  return std::shared_ptr<Destination>(
+      std::make_shared<tcp::PeerDestination<RdmaPeer>>(*peer, mine));
 }
 
 Status RdmaTransport::check_connect(schema::ConnectTask::Reader connect) {

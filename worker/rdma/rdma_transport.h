@@ -49,6 +49,7 @@ struct RdmaSenderOptions {
   std::string instance;  // this instance's name, for the peer's logs
   uint32_t rank = 0;
   uint32_t tp_size = 1;
+  uint32_t total_kv_heads = 0;  // the model's KV heads (0: the pool's kv_heads x tp_size)
   uint32_t queue_pairs = 2;  // per decode rank, used round robin
   uint32_t signal_every = 16;
   tcp::Timing timing;

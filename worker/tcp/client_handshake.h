@@ -16,13 +16,15 @@ namespace kvrelay::worker::tcp {
 
 // What a sending rank says in its hello.
 inline Hello make_hello(const std::string& instance, const std::string& expected_instance,
-                        uint32_t rank, uint32_t tp_size, const PoolGeometry& pool) {
+                        uint32_t rank, uint32_t tp_size, const PoolGeometry& pool,
+                        uint32_t total_kv_heads = 0) {
   Hello h;
   h.version = kWireVersion;
   h.instance = instance;
   h.expected_instance = expected_instance;
   h.rank = rank;
   h.tp_size = tp_size;
+  h.total_kv_heads = total_kv_heads;
   h.pool = pool;
   return h;
 }

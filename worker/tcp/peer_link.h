@@ -7,6 +7,7 @@
 // runs on the owning peer's strand.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <span>
 
+#include "instance/head_layout.h"
 #include "shm/result.h"
 #include "worker/copy_plan.h"
 #include "worker/tcp/net_thread.h"
@@ -91,6 +93,10 @@ Result<PeerAddress> destination_address(schema::CacheDest::Reader dest,
                                         const char* ports_field, uint32_t rank);
 // The same rank of the peer, for a ConnectTask.
 Result<PeerAddress> connect_address(schema::ConnectTask::Reader connect, uint32_t rank);
+// Every decode rank rank `rank` sends to, for a ConnectTask: the same rank,
+// or (ports for another TP size: heterogeneous TP) those the head split names.
+Result<std::vector<PeerAddress>> connect_addresses(schema::ConnectTask::Reader connect,
+                                                   uint32_t rank, const HeadLayout& mine);
 
 // Closes every peer of a transport (Peer::close_all on its strand) and waits
 // until none can touch the local pool any more.
@@ -111,33 +117,80 @@ void close_peers(PeerMap& peers) {
 struct LayerJob {
   TransferTicket ticket;
   std::vector<BlockRun> runs;
+  // Heterogeneous TP: only these heads of each block go (to a decode rank
+  // of another TP size).
+  std::optional<HeadShare> share;
+  // The decode instance's layout the job was planned for: a connection
+  // whose receiver says otherwise fails it rather than write wrong heads
+  // (tp_size 0: not checked).
+  HeadLayout decode_layout{0, 0, 0};
   uint64_t transfer = 0;  // the connection's id for it
   uint64_t bytes = 0;     // what it moves
 };
 
-// The Destination of a request to one peer: submit_layer hands the layer to
-// the peer's strand (Peer::dispatch), which owns everything else.
+// Why a job must not go over a connection whose receiver answered `ack`, or
+// nothing: the receiver's layout is not the one the job was planned for.
+std::optional<std::string> layout_refusal(const LayerJob& job, const HelloAck& ack);
+
+// The Destination of a request over a network transport: one peer, or
+// (heterogeneous TP) one part per decode rank its heads go to, each with
+// its head range. submit_layer hands the layer to each part's strand
+// (Peer::dispatch), which owns everything else; it cannot fail, so each
+// part's completion follows.
 template <class Peer>
 class PeerDestination final : public Destination {
  public:
-  explicit PeerDestination(std::shared_ptr<Peer> peer) : peer_(std::move(peer)) {}
+  struct Part {
+    std::shared_ptr<Peer> peer;
+    std::optional<HeadShare> share;
+  };
+  PeerDestination(std::vector<Part> parts, HeadLayout decode_layout, std::string name)
+      : parts_(std::move(parts)), decode_layout_(decode_layout), name_(std::move(name)) {}
+  explicit PeerDestination(std::shared_ptr<Peer> peer, HeadLayout decode_layout = {0, 0, 0})
+      : PeerDestination({Part{peer, std::nullopt}}, decode_layout, peer->link().name()) {}
   uint32_t blocks_in_layer(uint32_t layer) const override {
-    return peer_->link().blocks_in_layer(layer);
+    // No parts: a replica whose heads other ranks send (it writes nothing).
+    uint32_t blocks = UINT32_MAX;
+    for (const Part& p : parts_) blocks = std::min(blocks, p.peer->link().blocks_in_layer(layer));
+    return blocks;
   }
-  const std::string& peer() const override { return peer_->link().name(); }
+  const std::string& peer() const override { return name_; }
+  uint32_t transfers_per_submit() const override { return static_cast<uint32_t>(parts_.size()); }
   Status submit_layer(const TransferTicket& ticket, uint32_t,
                       std::span<const BlockRun> runs) override {
-    LayerJob job;
-    job.ticket = ticket;
-    job.runs.assign(runs.begin(), runs.end());
-    boost::asio::post(peer_->strand(), [peer = peer_, job = std::move(job)]() mutable {
-      peer->dispatch(std::move(job));
-    });
+    for (const Part& p : parts_) {
+      LayerJob job;
+      job.ticket = ticket;
+      job.runs.assign(runs.begin(), runs.end());
+      job.share = p.share;
+      job.decode_layout = decode_layout_;
+      boost::asio::post(p.peer->strand(), [peer = p.peer, job = std::move(job)]() mutable {
+        peer->dispatch(std::move(job));
+      });
+    }
     return {};
   }
 
  private:
-  std::shared_ptr<Peer> peer_;
+  std::vector<Part> parts_;
+  HeadLayout decode_layout_;
+  std::string name_;
 };
+
+// A network transport's plan for one request of rank `rank`: the decode
+// ranks its heads go to. `ports` (one per decode rank, as CacheDest names
+// them) says the decode instance's TP size: the same as `mine`, and the
+// rank sends all of its heads to one decode rank (deviceIds, else its own);
+// another, and the head split decides (heterogeneous TP).
+struct PeerPlan {
+  struct Target {
+    PeerAddress address;
+    std::optional<HeadShare> share;
+  };
+  std::vector<Target> targets;
+  HeadLayout decode_layout;
+};
+Result<PeerPlan> plan_peers(schema::CacheDest::Reader dest, capnp::List<uint16_t>::Reader ports,
+                            const char* ports_field, uint32_t rank, const HeadLayout& mine);
 
 }  // namespace kvrelay::worker::tcp

@@ -113,7 +113,13 @@ class Connection final : public Channel {
         ack.epoch = shared_->epoch;
         const Mac proof = shared_->key.mac(kAcceptLabel, peer_nonce_, nonce_);
         ack.proof.assign(proof.begin(), proof.end());
-        Status ok = check_hello(in.hello, shared_->options.instance, shared_->pool.geometry());
+        const std::optional<HeadLayout>& heads = shared_->options.heads;
+        if (heads) {
+          ack.tp_size = heads->tp_size;
+          ack.total_kv_heads = heads->total_heads;
+        }
+        Status ok =
+            check_hello(in.hello, shared_->options.instance, shared_->pool.geometry(), heads);
         ack.accepted = ok.ok();
         if (!ok) ack.reason = ok.error().message;
         if (!ok) return refuse(ack.reason);

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "instance/auth_key.h"
@@ -33,6 +34,10 @@ struct ReceiverOptions {
   uint16_t port = 0;
   std::string instance;  // this instance's name (hello's expected instance)
   uint32_t rank = 0;
+  // This instance's head layout: senders of another TP size that serve the
+  // same model heads are accepted (heterogeneous TP). None: the senders'
+  // pools must match this one exactly.
+  std::optional<HeadLayout> heads;
   Timing timing;
   std::chrono::milliseconds handshake_timeout{2000};
   // The rank's expected requests, which the ipc intake feeds too (none: a

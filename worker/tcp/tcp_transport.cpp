@@ -112,7 +112,7 @@ class Lane final : public ClientChannel {
       : ClientChannel(io, peer.options().timing, peer.name(), peer.key(),
                       make_hello(peer.options().instance, peer.expected_instance(),
                                  peer.options().rank, peer.options().tp_size,
-                                 peer.local().geometry()),
+                                 peer.local().geometry(), peer.options().total_kv_heads),
                       ClientTarget{peer.host(), peer.port(), peer.options().connect_timeout}),
         peer_(peer) {}
 
@@ -178,6 +178,8 @@ class Lane final : public ClientChannel {
   // Gather-writes every frame of a layer: envelope headers from one arena,
   // payloads straight from the pool.
   void write(Job job) {
+    if (std::optional<std::string> why = layout_refusal(job, ack()))
+      return peer_.completed(job, make_error(Errc::kLayoutMismatch, *why));
     const LocalPool& pool = peer_.local();
     const PoolGeometry& g = pool.geometry();
     const uint32_t layer = job.ticket.layer;
@@ -201,7 +203,13 @@ class Lane final : public ClientChannel {
                                                     t)));
         return;
       }
-      to_byte_runs(job.runs, g.block_bytes(tensor), byte_runs_);
+      if (job.share) {
+        const uint64_t head = g.block_bytes(tensor) / g.kv_heads;
+        to_head_runs(job.runs, g.block_bytes(tensor), head * ack().pool.kv_heads, head, *job.share,
+                     byte_runs_);
+      } else {
+        to_byte_runs(job.runs, g.block_bytes(tensor), byte_runs_);
+      }
       for (const kernels::CopyRun& r : byte_runs_) {
         FrameHeader f;
         f.transfer = job.transfer;
@@ -331,22 +339,49 @@ Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const PeerAddress& at) {
 }
 
 Result<std::shared_ptr<Destination>> TcpTransport::resolve(schema::CacheDest::Reader dest) {
-  Result<PeerAddress> at = destination_address(dest, dest.getTcpPorts(), "tcpPorts", options_.rank);
-  if (!at) return at.error();
-  Result<std::shared_ptr<Peer>> peer = peer_for(*at);
-  if (!peer) return peer.error();
-  return std::shared_ptr<Destination>(std::make_shared<PeerDestination<Peer>>(*peer));
+  const HeadLayout mine = layout();
+  Result<PeerPlan> plan = plan_peers(dest, dest.getTcpPorts(), "tcpPorts", options_.rank, mine);
+  if (!plan) return plan.error();
+  std::vector<PeerDestination<Peer>::Part> parts;
+  std::string ranks;
+  for (const PeerPlan::Target& t : plan->targets) {
+    Result<std::shared_ptr<Peer>> peer = peer_for(t.address);
+    if (!peer) return peer.error();
+    parts.push_back({std::move(peer).value(), t.share});
+    ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", t.address.decode_rank);
+  }
+  std::string name = parts.size() == 1 && !parts[0].share
+                         ? parts[0].peer->name()
+                         : fmt::format("decode ranks {} at {} over tcp (tp {} -> tp {})",
+                                       ranks.empty() ? "none" : ranks,
+                                       dest.getPeerAddress().cStr(), mine.tp_size,
+                                       plan->decode_layout.tp_size);
+  return std::shared_ptr<Destination>(std::make_shared<PeerDestination<Peer>>(
+      std::move(parts), plan->decode_layout, std::move(name)));
 }
 
 Status TcpTransport::check_connect(schema::ConnectTask::Reader connect) {
-  Result<PeerAddress> at = connect_address(connect, options_.rank);
-  if (!at) return at.error();
-  Result<std::shared_ptr<Peer>> peer = peer_for(*at);
-  if (!peer) return peer.error();
-  std::shared_ptr<Peer> p = *peer;
-  return await_connected(
-      p->strand(), [p](std::function<void(Status)> done) { p->ensure_connected(std::move(done)); },
-      p->name(), options_.connect_timeout);
+  Result<std::vector<PeerAddress>> all = connect_addresses(connect, options_.rank, layout());
+  if (!all) return all.error();
+  for (const PeerAddress& at : *all) {
+    Result<std::shared_ptr<Peer>> peer = peer_for(at);
+    if (!peer) return peer.error();
+    std::shared_ptr<Peer> p = *peer;
+    if (Status s = await_connected(
+            p->strand(),
+            [p](std::function<void(Status)> done) { p->ensure_connected(std::move(done)); },
+            p->name(), options_.connect_timeout);
+        !s)
+      return s;
+  }
+  return {};
+}
+
+HeadLayout TcpTransport::layout() const {
+  const uint32_t heads = local_.geometry().kv_heads;
+  return HeadLayout{options_.tp_size, heads,
+                    options_.total_kv_heads != 0 ? options_.total_kv_heads
+                                                 : heads * options_.tp_size};
 }
 
 }  // namespace kvrelay::worker::tcp

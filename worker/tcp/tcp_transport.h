@@ -38,6 +38,8 @@ struct SenderOptions {
   std::string instance;  // this instance's name, for the peer's logs
   uint32_t rank = 0;
   uint32_t tp_size = 1;
+  // The model's KV heads over all ranks (0: the pool's kv_heads x tp_size).
+  uint32_t total_kv_heads = 0;
   uint32_t lanes = 2;
   Timing timing;
   std::chrono::milliseconds connect_timeout{2000};  // connect and handshake
@@ -75,6 +77,8 @@ class TcpTransport final : public Transport {
 
  private:
   Result<std::shared_ptr<Peer>> peer_for(const PeerAddress& at);
+  // How this instance spreads the model's KV heads (heterogeneous TP).
+  HeadLayout layout() const;
 
   NetThread& net_;
   const LocalPool& local_;

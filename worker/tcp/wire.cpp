@@ -84,6 +84,7 @@ Result<Inbound> decode_envelope(std::span<const std::byte> body) {
             in.hello.expected_instance = capped(h.getExpectedInstance());
             in.hello.rank = h.getRank();
             in.hello.tp_size = h.getTpSize();
+            in.hello.total_kv_heads = h.getTotalKvHeads();
             in.hello.pool = messages::shape_of(h.getPool());
             break;
           }
@@ -94,6 +95,8 @@ Result<Inbound> decode_envelope(std::span<const std::byte> body) {
             in.hello_ack.pool = messages::shape_of(a.getPool());
             in.hello_ack.epoch = a.getEpoch();
             in.hello_ack.proof = bytes_of(a.getProof(), kMacBytes);
+            in.hello_ack.tp_size = a.getTpSize();
+            in.hello_ack.total_kv_heads = a.getTotalKvHeads();
             break;
           }
           case schema::TcpEnvelope::FRAME: {
@@ -189,6 +192,7 @@ void encode_hello(const Hello& hello, std::vector<std::byte>& out) {
   h.setExpectedInstance(hello.expected_instance);
   h.setRank(hello.rank);
   h.setTpSize(hello.tp_size);
+  h.setTotalKvHeads(hello.total_kv_heads);
   messages::set_shape(h.initPool(), hello.pool);
   append(m, out);
 }
@@ -201,6 +205,8 @@ void encode_hello_ack(const HelloAck& ack, std::vector<std::byte>& out) {
   messages::set_shape(a.initPool(), ack.pool);
   a.setEpoch(ack.epoch);
   a.setProof(kj::arrayPtr(ack.proof.data(), ack.proof.size()));
+  a.setTpSize(ack.tp_size);
+  a.setTotalKvHeads(ack.total_kv_heads);
   append(m, out);
 }
 
@@ -300,21 +306,34 @@ Status check_frame(const FrameHeader& f, const PoolGeometry& g) {
   const auto tensor = static_cast<PoolTensor>(f.tensor);
   const uint64_t block = g.block_bytes(tensor);
   const uint64_t size = g.tensor_bytes(f.layer, tensor);
-  if (f.bytes == 0 || block == 0 || f.dst_offset % block != 0 || f.bytes % block != 0)
+  const uint64_t head = block / g.kv_heads;
+  const bool whole_blocks = block != 0 && f.dst_offset % block == 0 && f.bytes % block == 0;
+  // Heterogeneous TP: whole heads of one block.
+  const bool heads_of_a_block = head != 0 && f.dst_offset % head == 0 && f.bytes % head == 0 &&
+                                f.dst_offset % block + f.bytes <= block;
+  if (f.bytes == 0 || block == 0 || !(whole_blocks || heads_of_a_block))
     return make_error(Errc::kInvalidArgument,
-                      fmt::format("frame of {} bytes at offset {} is not whole blocks of {} bytes",
-                                  f.bytes, f.dst_offset, block));
+                      fmt::format("frame of {} bytes at offset {} is neither whole blocks of {} "
+                                  "bytes nor whole heads of {} bytes within one block",
+                                  f.bytes, f.dst_offset, block, head));
   if (f.dst_offset > size || f.bytes > size - f.dst_offset)
     return make_error(
         Errc::kInvalidArgument,
         fmt::format("frame writes destination blocks {}..{} of layer {}, but the pool has {} "
                     "blocks there",
-                    f.dst_offset / block, (f.dst_offset + f.bytes) / block - 1, f.layer,
+                    f.dst_offset / block, (f.dst_offset + f.bytes - 1) / block, f.layer,
                     g.blocks_in_layer(f.layer)));
   return {};
 }
 
-Status check_hello(const Hello& hello, const std::string& instance, const PoolGeometry& local) {
+HeadLayout sender_layout(const Hello& hello) {
+  return HeadLayout{hello.tp_size, hello.pool.kv_heads,
+                    hello.total_kv_heads != 0 ? hello.total_kv_heads
+                                              : hello.pool.kv_heads * hello.tp_size};
+}
+
+Status check_hello(const Hello& hello, const std::string& instance, const PoolGeometry& local,
+                   const std::optional<HeadLayout>& heads) {
   if (hello.version != kWireVersion)
     return make_error(
         Errc::kVersionMismatch,
@@ -322,7 +341,11 @@ Status check_hello(const Hello& hello, const std::string& instance, const PoolGe
   if (!hello.expected_instance.empty() && hello.expected_instance != instance)
     return make_error(Errc::kInvalidArgument, fmt::format("this is instance '{}', not '{}'",
                                                           instance, hello.expected_instance));
-  return check_compatible(local, hello.pool);
+  if (!heads) return check_compatible(local, hello.pool);
+  const HeadLayout theirs = sender_layout(hello);
+  if (Status s = theirs.check(); !s)
+    return make_error(Errc::kLayoutMismatch, fmt::format("the peer's heads: {}", s.error().message));
+  return check_compatible(local, *heads, hello.pool, theirs);
 }
 
 }  // namespace kvrelay::worker::tcp

@@ -17,12 +17,14 @@
 #include <capnp/message.h>
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "instance/auth_key.h"
+#include "instance/head_layout.h"
 #include "instance/pool_geometry.h"
 #include "schemas/kvrelay.capnp.h"
 #include "shm/result.h"
@@ -53,6 +55,7 @@ struct Hello {
   std::string expected_instance;  // the instance it means to reach; empty: any
   uint32_t rank = 0;
   uint32_t tp_size = 0;
+  uint32_t total_kv_heads = 0;  // 0: pool.kv_heads x tp_size
   PoolGeometry pool;
 };
 
@@ -62,6 +65,8 @@ struct HelloAck {
   PoolGeometry pool;
   uint64_t epoch = 0;
   std::vector<uint8_t> proof;
+  uint32_t tp_size = 0;  // the accepting instance's; 0: unknown
+  uint32_t total_kv_heads = 0;
 };
 
 // The rdma transport's control messages (rdmaOffer .. rdmaGrant in the schema).
@@ -132,12 +137,19 @@ void encode_rdma_grant(uint64_t transfer, bool ok, const std::string& reason,
                        std::vector<std::byte>& out);
 
 // Whether a frame may be written into a pool of geometry `g`: its layer and
-// tensor exist, and its bytes are whole blocks inside the tensor. The error
-// says which check failed, with the frame's and the pool's values.
+// tensor exist, and its bytes are whole blocks inside the tensor, or whole
+// heads within one block (heterogeneous TP). The error says which check
+// failed, with the frame's and the pool's values.
 Status check_frame(const FrameHeader& frame, const PoolGeometry& g);
 
 // Why a peer's hello cannot be served by this side, or ok: version, the
-// instance it expects, and the pool geometry (naming the field).
-Status check_hello(const Hello& hello, const std::string& instance, const PoolGeometry& local);
+// instance it expects, and the pool geometry (naming the field). `heads`:
+// this instance's layout; with it, a sender of another TP size serving the
+// same model heads is accepted (without: the pools must match exactly).
+Status check_hello(const Hello& hello, const std::string& instance, const PoolGeometry& local,
+                   const std::optional<HeadLayout>& heads = std::nullopt);
+
+// The sender's layout as its hello describes it.
+HeadLayout sender_layout(const Hello& hello);
 
 }  // namespace kvrelay::worker::tcp
