@@ -182,6 +182,13 @@ std::shared_ptr<Destination> IpcTransport::destination_for(
   return std::make_shared<PoolDestination>(*this, std::move(parts), std::move(peer_name));
 }
 
+std::shared_ptr<Destination> IpcTransport::split_destination_for(
+    std::vector<std::pair<std::shared_ptr<const LocalPool>, HeadShare>> parts, std::string name) {
+  std::vector<Part> all;
+  for (auto& [pool, share] : parts) all.push_back(Part{std::move(pool), nullptr, share});
+  return std::make_shared<PoolDestination>(*this, std::move(all), std::move(name));
+}
+
 Result<std::shared_ptr<Destination>> IpcTransport::resolve_split(schema::CacheDest::Reader,
                                                                  const std::string& instance) {
   Result<std::shared_ptr<const ControlSegment>> control = peers_.share(instance);

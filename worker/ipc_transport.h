@@ -59,6 +59,11 @@ class IpcTransport final : public Transport {
   std::shared_ptr<Destination> destination_for(std::shared_ptr<const LocalPool> peer,
                                                std::string peer_name,
                                                std::shared_ptr<IpcIntakeWriter> intake = {});
+  // The same into several mapped pools, a head range into each
+  // (heterogeneous TP; benchmarks, tests).
+  std::shared_ptr<Destination> split_destination_for(
+      std::vector<std::pair<std::shared_ptr<const LocalPool>, HeadShare>> parts,
+      std::string name);
 
  private:
   class PoolDestination;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "instance/head_layout.h"
+
 namespace kvrelay::dump {
 
 const char* const kColumnHelp = R"(Columns:
@@ -74,9 +76,9 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
                      v.coordinator.state, v.coordinator.health, v.coordinator.heartbeat_age_ms);
   out += fmt::format(
       "config  tp {}  role {}  layers {}+{}  blocks {} (extra layers: {})  block {} tokens  "
-      "kv_heads {}  head_dim {}  dtype {}{}  host blocks {}  deadline {} ms\n",
+      "kv_heads {} ({} in all)  head_dim {}  dtype {}{}  host blocks {}  deadline {} ms\n",
       c.tp_size, role_name(static_cast<Role>(c.role)), c.num_layers, c.extra_layers, c.num_blocks,
-      c.extra_layer_blocks, c.block_size, c.kv_heads, c.head_dim,
+      c.extra_layer_blocks, c.block_size, c.kv_heads, head_layout_of(c).total_heads, c.head_dim,
       dtype_name(static_cast<CacheDtype>(c.dtype)), c.has_scales ? " +scales" : "", c.host_blocks,
       c.request_deadline_ms);
   out += "\nworkers\n";
@@ -175,6 +177,7 @@ nlohmann::json render_json(const InstanceView& v) {
                  {"extra_layer_blocks", c.extra_layer_blocks},
                  {"block_size", c.block_size},
                  {"kv_heads", c.kv_heads},
+                 {"total_kv_heads", head_layout_of(c).total_heads},
                  {"head_dim", c.head_dim},
                  {"dtype", dtype_name(static_cast<CacheDtype>(c.dtype))},
                  {"has_scales", c.has_scales != 0},
