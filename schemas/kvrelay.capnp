@@ -572,6 +572,10 @@ struct RdmaIntent {
   runs @4 :List(BlockSpan);
   # Destination block ranges; every tensor of the layer is written over them.
   last @5 :Bool;
+  firstHead @6 :UInt32;
+  heads @7 :UInt32;
+  # Heterogeneous TP: only heads [firstHead, firstHead + heads) of each block
+  # are written (other prefill ranks write the others). heads 0: whole blocks.
   struct BlockSpan {
     first @0 :UInt32;
     count @1 :UInt32;

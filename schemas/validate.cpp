@@ -76,8 +76,8 @@ Status check_block_list(const std::string& who, std::string_view field,
   return {};
 }
 
-// One port per rank, none zero. `per_decode_rank` (tcp): one per rank of
-// the decode instance, whose TP size may differ from this one's
+// One port per rank, none zero. `per_decode_rank` (tcp, rdma): one per rank
+// of the decode instance, whose TP size may differ from this one's
 // (heterogeneous TP: the count is that size).
 Status check_ports(const std::string& who, std::string_view field,
                    capnp::List<uint16_t>::Reader ports, uint32_t tp_size,
@@ -198,7 +198,7 @@ Status validate(schema::CacheDest::Reader dest, const Limits& limits,
       break;
     case TransferProtocol::RDMA:
       if (Status s = check_address(w, dest.getPeerAddress(), p); !s) return s;
-      if (Status s = check_ports(w, "rdma_ports", dest.getRdmaPorts(), limits.tp_size); !s)
+      if (Status s = check_ports(w, "rdma_ports", dest.getRdmaPorts(), limits.tp_size, true); !s)
         return s;
       break;
   }
@@ -277,7 +277,7 @@ Status validate(schema::ConnectTask::Reader connect, const Limits& limits) {
   if (Status s = check_protocol_enabled(w, p, limits); !s) return s;
   if (p == TransferProtocol::IPC) return check_peer_instance(w, connect.getPeerInstance());
   if (Status s = check_address(w, connect.getPeerAddress(), p); !s) return s;
-  return check_ports(w, "ports", connect.getPorts(), limits.tp_size, p == TransferProtocol::TCP);
+  return check_ports(w, "ports", connect.getPorts(), limits.tp_size, true);
 }
 
 Status validate(schema::Cancel::Reader cancel, const Limits& /*limits*/) {

@@ -17,6 +17,9 @@ common=(--start --protocol rdma --tp 2 --layers 4 --blocks 64 --block-size 16 --
 echo "== rdma: expected requests, byte-verified"
 "$sim" "${common[@]}" --requests 24 --layer-compute-us 2000 --prefill rdma-ep --decode rdma-ed \
   --expect-arrivals 2>&1 | grep -v 'requests, .* MiB moved$' || exit 1
+echo "== rdma: heterogeneous TP, prefill tp 2 into decode tp 4, byte-verified head by head"
+"$sim" "${common[@]}" --decode-tp 4 --total-kv-heads 4 --requests 16 --layer-compute-us 2000 \
+  --prefill rdma-hp --decode rdma-hd --expect-arrivals 2>&1 | grep -v 'requests, .* MiB moved$' || exit 1
 echo "== rdma: soak, a worker SIGKILLed every 700 ms"
 "$sim" "${common[@]}" --requests 200 --layer-compute-us 1000 --prefill rdma-kp --decode rdma-kd \
   --kill-every-ms 700 2>&1 | grep -v 'requests, .* MiB moved$' || exit 1

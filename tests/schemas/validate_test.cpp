@@ -140,14 +140,19 @@ TEST_F(CacheDestRules, DeviceIdMissingForARank) {
             "id per rank)");
 }
 
-TEST_F(CacheDestRules, RdmaPortMissingForARank) {
+TEST_F(CacheDestRules, RdmaPortsNameEveryDecodeRank) {
   dest.setProtocol(schema::TransferProtocol::RDMA);
   dest.setPeerAddress("10.0.0.2");
-  auto ports = dest.initRdmaPorts(1);
-  ports.set(0, 9000);
+  dest.initRdmaPorts(1).set(0, 9000);  // a decode instance of tp 1: heterogeneous TP
+  EXPECT_EQ(check(), "ok");
+  dest.initRdmaPorts(0);
   EXPECT_EQ(check(),
-            "CacheDest 'req-17': rdma_ports has 1 entry but the instance has 2 ranks (one port per "
-            "rank)");
+            "CacheDest 'req-17': rdma_ports has 0 entries; it needs one port per decode rank, 1 to "
+            "16");
+  dest.initRdmaPorts(17);
+  EXPECT_EQ(check(),
+            "CacheDest 'req-17': rdma_ports has 17 entries; it needs one port per decode rank, 1 "
+            "to 16");
 }
 
 TEST_F(CacheDestRules, ZeroTcpPort) {
@@ -255,15 +260,16 @@ TEST_F(SwapRules, InstanceWithoutHostTier) {
             "SwapTask 'swap-1': this instance has no host tier (host_blocks is 0)");
 }
 
-TEST(ConnectRules, PortsForEveryRank) {
+TEST(ConnectRules, PortsAreNeverZero) {
   capnp::MallocMessageBuilder msg;
   auto c = msg.initRoot<schema::ConnectTask>();
   c.setTaskId(7);
   c.setProtocol(schema::TransferProtocol::RDMA);
   c.setPeerAddress("10.0.0.9");
-  c.initPorts(1).set(0, 8100);
+  auto ports = c.initPorts(2);
+  ports.set(0, 8100);
   EXPECT_EQ(error_of(validate(c.asReader(), example_limits())),
-            "ConnectTask 7: ports has 1 entry but the instance has 2 ranks (one port per rank)");
+            "ConnectTask 7: ports[1] = 0 is not a port");
 }
 
 TEST(ConnectRules, TcpPortsAreOnePerDecodeRankOfAnyTpSize) {

@@ -114,7 +114,33 @@ inline std::vector<worker::TransferCompletion> send_all_layers(
     t.layer = l;
     EXPECT_TRUE(dest.submit_layer(t, l, *runs));
   }
-  return wait_for_completions(transport, layers);
+  return wait_for_completions(transport, layers * dest.transfers_per_submit());
+}
+
+// Heterogeneous TP: bytes of heads [dst_head, +heads) of each dst_ids[k]
+// block of `dst` that differ from heads [src_head, +heads) of src_ids[k] in
+// `src` (filled by fill()), over every layer and tensor.
+inline uint64_t wrong_head_bytes(const worker::LocalPool& src, uint32_t src_head,
+                                 const worker::LocalPool& dst, uint32_t dst_head, uint32_t heads,
+                                 const std::vector<uint32_t>& src_ids,
+                                 const std::vector<uint32_t>& dst_ids) {
+  const PoolGeometry& sg = src.geometry();
+  const PoolGeometry& dg = dst.geometry();
+  uint64_t wrong = 0;
+  for (uint32_t l = 0; l < dg.total_layers(); ++l)
+    for (uint32_t t = 0; t < dg.tensors_per_layer(); ++t) {
+      const auto tensor = static_cast<PoolTensor>(t);
+      const uint64_t head = sg.block_bytes(tensor) / sg.kv_heads;
+      for (size_t k = 0; k < dst_ids.size(); ++k)
+        for (uint64_t i = 0; i < heads * head; ++i) {
+          const uint64_t at = src_head * head + i;
+          wrong += dst.tensor(l, tensor)[dst_ids[k] * dg.block_bytes(tensor) + dst_head * head + i] !=
+                           pattern(l, t, src_ids[k], at)
+                       ? 1
+                       : 0;
+        }
+    }
+  return wrong;
 }
 
 }  // namespace kvrelay::testing

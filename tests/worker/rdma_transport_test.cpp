@@ -333,3 +333,73 @@ TEST_F(RdmaTransportTest, WithoutADeviceRdmaIsRefusedAtOnceWithTheReason) {
 
 }  // namespace
 }  // namespace kvrelay::worker::rdma
+
+namespace kvrelay::worker::rdma {
+namespace {
+
+// Heterogeneous TP over rdma: a prefill rank of tp 1 holding both of the
+// model's 2 KV heads writes head 0 into decode rank 0 and head 1 into decode
+// rank 1 (decode tp 2, one head each), one write per block and tensor, and
+// each decode rank's expected request arrives once its head has landed.
+TEST(RdmaHeteroTp, EachDecodeRankGetsItsHeadAndItsRequestArrives) {
+  FakeFabric fabric;
+  tcp::NetThread net;
+  const AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
+  PoolGeometry one_head = kvrelay::testing::transport_geometry();
+  one_head.kv_heads = 1;
+  auto src = kvrelay::testing::make_test_pool("rdmahet", "src",
+                                              kvrelay::testing::transport_geometry());
+  kvrelay::testing::fill(*src);
+  std::vector<std::unique_ptr<HostSegmentPool>> dst;
+  std::vector<std::shared_ptr<Arrivals>> arrivals;
+  std::vector<std::unique_ptr<tcp::TcpReceiver>> receivers;
+  capnp::MallocMessageBuilder m;
+  auto d = m.initRoot<schema::CacheDest>();
+  d.setProtocol(schema::TransferProtocol::RDMA);
+  d.setPeerAddress("127.0.0.1");
+  d.setPeerInstance("d");
+  auto ports = d.initRdmaPorts(2);
+  const std::vector<uint32_t> src_ids = {3, 4, 9}, dst_ids = {7, 8, 20};
+  for (uint32_t r = 0; r < 2; ++r) {
+    dst.push_back(kvrelay::testing::make_test_pool("rdmahet", fmt::format("dst{}", r), one_head));
+    arrivals.push_back(std::make_shared<Arrivals>(one_head, nullptr));
+    ASSERT_TRUE(arrivals[r]->expect(40 + r, "het", dst_ids));
+    tcp::ReceiverOptions o;
+    o.instance = "d";
+    o.rank = r;
+    o.heads = HeadLayout{2, 1, 2};
+    o.arrivals = arrivals[r];
+    o.rdma = std::make_shared<RdmaListener>(&fabric, "", *dst[r], r);
+    Result<std::unique_ptr<tcp::TcpReceiver>> rx = tcp::TcpReceiver::start(net, *dst[r], key, o);
+    ASSERT_TRUE(rx) << rx.error().message;
+    receivers.push_back(std::move(rx).value());
+    ports.set(r, receivers[r]->port());
+  }
+  RdmaSenderOptions o;
+  o.instance = "p";
+  o.tp_size = 1;
+  o.total_kv_heads = 2;
+  RdmaTransport sender(net, *src, &key, &fabric, "", o, nullptr);
+  Result<std::shared_ptr<Destination>> dest = sender.resolve(d.asReader());
+  ASSERT_TRUE(dest) << dest.error().message;
+  EXPECT_EQ((*dest)->transfers_per_submit(), 2u);
+  EXPECT_EQ((*dest)->peer(), "decode ranks 0,1 at 127.0.0.1 over rdma (tp 1 -> tp 2)");
+  const auto done = kvrelay::testing::send_all_layers(sender, **dest, 3, 1, src_ids, dst_ids,
+                                                      request_key("het"));
+  ASSERT_EQ(done.size(), 6u) << "one completion per layer and decode rank";
+  for (const TransferCompletion& c : done) EXPECT_TRUE(c.status) << c.status.error().message;
+  for (uint32_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(kvrelay::testing::wrong_head_bytes(*src, r, *dst[r], 0, 1, src_ids, dst_ids), 0u)
+        << "decode rank " << r;
+    const auto events = arrivals[r]->take();
+    ASSERT_EQ(events.size(), 1u) << "decode rank " << r;
+    EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived);
+  }
+  EXPECT_EQ(fabric.writes.load(), 3u * 2 * 2 * 3) << "a write per block, tensor, rank and layer";
+  receivers.clear();
+  for (auto& p : dst) (void)p->segment().unlink();
+  (void)src->segment().unlink();
+}
+
+}  // namespace
+}  // namespace kvrelay::worker::rdma

@@ -140,12 +140,6 @@ int main(int argc, char** argv) {
   sim::Geometry decode_g = g;
   std::vector<std::string> hetero_flags;
   if (start && (decode_tp != 0 || total_kv_heads != 0)) {
-    if (o.rdma) {
-      fmt::print(stderr,
-                 "kvrelay-sim: --decode-tp and --total-kv-heads run over ipc and tcp, not rdma "
-                 "yet\n");
-      return 2;
-    }
     const uint32_t heads = total_kv_heads != 0 ? total_kv_heads : g.kv_heads * g.tp;
     decode_g.tp = decode_tp != 0 ? decode_tp : g.tp;
     g.kv_heads = std::max(1u, heads / g.tp);

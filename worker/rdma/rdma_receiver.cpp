@@ -76,6 +76,15 @@ std::vector<int> RdmaSession::event_fds() const {
   return out;
 }
 
+void RdmaSession::admit(Granted& g, const LandedWrite& w) {
+  if (Status ok = arrivals_.admit(w); !ok) {
+    g.refused = ok.error().message;
+    return;
+  }
+  g.writes.push_back(w);
+  g.bytes += w.bytes;
+}
+
 void RdmaSession::abandon(Granted& g) {
   for (const LandedWrite& w : g.writes)
     arrivals_.abandoned(w);
@@ -103,6 +112,12 @@ Result<std::optional<Status>> RdmaSession::on_intent(const tcp::RdmaIntent& part
   if (part.layer < geometry.total_layers() && g.runs > geometry.blocks_in_layer(part.layer))
     return broken(fmt::format("an rdma intent of {} runs for a layer of {} blocks", g.runs,
                               geometry.blocks_in_layer(part.layer)));
+  // Heterogeneous TP: a head range of each block (all heads: whole blocks).
+  const uint32_t heads = part.heads == geometry.kv_heads ? 0 : part.heads;
+  if (heads != 0 && uint64_t{part.first_head} + heads > geometry.kv_heads && g.refused.empty())
+    g.refused = fmt::format("rdma intent writes heads {}..{}, but the pool has {} per block",
+                            part.first_head, uint64_t{part.first_head} + heads - 1,
+                            geometry.kv_heads);
   for (const tcp::BlockSpan& run : part.runs) {
     if (!g.refused.empty()) break;
     if (part.layer >= geometry.total_layers()) {
@@ -118,15 +133,21 @@ Result<std::optional<Status>> RdmaSession::on_intent(const tcp::RdmaIntent& part
           run.first, uint64_t{run.first} + run.count - 1, part.layer, blocks);
       break;
     }
-    for (uint32_t t = 0; t < geometry.tensors_per_layer(); ++t) {
-      const uint64_t bb = geometry.block_bytes(static_cast<PoolTensor>(t));
-      const LandedWrite w{part.request_key, part.layer, t, run.first * bb, run.count * bb};
-      if (Status ok = arrivals_.admit(w); !ok) {
-        g.refused = ok.error().message;
-        break;
+    if (heads == 0) {
+      for (uint32_t t = 0; t < geometry.tensors_per_layer() && g.refused.empty(); ++t) {
+        const uint64_t bb = geometry.block_bytes(static_cast<PoolTensor>(t));
+        admit(g, LandedWrite{part.request_key, part.layer, t, run.first * bb, run.count * bb});
       }
-      g.writes.push_back(w);
-      g.bytes += w.bytes;
+      continue;
+    }
+    // Heterogeneous TP: each block's head range is a write of its own.
+    for (uint64_t b = run.first; b < uint64_t{run.first} + run.count && g.refused.empty(); ++b) {
+      for (uint32_t t = 0; t < geometry.tensors_per_layer() && g.refused.empty(); ++t) {
+        const uint64_t bb = geometry.block_bytes(static_cast<PoolTensor>(t));
+        const uint64_t hb = bb / geometry.kv_heads;
+        admit(g, LandedWrite{part.request_key, part.layer, t, b * bb + part.first_head * hb,
+                             heads * hb});
+      }
     }
   }
   if (!part.last) return std::optional<Status>{};

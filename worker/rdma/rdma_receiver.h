@@ -113,6 +113,8 @@ class RdmaSession {
   };
   RdmaSession(RdmaListener& listener, Arrivals& arrivals, std::string peer)
       : listener_(listener), arrivals_(arrivals), peer_(std::move(peer)) {}
+  // Admits one write of a transfer, or records why the transfer is refused.
+  void admit(Granted& g, const LandedWrite& w);
   void abandon(Granted& g);
 
   RdmaListener& listener_;

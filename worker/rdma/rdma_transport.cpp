@@ -227,6 +227,10 @@ class Session final : public tcp::ClientChannel {
     intent.request_key = job.ticket.request_key;
     intent.handle = job.ticket.handle;
     intent.layer = job.ticket.layer;
+    if (job.share) {
+      intent.first_head = job.share->dst_head;
+      intent.heads = job.share->heads;
+    }
     tcp::Outgoing out;
     for (size_t i = 0; i < job.runs.size() || i == 0; i += tcp::kMaxIntentRuns) {
       intent.runs.clear();
@@ -267,7 +271,13 @@ class Session final : public tcp::ClientChannel {
     lw.immediate = immediate_of(job.transfer);
     for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
       const auto tensor = static_cast<PoolTensor>(t);
-      to_byte_runs(job.runs, g.block_bytes(tensor), byte_runs_);
+      if (job.share) {  // heterogeneous TP: one write per block's head range
+        const uint64_t head = g.block_bytes(tensor) / g.kv_heads;
+        to_head_runs(job.runs, g.block_bytes(tensor), head * ack().pool.kv_heads, head,
+                     *job.share, byte_runs_);
+      } else {
+        to_byte_runs(job.runs, g.block_bytes(tensor), byte_runs_);
+      }
       const uint32_t rkey = remote_->rkey(layer, t);
       for (const kernels::CopyRun& r : byte_runs_) {
         for (uint64_t done = 0; done < r.bytes; done += kMaxWriteBytes) {
@@ -424,34 +434,52 @@ Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const tcp::PeerAddress
 }
 
 Result<std::shared_ptr<Destination>> RdmaTransport::resolve(schema::CacheDest::Reader dest) {
-  const HeadLayout mine{options_.tp_size, local_.geometry().kv_heads,
-                        options_.total_kv_heads != 0
-                            ? options_.total_kv_heads
-                            : local_.geometry().kv_heads * options_.tp_size};
-  if (dest.getRdmaPorts().size() != 0 && dest.getRdmaPorts().size() != mine.tp_size)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("rdmaPorts names {} decode ranks and this instance has tp {}: "
-                                  "heterogeneous TP does not run over rdma yet (it does over tcp "
-                                  "and ipc)",
-                                  dest.getRdmaPorts().size(), mine.tp_size));
-  Result<tcp::PeerAddress> at =
-      tcp::destination_address(dest, dest.getRdmaPorts(), "rdmaPorts", options_.rank);
-  if (!at) return at.error();
-  Result<std::shared_ptr<RdmaPeer>> peer = peer_for(*at);
-  if (!peer) return peer.error();
-  return std::shared_ptr<Destination>(
-      std::make_shared<tcp::PeerDestination<RdmaPeer>>(*peer, mine));
+  const HeadLayout mine = layout();
+  if (Status s = usable(); !s) return s.error();
+  Result<tcp::PeerPlan> plan =
+      tcp::plan_peers(dest, dest.getRdmaPorts(), "rdmaPorts", options_.rank, mine);
+  if (!plan) return plan.error();
+  std::vector<tcp::PeerDestination<RdmaPeer>::Part> parts;
+  std::string ranks;
+  for (const tcp::PeerPlan::Target& t : plan->targets) {
+    Result<std::shared_ptr<RdmaPeer>> peer = peer_for(t.address);
+    if (!peer) return peer.error();
+    parts.push_back({std::move(peer).value(), t.share});
+    ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", t.address.decode_rank);
+  }
+  std::string name = parts.size() == 1 && !parts[0].share
+                         ? parts[0].peer->link().name()
+                         : fmt::format("decode ranks {} at {} over rdma (tp {} -> tp {})",
+                                       ranks.empty() ? "none" : ranks,
+                                       dest.getPeerAddress().cStr(), mine.tp_size,
+                                       plan->decode_layout.tp_size);
+  return std::shared_ptr<Destination>(std::make_shared<tcp::PeerDestination<RdmaPeer>>(
+      std::move(parts), plan->decode_layout, std::move(name)));
+}
+
+HeadLayout RdmaTransport::layout() const {
+  const uint32_t heads = local_.geometry().kv_heads;
+  return HeadLayout{options_.tp_size, heads,
+                    options_.total_kv_heads != 0 ? options_.total_kv_heads
+                                                 : heads * options_.tp_size};
 }
 
 Status RdmaTransport::check_connect(schema::ConnectTask::Reader connect) {
-  Result<tcp::PeerAddress> at = tcp::connect_address(connect, options_.rank);
-  if (!at) return at.error();
-  Result<std::shared_ptr<RdmaPeer>> peer = peer_for(*at);
-  if (!peer) return peer.error();
-  std::shared_ptr<RdmaPeer> p = *peer;
-  return tcp::await_connected(
-      p->strand(), [p](std::function<void(Status)> done) { p->ensure_connected(std::move(done)); },
-      p->name(), options_.connect_timeout);
+  Result<std::vector<tcp::PeerAddress>> all =
+      tcp::connect_addresses(connect, options_.rank, layout());
+  if (!all) return all.error();
+  for (const tcp::PeerAddress& at : *all) {
+    Result<std::shared_ptr<RdmaPeer>> peer = peer_for(at);
+    if (!peer) return peer.error();
+    std::shared_ptr<RdmaPeer> p = *peer;
+    if (Status s = tcp::await_connected(
+            p->strand(),
+            [p](std::function<void(Status)> done) { p->ensure_connected(std::move(done)); },
+            p->name(), options_.connect_timeout);
+        !s)
+      return s;
+  }
+  return {};
 }
 
 }  // namespace kvrelay::worker::rdma

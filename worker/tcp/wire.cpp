@@ -145,6 +145,8 @@ Result<Inbound> decode_envelope(std::span<const std::byte> body) {
             out.handle = i.getHandle();
             out.layer = i.getLayer();
             out.last = i.getLast();
+            out.first_head = i.getFirstHead();
+            out.heads = i.getHeads();
             if (i.getRuns().size() > kMaxIntentRuns)
               return make_error(Errc::kCorrupt,
                                 fmt::format("an rdma intent part with {} runs (at most {})",
@@ -276,6 +278,8 @@ void encode_rdma_intent(const RdmaIntent& intent, std::vector<std::byte>& out) {
   i.setHandle(intent.handle);
   i.setLayer(intent.layer);
   i.setLast(intent.last);
+  i.setFirstHead(intent.first_head);
+  i.setHeads(intent.heads);
   auto runs = i.initRuns(static_cast<unsigned>(intent.runs.size()));
   for (unsigned k = 0; k < intent.runs.size(); ++k) {
     runs[k].setFirst(intent.runs[k].first);

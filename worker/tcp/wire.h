@@ -86,6 +86,9 @@ struct RdmaIntent {
   uint32_t layer = 0;
   std::vector<BlockSpan> runs;  // destination blocks
   bool last = true;
+  // Heterogeneous TP: only these heads of each block (heads 0: whole blocks).
+  uint32_t first_head = 0;
+  uint32_t heads = 0;
 };
 
 struct RdmaAccept {
