@@ -434,52 +434,25 @@ Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const tcp::PeerAddress
 }
 
 Result<std::shared_ptr<Destination>> RdmaTransport::resolve(schema::CacheDest::Reader dest) {
-  const HeadLayout mine = layout();
   if (Status s = usable(); !s) return s.error();
+  const HeadLayout mine =
+      tcp::sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads);
   Result<tcp::PeerPlan> plan =
       tcp::plan_peers(dest, dest.getRdmaPorts(), "rdmaPorts", options_.rank, mine);
   if (!plan) return plan.error();
-  std::vector<tcp::PeerDestination<RdmaPeer>::Part> parts;
-  std::string ranks;
-  for (const tcp::PeerPlan::Target& t : plan->targets) {
-    Result<std::shared_ptr<RdmaPeer>> peer = peer_for(t.address);
-    if (!peer) return peer.error();
-    parts.push_back({std::move(peer).value(), t.share});
-    ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", t.address.decode_rank);
-  }
-  std::string name = parts.size() == 1 && !parts[0].share
-                         ? parts[0].peer->link().name()
-                         : fmt::format("decode ranks {} at {} over rdma (tp {} -> tp {})",
-                                       ranks.empty() ? "none" : ranks,
-                                       dest.getPeerAddress().cStr(), mine.tp_size,
-                                       plan->decode_layout.tp_size);
-  return std::shared_ptr<Destination>(std::make_shared<tcp::PeerDestination<RdmaPeer>>(
-      std::move(parts), plan->decode_layout, std::move(name)));
-}
-
-HeadLayout RdmaTransport::layout() const {
-  const uint32_t heads = local_.geometry().kv_heads;
-  return HeadLayout{options_.tp_size, heads,
-                    options_.total_kv_heads != 0 ? options_.total_kv_heads
-                                                 : heads * options_.tp_size};
+  return tcp::plan_destination<RdmaPeer>(
+      *plan, [this](const tcp::PeerAddress& at) { return peer_for(at); },
+      dest.getPeerAddress().cStr(), mine, "rdma");
 }
 
 Status RdmaTransport::check_connect(schema::ConnectTask::Reader connect) {
-  Result<std::vector<tcp::PeerAddress>> all =
-      tcp::connect_addresses(connect, options_.rank, layout());
+  Result<std::vector<tcp::PeerAddress>> all = tcp::connect_addresses(
+      connect, options_.rank,
+      tcp::sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads));
   if (!all) return all.error();
-  for (const tcp::PeerAddress& at : *all) {
-    Result<std::shared_ptr<RdmaPeer>> peer = peer_for(at);
-    if (!peer) return peer.error();
-    std::shared_ptr<RdmaPeer> p = *peer;
-    if (Status s = tcp::await_connected(
-            p->strand(),
-            [p](std::function<void(Status)> done) { p->ensure_connected(std::move(done)); },
-            p->name(), options_.connect_timeout);
-        !s)
-      return s;
-  }
-  return {};
+  return tcp::connect_all<RdmaPeer>(
+      *all, [this](const tcp::PeerAddress& at) { return peer_for(at); },
+      options_.connect_timeout);
 }
 
 }  // namespace kvrelay::worker::rdma

@@ -77,8 +77,6 @@ class RdmaTransport final : public Transport {
  private:
   Status usable() const;
   Result<std::shared_ptr<RdmaPeer>> peer_for(const tcp::PeerAddress& at);
-  // How this instance spreads the model's KV heads (heterogeneous TP).
-  HeadLayout layout() const;
 
   tcp::NetThread& net_;
   const LocalPool& local_;

@@ -103,6 +103,11 @@ Result<PeerPlan> plan_peers(schema::CacheDest::Reader dest, capnp::List<uint16_t
   return plan;
 }
 
+HeadLayout sender_heads(const PoolGeometry& pool, uint32_t tp_size, uint32_t total_kv_heads) {
+  return HeadLayout{tp_size, pool.kv_heads,
+                    total_kv_heads != 0 ? total_kv_heads : pool.kv_heads * tp_size};
+}
+
 std::optional<std::string> layout_refusal(const LayerJob& job, const HelloAck& ack) {
   const HeadLayout& want = job.decode_layout;
   if (want.tp_size == 0) return std::nullopt;

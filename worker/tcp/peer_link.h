@@ -193,4 +193,52 @@ struct PeerPlan {
 Result<PeerPlan> plan_peers(schema::CacheDest::Reader dest, capnp::List<uint16_t>::Reader ports,
                             const char* ports_field, uint32_t rank, const HeadLayout& mine);
 
+// A sending rank's layout: its pool's heads, its instance's TP size and the
+// model's KV heads (0: the pool's heads x tp_size).
+HeadLayout sender_heads(const PoolGeometry& pool, uint32_t tp_size, uint32_t total_kv_heads);
+
+// The Destination of a plan: a part per target, its peer from
+// `peer_for(PeerAddress) -> Result<std::shared_ptr<Peer>>`. `over`: "tcp",
+// "rdma", for the name of a split destination.
+template <class Peer, class PeerFor>
+Result<std::shared_ptr<Destination>> plan_destination(const PeerPlan& plan, PeerFor&& peer_for,
+                                                      const std::string& address,
+                                                      const HeadLayout& mine, const char* over) {
+  std::vector<typename PeerDestination<Peer>::Part> parts;
+  std::string ranks;
+  for (const PeerPlan::Target& t : plan.targets) {
+    Result<std::shared_ptr<Peer>> peer = peer_for(t.address);
+    if (!peer) return peer.error();
+    parts.push_back({std::move(peer).value(), t.share});
+    ranks += (ranks.empty() ? "" : ",") + std::to_string(t.address.decode_rank);
+  }
+  std::string name = parts.size() == 1 && !parts[0].share
+                         ? parts[0].peer->link().name()
+                         : "decode ranks " + (ranks.empty() ? std::string("none") : ranks) +
+                               " at " + address + " over " + over + " (tp " +
+                               std::to_string(mine.tp_size) + " -> tp " +
+                               std::to_string(plan.decode_layout.tp_size) + ")";
+  return std::shared_ptr<Destination>(std::make_shared<PeerDestination<Peer>>(
+      std::move(parts), plan.decode_layout, std::move(name)));
+}
+
+// A ConnectTask's answer: every address connected within `timeout` each,
+// or the first that did not.
+template <class Peer, class PeerFor>
+Status connect_all(const std::vector<PeerAddress>& addresses, PeerFor&& peer_for,
+                   std::chrono::milliseconds timeout) {
+  for (const PeerAddress& at : addresses) {
+    Result<std::shared_ptr<Peer>> peer = peer_for(at);
+    if (!peer) return peer.error();
+    std::shared_ptr<Peer> p = *peer;
+    if (Status s = await_connected(
+            p->strand(),
+            [p](std::function<void(Status)> done) { p->ensure_connected(std::move(done)); },
+            p->link().name(), timeout);
+        !s)
+      return s;
+  }
+  return {};
+}
+
 }  // namespace kvrelay::worker::tcp

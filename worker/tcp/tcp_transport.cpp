@@ -339,49 +339,21 @@ Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const PeerAddress& at) {
 }
 
 Result<std::shared_ptr<Destination>> TcpTransport::resolve(schema::CacheDest::Reader dest) {
-  const HeadLayout mine = layout();
+  const HeadLayout mine = sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads);
   Result<PeerPlan> plan = plan_peers(dest, dest.getTcpPorts(), "tcpPorts", options_.rank, mine);
   if (!plan) return plan.error();
-  std::vector<PeerDestination<Peer>::Part> parts;
-  std::string ranks;
-  for (const PeerPlan::Target& t : plan->targets) {
-    Result<std::shared_ptr<Peer>> peer = peer_for(t.address);
-    if (!peer) return peer.error();
-    parts.push_back({std::move(peer).value(), t.share});
-    ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", t.address.decode_rank);
-  }
-  std::string name = parts.size() == 1 && !parts[0].share
-                         ? parts[0].peer->name()
-                         : fmt::format("decode ranks {} at {} over tcp (tp {} -> tp {})",
-                                       ranks.empty() ? "none" : ranks,
-                                       dest.getPeerAddress().cStr(), mine.tp_size,
-                                       plan->decode_layout.tp_size);
-  return std::shared_ptr<Destination>(std::make_shared<PeerDestination<Peer>>(
-      std::move(parts), plan->decode_layout, std::move(name)));
+  return plan_destination<Peer>(
+      *plan, [this](const PeerAddress& at) { return peer_for(at); },
+      dest.getPeerAddress().cStr(), mine, "tcp");
 }
 
 Status TcpTransport::check_connect(schema::ConnectTask::Reader connect) {
-  Result<std::vector<PeerAddress>> all = connect_addresses(connect, options_.rank, layout());
+  Result<std::vector<PeerAddress>> all = connect_addresses(
+      connect, options_.rank,
+      sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads));
   if (!all) return all.error();
-  for (const PeerAddress& at : *all) {
-    Result<std::shared_ptr<Peer>> peer = peer_for(at);
-    if (!peer) return peer.error();
-    std::shared_ptr<Peer> p = *peer;
-    if (Status s = await_connected(
-            p->strand(),
-            [p](std::function<void(Status)> done) { p->ensure_connected(std::move(done)); },
-            p->name(), options_.connect_timeout);
-        !s)
-      return s;
-  }
-  return {};
-}
-
-HeadLayout TcpTransport::layout() const {
-  const uint32_t heads = local_.geometry().kv_heads;
-  return HeadLayout{options_.tp_size, heads,
-                    options_.total_kv_heads != 0 ? options_.total_kv_heads
-                                                 : heads * options_.tp_size};
+  return connect_all<Peer>(
+      *all, [this](const PeerAddress& at) { return peer_for(at); }, options_.connect_timeout);
 }
 
 }  // namespace kvrelay::worker::tcp

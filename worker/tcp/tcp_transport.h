@@ -77,8 +77,6 @@ class TcpTransport final : public Transport {
 
  private:
   Result<std::shared_ptr<Peer>> peer_for(const PeerAddress& at);
-  // How this instance spreads the model's KV heads (heterogeneous TP).
-  HeadLayout layout() const;
 
   NetThread& net_;
   const LocalPool& local_;
