@@ -99,7 +99,8 @@ py::dict config_dict(const InstanceInfo& c) {
                   "num_layers"_a = g.num_layers, "extra_layers"_a = g.extra_layers,
                   "num_blocks"_a = g.num_blocks, "extra_layer_blocks"_a = g.extra_layer_blocks,
                   "host_blocks"_a = c.host_pool.num_blocks, "block_size"_a = g.block_size,
-                  "kv_heads"_a = g.kv_heads, "head_dim"_a = g.head_dim,
+                  "kv_heads"_a = g.kv_heads, "total_kv_heads"_a = c.total_kv_heads,
+                  "head_dim"_a = g.head_dim,
                   "dtype"_a = dtype_name(static_cast<CacheDtype>(g.dtype)),
                   "has_scales"_a = g.has_scales != 0,
                   "request_deadline_ms"_a = c.request_deadline_ms);
