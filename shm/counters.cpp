@@ -38,13 +38,27 @@ void define_counters(
 }
 
 uint32_t histogram_bucket(uint64_t value) {
-  return value == 0 ? 0 : static_cast<uint32_t>(std::bit_width(value));  // 1..64
+  // Values below 2 * kHistogramSubBuckets map to themselves; above, `shift`
+  // low bits are dropped so that 32..63 remain, and each shift gets 32 buckets.
+  const int width = std::bit_width(value);
+  const int shift = std::max(0, width - static_cast<int>(kHistogramSubBucketBits) - 1);
+  return static_cast<uint32_t>(shift) * kHistogramSubBuckets +
+         static_cast<uint32_t>(value >> shift);
+}
+
+uint64_t bucket_lower_bound(uint32_t bucket) {
+  bucket = std::min(bucket, kHistogramBuckets - 1);
+  if (bucket < 2 * kHistogramSubBuckets) return bucket;
+  const uint32_t shift = bucket / kHistogramSubBuckets - 1;
+  const uint64_t mantissa = bucket - shift * kHistogramSubBuckets;  // 32..63
+  return mantissa << shift;
 }
 
 uint64_t bucket_upper_bound(uint32_t bucket) {
-  if (bucket == 0) return 0;
-  if (bucket >= 64) return UINT64_MAX;
-  return (uint64_t{1} << bucket) - 1;
+  bucket = std::min(bucket, kHistogramBuckets - 1);
+  if (bucket < 2 * kHistogramSubBuckets) return bucket;
+  const uint32_t shift = bucket / kHistogramSubBuckets - 1;
+  return bucket_lower_bound(bucket) + ((uint64_t{1} << shift) - 1);
 }
 
 void CounterWriter::record(uint32_t histogram, uint64_t value) {
@@ -52,10 +66,20 @@ void CounterWriter::record(uint32_t histogram, uint64_t value) {
   auto bump = [](std::atomic<uint64_t>& a, uint64_t n) {
     a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   };
-  bump(h.buckets[std::min(histogram_bucket(value), kHistogramBuckets - 1)], 1);
+  bump(h.buckets[histogram_bucket(value)], 1);
   bump(h.count, 1);
   bump(h.sum, value);
   if (value > h.max.load(std::memory_order_relaxed)) h.max.store(value, std::memory_order_relaxed);
+}
+
+void record_shared(CountersBlock& block, uint32_t histogram, uint64_t value) {
+  Histogram& h = block.histograms[histogram % kMaxHistograms];
+  h.buckets[histogram_bucket(value)].fetch_add(1, std::memory_order_relaxed);
+  h.count.fetch_add(1, std::memory_order_relaxed);
+  h.sum.fetch_add(value, std::memory_order_relaxed);
+  uint64_t seen = h.max.load(std::memory_order_relaxed);
+  while (value > seen && !h.max.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
 }
 
 uint64_t HistogramSnapshot::quantile(double q) const {
@@ -63,13 +87,46 @@ uint64_t HistogramSnapshot::quantile(double q) const {
   for (uint64_t b : buckets)
     total += b;
   if (total == 0) return 0;
-  const auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(total)));
+  const auto rank = std::max<uint64_t>(
+      static_cast<uint64_t>(std::ceil(q * static_cast<double>(total))), 1);
+  if (rank >= total) return max;  // the largest sample is known exactly
   uint64_t seen = 0;
-  for (uint32_t b = 0; b < kHistogramBuckets; ++b) {
+  for (uint32_t b = 0; b < buckets.size(); ++b) {
     seen += buckets[b];
-    if (seen >= std::max<uint64_t>(rank, 1)) return std::min(bucket_upper_bound(b), max);
+    if (seen >= rank) {
+      const uint64_t lo = bucket_lower_bound(b);
+      return std::min(lo + (bucket_upper_bound(b) - lo) / 2, max);
+    }
   }
   return max;
+}
+
+void HistogramSnapshot::merge(const HistogramSnapshot& other) {
+  for (size_t b = 0; b < buckets.size() && b < other.buckets.size(); ++b)
+    buckets[b] += other.buckets[b];
+  count += other.count;
+  sum += other.sum;
+  max = std::max(max, other.max);
+}
+
+void HistogramSnapshot::subtract(const HistogramSnapshot& earlier) {
+  // Values only grow, but a reader's two snapshots may see a histogram mid
+  // update: never let a bucket wrap below zero.
+  auto minus = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
+  for (size_t b = 0; b < buckets.size() && b < earlier.buckets.size(); ++b)
+    buckets[b] = minus(buckets[b], earlier.buckets[b]);
+  count = minus(count, earlier.count);
+  sum = minus(sum, earlier.sum);
+  // The max of the difference is unknown; the largest non-empty bucket bounds it.
+  uint64_t top = 0;
+  for (size_t b = 0; b < buckets.size(); ++b)
+    if (buckets[b] != 0) top = std::min(bucket_upper_bound(static_cast<uint32_t>(b)), max);
+  max = top;
+}
+
+Quantiles quantiles_of(const HistogramSnapshot& h) {
+  return Quantiles{h.count,          h.quantile(0.5),   h.quantile(0.9),
+                   h.quantile(0.99), h.quantile(0.999), h.max};
 }
 
 CountersSnapshot snapshot_counters(const CountersBlock& block) {

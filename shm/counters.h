@@ -1,5 +1,5 @@
-// A block of monotonic u64 counters and log2 latency histograms in shared
-// memory, one block per process, readable by anyone (kvrelay-dump) without
+// A block of monotonic u64 counters and log-linear latency histograms in
+// shared memory, one block per process, readable by anyone (kvrelay-dump) without
 // stopping the writer.
 //
 // Labels live in the block itself (as in Aeron's counters file), so a reader
@@ -24,7 +24,15 @@ namespace kvrelay {
 
 inline constexpr uint32_t kMaxCounters = 48;
 inline constexpr uint32_t kMaxHistograms = 12;
-inline constexpr uint32_t kHistogramBuckets = 64;  // bucket b holds values in [2^(b-1), 2^b)
+// Log-linear buckets (HdrHistogram's idea): values below 64 have a bucket
+// each; every power-of-two range above is cut into 32 equal buckets. A
+// bucket is thus never wider than 1/32 of the values it holds, and its
+// midpoint, which quantiles report, is within 1.6% of any of them. The range
+// is all of u64 (1920 buckets, 15 KiB a histogram).
+inline constexpr uint32_t kHistogramSubBucketBits = 5;
+inline constexpr uint32_t kHistogramSubBuckets = 1U << kHistogramSubBucketBits;
+inline constexpr uint32_t kHistogramBuckets = (64 - kHistogramSubBucketBits) * kHistogramSubBuckets +
+                                              kHistogramSubBuckets;  // 1920
 inline constexpr uint32_t kLabelBytes = 48;
 
 struct CounterLabel {
@@ -38,7 +46,7 @@ struct alignas(64) Histogram {
   std::atomic<uint64_t> max;
   uint64_t reserved[5];
 };
-static_assert(sizeof(Histogram) == 64 * 8 + 64);
+static_assert(sizeof(Histogram) == kHistogramBuckets * 8 + 64);
 
 struct alignas(64) CountersBlock {
   uint32_t counter_count;  // labels defined
@@ -75,27 +83,40 @@ class CounterWriter {
   CountersBlock* b_;
 };
 
-// Multi-writer update.
+// Multi-writer updates.
 inline void add_shared(CountersBlock& block, uint32_t id, uint64_t n = 1) {
   block.values[id % kMaxCounters].fetch_add(n, std::memory_order_relaxed);
 }
+void record_shared(CountersBlock& block, uint32_t histogram, uint64_t value);
 
-// Which log2 bucket a value falls in: 0 for 0, else 1 + floor(log2 v).
+// Which bucket a value falls in (see kHistogramBuckets).
 uint32_t histogram_bucket(uint64_t value);
-// The largest value bucket b can hold (its upper bound, inclusive).
+// The smallest and the largest value bucket b holds (both inclusive).
+uint64_t bucket_lower_bound(uint32_t bucket);
 uint64_t bucket_upper_bound(uint32_t bucket);
 
 struct HistogramSnapshot {
   std::string label;
   std::string unit;
-  uint64_t buckets[kHistogramBuckets] = {};
+  std::vector<uint64_t> buckets = std::vector<uint64_t>(kHistogramBuckets);
   uint64_t count = 0;
   uint64_t sum = 0;
   uint64_t max = 0;
-  // Upper bound of the bucket holding the q-quantile (0 < q <= 1); exact to
-  // within a factor of two, never an underestimate. 0 when empty.
+  // The q-quantile (0 < q <= 1): the midpoint of the bucket that holds it,
+  // so within 1.6% of the exact value, and never above `max` (q = 1: `max`).
+  // 0 when empty.
   uint64_t quantile(double q) const;
+  // Adds another histogram's samples (merging ranks, or a later snapshot
+  // minus an earlier one with `subtract`).
+  void merge(const HistogramSnapshot& other);
+  void subtract(const HistogramSnapshot& earlier);
 };
+
+// The quantiles every report shows.
+struct Quantiles {
+  uint64_t count = 0, p50 = 0, p90 = 0, p99 = 0, p999 = 0, max = 0;
+};
+Quantiles quantiles_of(const HistogramSnapshot& h);
 
 struct CountersSnapshot {
   std::vector<std::pair<std::string, uint64_t>> counters;

@@ -106,13 +106,8 @@ CountersView view_counters(const CountersBlock& block) {
   const CountersSnapshot s = snapshot_counters(block);
   v.counters = s.counters;
   for (const HistogramSnapshot& h : s.histograms) {
-    HistogramView hv;
-    hv.unit = h.unit;
-    hv.count = h.count;
-    hv.p50 = h.quantile(0.5);
-    hv.p90 = h.quantile(0.9);
-    hv.p99 = h.quantile(0.99);
-    hv.max = h.max;
+    const Quantiles q = quantiles_of(h);
+    HistogramView hv{h.unit, h.count, q.p50, q.p90, q.p99, q.p999, q.max};
     v.histograms.emplace_back(h.label, hv);
   }
   return v;

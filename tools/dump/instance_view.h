@@ -15,7 +15,7 @@ namespace kvrelay::dump {
 struct HistogramView {
   std::string unit;
   uint64_t count = 0;
-  uint64_t p50 = 0, p90 = 0, p99 = 0, max = 0;
+  uint64_t p50 = 0, p90 = 0, p99 = 0, p999 = 0, max = 0;  // within 1.6% (max: exact)
 };
 
 struct CountersView {

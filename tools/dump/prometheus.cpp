@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <set>
 
@@ -99,7 +100,7 @@ void write_process_metrics(Writer& w, const std::string& prefix,
     const Unit u = unit_of(unit);
     const std::string name = fmt::format("kvrelay_{}_{}_{}", prefix, name_part(label), u.suffix);
     w.family(name, "histogram",
-             fmt::format("kvrelay {} histogram '{}' (log2 buckets of {})", prefix, label, unit));
+             fmt::format("kvrelay {} histogram '{}' (of {}, exported at powers of two)", prefix, label, unit));
     for (const Process& p : processes) {
       for (const HistogramSnapshot& h : p.counters.histograms) {
         if (h.label != label || h.unit != unit) continue;
@@ -107,9 +108,13 @@ void write_process_metrics(Writer& w, const std::string& prefix,
         uint32_t last = 0;
         for (uint32_t b = 0; b < kHistogramBuckets; ++b)
           if (h.buckets[b] != 0) last = b;
+        // Exported at powers of two, as log2 buckets: a scrape stays small
+        // and its bounds are the same in every scrape, whatever the values.
         for (uint32_t b = 0; b <= last && h.count != 0; ++b) {
           cumulative += h.buckets[b];
-          const double le = static_cast<double>(bucket_upper_bound(b)) * u.scale;
+          const uint64_t upper = bucket_upper_bound(b);
+          if (!std::has_single_bit(upper + 1) && b != last) continue;
+          const double le = static_cast<double>(upper) * u.scale;
           w.sample(name + "_bucket", fmt::format("{},le=\"{}\"", p.labels, le), cumulative);
         }
         w.sample(name + "_bucket", p.labels + ",le=\"+Inf\"", h.count);

@@ -18,6 +18,7 @@
 #include "kv_pattern.h"
 #include "shm/counters.h"
 #include "shm/liveness.h"
+#include "worker/worker_counters.h"
 
 namespace kvrelay::sim {
 
@@ -42,23 +43,29 @@ struct SimRequest {
   bool released = false;  // its blocks handed back
 };
 
-uint64_t percentile(std::vector<uint64_t> v, double q) {
-  if (v.empty()) return 0;
+// Exact quantiles of samples (the nearest rank).
+Quantiles exact_quantiles(std::vector<uint64_t> v) {
+  if (v.empty()) return {};
   std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+  auto at = [&](double q) {
+    return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+  };
+  return Quantiles{v.size(), at(0.5), at(0.9), at(0.99), at(0.999), v.back()};
 }
 
-// Merged histogram quantile over the prefill instance's worker blocks.
-uint64_t worker_quantile(const ControlSegment& control, uint32_t histogram, double q) {
+// Merged histogram over the prefill instance's worker blocks.
+Quantiles worker_quantiles(const ControlSegment& control, uint32_t histogram) {
   HistogramSnapshot merged;
   for (uint32_t r = 0; r < control.config().tp_size; ++r) {
     const CountersSnapshot s = snapshot_counters(control.counters(worker_counters_index(r)));
-    if (histogram >= s.histograms.size()) continue;
-    for (uint32_t b = 0; b < kHistogramBuckets; ++b)
-      merged.buckets[b] += s.histograms[histogram].buckets[b];
-    merged.max = std::max(merged.max, s.histograms[histogram].max);
+    if (histogram < s.histograms.size()) merged.merge(s.histograms[histogram]);
   }
-  return merged.quantile(q);
+  return quantiles_of(merged);
+}
+
+std::string us_quantiles(const Quantiles& q) {
+  return fmt::format("p50 {:.1f} us, p90 {:.1f} us, p99 {:.1f} us, p99.9 {:.1f} us, max {:.1f} us",
+                     q.p50 / 1e3, q.p90 / 1e3, q.p99 / 1e3, q.p999 / 1e3, q.max / 1e3);
 }
 
 class Simulation {
@@ -146,15 +153,13 @@ class Simulation {
       if (r->completions != 1) ++report_.missing_or_extra;
       if (o_.expect_arrivals && r->arrivals != 1) ++report_.missing_or_extra;
     }
-    report_.exposed_p50_ns = percentile(exposed_, 0.5);
-    report_.exposed_p99_ns = percentile(exposed_, 0.99);
+    report_.exposed = exact_quantiles(exposed_);
     if (Result<ControlSegment> c = ControlSegment::attach(
             prefill_instance,
             AttachOptions{.access = SegmentAccess::kReadOnly, .allow_stale = true});
         c) {
-      report_.signal_to_copy_p50_ns = worker_quantile(*c, 0, 0.5);
-      report_.signal_to_copy_p99_ns = worker_quantile(*c, 0, 0.99);
-      report_.layer_copy_p50_ns = worker_quantile(*c, 1, 0.5);
+      report_.signal_to_copy = worker_quantiles(*c, worker::kSignalToCopyDoneNs);
+      report_.layer_copy = worker_quantiles(*c, worker::kLayerCopyNs);
     }
     if (o_.progress) fmt::print(stderr, "\n");
     return report_;
@@ -620,13 +625,12 @@ std::string SimReport::summary() const {
         arrived, requests);
   s += fmt::format("bytes moved       {:.1f} MiB in {:.2f} s ({:.2f} GB/s over the whole run)\n",
                    bytes / 1048576.0, seconds, seconds > 0 ? bytes / seconds / 1e9 : 0);
+  s += fmt::format("signal -> copied  {} (layer signal to that layer's copy done)\n",
+                   us_quantiles(signal_to_copy));
   s += fmt::format(
-      "signal -> copied  p50 {:.1f} us, p99 {:.1f} us (layer signal to that layer's copy done)\n",
-      signal_to_copy_p50_ns / 1e3, signal_to_copy_p99_ns / 1e3);
-  s += fmt::format(
-      "exposed transfer  p50 {:.1f} us, p99 {:.1f} us from the last layer computed to "
-      "the completion (one layer's copy: p50 {:.1f} us)\n",
-      exposed_p50_ns / 1e3, exposed_p99_ns / 1e3, layer_copy_p50_ns / 1e3);
+      "exposed transfer  {} from the last layer computed to the completion (one layer's "
+      "copy: p50 {:.1f} us)\n",
+      us_quantiles(exposed), layer_copy.p50 / 1e3);
   s +=
       fmt::format("verification      {} wrong words, {} blocks written outside their request: {}\n",
                   wrong_words, stray_blocks,

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <string>
 
+#include "shm/counters.h"
+
 #include "kvrelay/client.h"
 
 namespace kvrelay::sim {
@@ -69,11 +71,12 @@ struct SimReport {
   double seconds = 0;
   uint64_t wrong_words = 0;            // bytes that differ from what was sent, in 8-byte words
   uint64_t stray_blocks = 0;           // destination blocks found written before they were used
-  uint64_t signal_to_copy_p50_ns = 0;  // layer signal -> that layer's copy done (workers)
-  uint64_t signal_to_copy_p99_ns = 0;
-  uint64_t exposed_p50_ns = 0;  // last layer computed -> completion (decode half on time)
-  uint64_t exposed_p99_ns = 0;
-  uint64_t layer_copy_p50_ns = 0;  // one layer's copy of one request's chunk (workers)
+  // Nanoseconds. From the workers' histograms (within 1.6%):
+  Quantiles signal_to_copy;  // layer signal read -> that layer's copy done
+  Quantiles layer_copy;      // one layer's copy of one request's chunk
+  // Exact, from the engine's side: last layer computed -> completion read
+  // (decode half on time).
+  Quantiles exposed;
   std::string first_error;
   bool soak = false;
   bool timed_out = false;  // the run itself hit its timeout: something hung
