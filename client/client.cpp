@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "client/views.h"
+#include "instance/control_layout.h"
 #include "instance/control_segment.h"
 #include "instance/pool_segment.h"
 #include "instance/swap_progress.h"
@@ -18,6 +19,7 @@
 #include "schemas/pool_descriptor.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
+#include "shm/counters.h"
 #include "shm/intake_table.h"
 #include "shm/liveness.h"
 #include "shm/process_identity.h"
@@ -281,6 +283,7 @@ Status Client::submit(const CacheTaskSpec& spec, Deadline deadline) {
   t.setSrcBlockIds(list_of(spec.src_block_ids));
   t.setNeedPrefillTokens(spec.need_prefill_tokens);
   t.setDeadlineMs(spec.deadline_ms);
+  t.setClientSubmitNs(mono_now_ns());
   if (spec.engine_slot.has_value() == spec.legacy_prefill_step.has_value())
     return make_error(Errc::kInvalidArgument,
                       fmt::format("CacheTask '{}': set exactly one of engine_slot (per-chunk mode) "
@@ -310,6 +313,7 @@ Status Client::submit(const CacheDestSpec& spec, Deadline deadline) {
   d.setTcpPorts(list_of(spec.tcp_ports));
   d.setDeviceIds(list_of(spec.device_ids));
   d.setErrorMessage(spec.error_message);
+  d.setClientSubmitNs(mono_now_ns());
   if (Status s = messages::validate(d.asReader(), impl_->limits); !s) return s;
   return impl_->write(MessageType::CACHE_DEST, msg, deadline);
 }
@@ -522,6 +526,10 @@ Result<std::optional<Completion>> Client::poll() {
                   impl_->dropped.fetch_add(1, std::memory_order_relaxed);
                   return {};
                 }
+                const uint64_t read_ns = mono_now_ns();
+                if (c.getCompletedNs() != 0 && c.getCompletedNs() <= read_ns)
+                  record_shared(impl_->control.counters(kClientCounters),
+                                kCompletionWrittenToEngineReadNs, read_ns - c.getCompletedNs());
                 Completion x;
                 x.request_id = std::string(c.getRequestId().cStr(), c.getRequestId().size());
                 x.kind = static_cast<CompletionKind>(c.getKind());

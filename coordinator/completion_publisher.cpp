@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "coordinator/coordinator_counters.h"
 #include "schemas/codec.h"
 #include "shm/clock.h"
 
@@ -10,10 +11,16 @@ namespace kvrelay::coordinator {
 
 void CompletionPublisher::publish(capnp::MessageBuilder& completion) {
   auto stamp = completion.getRoot<schema::Completion>();
-  stamp.setCompletedNs(std::max(stamp.getCompletedNs(), mono_now_ns()));
+  // The table stamps when it decided (for a finished request: when it read
+  // the last report); the completion carries when it is written.
+  const uint64_t decided_ns = stamp.getCompletedNs();
+  stamp.setCompletedNs(std::max(decided_ns, mono_now_ns()));
   auto c = stamp.asReader();
-  if (c.getStatus() == schema::Completion::Status::FINISHED && c.getSubmittedNs() != 0)
-    CounterWriter(counters_).record(latency_histogram_, c.getCompletedNs() - c.getSubmittedNs());
+  if (c.getStatus() == schema::Completion::Status::FINISHED && c.getSubmittedNs() != 0) {
+    CounterWriter w(counters_);
+    w.record(latency_histogram_, c.getCompletedNs() - c.getSubmittedNs());
+    if (decided_ns != 0) w.record(kReportReadToCompletionNs, c.getCompletedNs() - decided_ns);
+  }
   if (before_publish_) before_publish_();
   // The table caps its texts; this is the last guard that a completion
   // always fits one record. The cut message goes into a fresh builder: the

@@ -25,6 +25,7 @@
 #include "schemas/records.h"
 #include "shm/barrier.h"
 #include "shm/counters.h"
+#include "shm/cpu_affinity.h"
 #include "shm/liveness.h"
 #include "shm/process_logging.h"
 
@@ -88,7 +89,10 @@ class Coordinator : public Sink, public RankHealth::Listener {
                                          *this);
     std::vector<std::string_view> labels(std::begin(kCoordinatorCounterLabels),
                                          std::end(kCoordinatorCounterLabels));
-    define_counters(counters_, labels, {{"request_latency", "ns"}});
+    define_counters(counters_, labels,
+                    {std::begin(kCoordinatorHistogramLabels), std::end(kCoordinatorHistogramLabels)});
+    define_counters(control_.counters(kClientCounters), {},
+                    {std::begin(kClientHistogramLabels), std::end(kClientHistogramLabels)});
   }
 
   // ---- Sink ----
@@ -97,6 +101,10 @@ class Coordinator : public Sink, public RankHealth::Listener {
   }
 
   void complete(capnp::MessageBuilder& completion) override { publisher_.publish(completion); }
+
+  void observe_hop(CoordinatorHistogram hop, uint64_t ns) override {
+    CounterWriter(counters_).record(hop, ns);
+  }
 
   bool rank_unresponsive(uint32_t rank, const std::string& why) override {
     return health_.stop_rank(rank, why);
@@ -222,7 +230,9 @@ class Coordinator : public Sink, public RankHealth::Listener {
     const uint64_t hellos = submission_stats_.hellos;
     const size_t n = submit_.read(
         [&](const MpscRecord& rec) {
-          dispatch_submission(rec, *table_, sessions_, submission_stats_, now);
+          // A fresh clock per record: the dispatch hops are timed from it.
+          dispatch_submission(rec, *table_, sessions_, submission_stats_,
+                              std::max(now, mono_now_ns()));
         },
         256);
     if (submission_stats_.hellos != hellos) hello_gate_.retarget();  // wait for what follows too
@@ -235,6 +245,9 @@ class Coordinator : public Sink, public RankHealth::Listener {
     for (uint32_t r = 0; r < reports_.size(); ++r) {
       for (int i = 0; i < 256 && reports_[r].try_pop(report); ++i) {
         report.rank = r;  // trust the ring, not the record, for the rank
+        // The stamp is the worker's: timed only when it is sane.
+        if (report.reported_ns != 0 && report.reported_ns <= now)
+          CounterWriter(counters_).record(kReportWrittenToReadNs, now - report.reported_ns);
         table_->on_report(report, now);
         any = true;
       }
@@ -361,6 +374,13 @@ int run_coordinator(const CoordinatorOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  if (Status s = place_process(o.idle, o.cpus, 0); !s) {
+    spdlog::error("{}", s.error().message);
+    return 2;
+  }
+  if (o.idle != IdleStrategy::kPark || !o.cpus.empty())
+    spdlog::info("idle strategy {}{}", idle_strategy_name(o.idle),
+                 o.cpus.empty() ? "" : fmt::format(", pinned to CPU {}", o.cpus[0]));
 
   Result<ControlSegment> control =
       ControlSegment::create(o.config, SegmentOptions{.group_access = o.group_access});

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 namespace kvrelay::coordinator {
 
@@ -30,7 +31,24 @@ enum CoordinatorCounter : uint32_t {
 
 enum CoordinatorHistogram : uint32_t {
   kRequestLatencyNs,  // first half submitted -> completion written
+  // Hops of the dispatch and completion paths (README "Latency"):
+  kSubmitToReadNs,              // the engine submitted a CacheTask/CacheDest -> read here
+  kReadToTaskWrittenNs,         // read -> its WorkerTask written to every rank's ring
+  kReportWrittenToReadNs,       // a worker wrote a report -> read here
+  kReportReadToCompletionNs,    // the final report read -> the completion written
+  kCoordinatorHistogramCount,
 };
+
+inline constexpr std::pair<const char*, const char*> kCoordinatorHistogramLabels[] = {
+    {"request_latency", "ns"},
+    {"hop_submit_to_read", "ns"},
+    {"hop_read_to_task_written", "ns"},
+    {"hop_report_written_to_read", "ns"},
+    {"hop_report_read_to_completion", "ns"},
+};
+static_assert(sizeof(kCoordinatorHistogramLabels) / sizeof(kCoordinatorHistogramLabels[0]) ==
+              kCoordinatorHistogramCount);
+
 
 inline constexpr const char* kCoordinatorCounterLabels[] = {
     "requests_submitted",   "requests_finished",    "requests_failed",      "requests_cancelled",

@@ -14,6 +14,7 @@
 #include "instance/names.h"
 #include "instance/pool_geometry.h"
 #include "instance/pool_segment.h"
+#include "shm/cpu_affinity.h"
 
 namespace kvrelay::coordinator {
 
@@ -313,6 +314,16 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   app.add_option("--drain-timeout-ms", drain_ms,
                  "on SIGTERM/SIGINT, how long in-flight requests may finish")
       ->capture_default_str();
+  std::string idle = "park", cpu_list;
+  app.add_option("--idle-strategy", idle,
+                 "how the coordinator and its workers wait: park (sleep, no CPU while idle), "
+                 "backoff (spin, yield, then sleep) or spin (a whole CPU each, lowest latency; "
+                 "for dedicated cores)")
+      ->check(CLI::IsMember({"park", "backoff", "spin"}))
+      ->capture_default_str();
+  app.add_option("--cpu-list", cpu_list,
+                 "pin the coordinator to the first CPU of this list and rank r's worker to "
+                 "entry r + 1 (round robin), e.g. 2-5");
 
   try {
     app.parse(argc, argv);
@@ -323,6 +334,14 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
                       fmt::format("{}\nRun with --help for the flags.", e.what()));
   }
 
+  parse_idle_strategy(idle, o.idle);  // checked by CLI above
+  if (!cpu_list.empty()) {
+    Result<std::vector<int>> cpus = parse_cpu_list(cpu_list);
+    if (!cpus) return cpus.error();
+    o.cpus = std::move(cpus).value();
+    o.worker_args.insert(o.worker_args.end(), {"--cpu-list", cpu_list});
+  }
+  o.worker_args.insert(o.worker_args.end(), {"--idle-strategy", idle});
   if (Status s = validate_instance_name(instance); !s)
     return make_error(Errc::kInvalidArgument, "--instance: " + s.error().message);
   if (tp < 1 || tp > kMaxTpSize)

@@ -9,6 +9,7 @@
 
 #include "instance/instance_config.h"
 #include "shm/result.h"
+#include "shm/wait_event.h"
 
 namespace kvrelay::coordinator {
 
@@ -24,6 +25,9 @@ struct CoordinatorOptions {
   // Passed to every worker this coordinator starts: the tcp transport's
   // --listen-address, --auth-key-file (absolute) and --tcp-lanes.
   std::vector<std::string> worker_args;
+  // --idle-strategy and --cpu-list (also passed to every worker it starts).
+  IdleStrategy idle = IdleStrategy::kPark;
+  std::vector<int> cpus;
 };
 
 // Parses argv. On --help or a bad flag, returns an error whose message is

@@ -272,6 +272,7 @@ bool TaskTable::admit_single(const std::string& id, CompletionKind kind, const c
 }
 
 void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns, uint32_t session) {
+  time_submission(shared.getClientSubmitNs(), now_ns);
   Owned<schema::CacheTask> task(shared);
   const auto admitted = admit_half(Half::kTask, task.root.getRequestId(), now_ns, session);
   if (std::holds_alternative<Answered>(admitted)) return reap();
@@ -345,6 +346,7 @@ std::optional<std::string> TaskTable::check_peer(schema::CacheDest::Reader dest,
 }
 
 void TaskTable::on_cache_dest(schema::CacheDest::Reader shared, uint64_t now_ns, uint32_t session) {
+  time_submission(shared.getClientSubmitNs(), now_ns);
   Owned<schema::CacheDest> dest(shared);
   const auto admitted = admit_half(Half::kDest, dest.root.getRequestId(), now_ns, session);
   if (std::holds_alternative<Answered>(admitted)) return reap();
@@ -701,11 +703,20 @@ bool TaskTable::send_to_ranks(Request& r,
   w.setHandle(r.handle);
   w.setRequestId(r.id);
   fill(w);
+  const uint64_t written_ns = mono_now_ns();
+  w.setWrittenNs(written_ns);
+  if (written_ns >= now_ns) sink_.observe_hop(kReadToTaskWrittenNs, written_ns - now_ns);
   for (uint32_t rank = 0; rank < limits_.tp_size; ++rank) {
     sink_.to_worker(rank, msg);
     r.ranks[rank] = RankState::kPending;
   }
   return true;
+}
+
+// The stamp is the engine's: timed only when it is sane.
+void TaskTable::time_submission(uint64_t client_submit_ns, uint64_t now_ns) {
+  if (client_submit_ns != 0 && client_submit_ns <= now_ns)
+    sink_.observe_hop(kSubmitToReadNs, now_ns - client_submit_ns);
 }
 
 void TaskTable::send_cancel(Request& r) {

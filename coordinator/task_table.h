@@ -53,6 +53,7 @@
 #include <variant>
 #include <vector>
 
+#include "coordinator/coordinator_counters.h"
 #include "coordinator/tombstones.h"
 #include "instance/instance_config.h"
 #include "schemas/kvrelay.capnp.h"
@@ -98,6 +99,8 @@ class Sink {
     return kNoProgressSlot;
   }
   virtual void end_load_progress(uint32_t /*slot*/, bool /*finished*/) {}
+  // A hop of the dispatch path took `ns` (coordinator_counters.h).
+  virtual void observe_hop(CoordinatorHistogram /*hop*/, uint64_t /*ns*/) {}
   static constexpr uint32_t kNoProgressSlot = 0xffffffff;
 };
 
@@ -232,6 +235,7 @@ class TaskTable {
   bool send_to_ranks(Request& r, const std::function<void(schema::WorkerTask::Builder)>& fill,
                      uint64_t now_ns);
   std::optional<std::string> down_reason(uint32_t rank) const;
+  void time_submission(uint64_t client_submit_ns, uint64_t now_ns);
   void send_cancel(Request& r);
   // Ends `r`: at once if it finished or no rank can still write for it,
   // otherwise once every such rank has confirmed (see the top).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "instance/segment_header.h"
@@ -17,6 +18,15 @@ inline constexpr uint32_t kClientCounters = 1;
 inline constexpr uint32_t worker_counters_index(uint32_t rank) {
   return 2 + rank;
 }
+
+// The clients' block is shared by every client of the instance: the
+// coordinator defines its labels, clients record with record_shared.
+enum ClientHistogram : uint32_t {
+  kCompletionWrittenToEngineReadNs,  // the coordinator wrote a completion -> an engine read it
+};
+inline constexpr std::pair<const char*, const char*> kClientHistogramLabels[] = {
+    {"hop_completion_to_engine_read", "ns"},
+};
 
 struct ControlLayout {
   std::vector<RegionEntry> regions;

@@ -99,6 +99,11 @@ struct CacheTask {
   # pushed to that rank when this task was submitted (its signal ring's write
   # position). Untagged signals from before it belong to earlier requests and
   # are never attributed to this one. Empty: unknown (everything is eligible).
+
+  clientSubmitNs @7 :UInt64;
+  # Written by the client library: CLOCK_MONOTONIC (ns) when the engine
+  # submitted it. Only timed (the dispatch path's first hop), never trusted
+  # for anything else; 0: unknown.
 }
 
 struct SessionHello {
@@ -149,6 +154,9 @@ struct CacheDest {
   # Set (non-empty) instead of destBlockIds when the decode side could not
   # take the request (the original's error_msg); the request completes with
   # `error` carrying this text, and nothing is sent.
+
+  clientSubmitNs @9 :UInt64;
+  # As CacheTask.clientSubmitNs.
 }
 
 struct SwapTask {
@@ -318,6 +326,10 @@ struct WorkerTask {
     expect @12 :ExpectArrival;
     # Track the arrival of this request's writes (tcp receiver, ipc intake).
   }
+
+  writtenNs @13 :UInt64;
+  # CLOCK_MONOTONIC (ns) when the coordinator wrote it (the same for every
+  # rank: it is encoded once). The worker times the hop with it; 0: unknown.
 }
 
 struct SendTask {

@@ -90,7 +90,7 @@ enum class ReportKind : uint32_t {
   kPoolRejected = 7,
 };
 
-inline constexpr size_t kReportMessageBytes = 144;
+inline constexpr size_t kReportMessageBytes = 128;
 
 struct WorkerReport {
   uint64_t handle;  // the coordinator's request handle (WorkerTask.handle)
@@ -100,6 +100,8 @@ struct WorkerReport {
   uint32_t layer;
   uint32_t reserved;
   uint64_t first_copy_ns;  // CLOCK_MONOTONIC when this rank began its first copy for it; 0: none
+  uint64_t reported_ns;    // CLOCK_MONOTONIC when the worker wrote it (the coordinator times the hop)
+  uint64_t reserved2;
   char message[kReportMessageBytes];  // NUL-terminated; empty unless failed
 
   void set_message(std::string_view text) {

@@ -129,6 +129,20 @@ Quantiles quantiles_of(const HistogramSnapshot& h) {
                    h.quantile(0.99), h.quantile(0.999), h.max};
 }
 
+HistogramSnapshot snapshot_histogram(const CountersBlock& block, uint32_t index) {
+  HistogramSnapshot h;
+  if (index >= std::min(block.histogram_count, kMaxHistograms)) return h;
+  h.label = read_label(block.histogram_labels[index]);
+  h.unit = read_label(block.histogram_units[index]);
+  const Histogram& src = block.histograms[index];
+  for (uint32_t b = 0; b < kHistogramBuckets; ++b)
+    h.buckets[b] = src.buckets[b].load(std::memory_order_relaxed);
+  h.count = src.count.load(std::memory_order_relaxed);
+  h.sum = src.sum.load(std::memory_order_relaxed);
+  h.max = src.max.load(std::memory_order_relaxed);
+  return h;
+}
+
 CountersSnapshot snapshot_counters(const CountersBlock& block) {
   CountersSnapshot snap;
   const uint32_t counters = std::min(block.counter_count, kMaxCounters);
@@ -137,18 +151,8 @@ CountersSnapshot snapshot_counters(const CountersBlock& block) {
                                block.values[i].load(std::memory_order_relaxed));
   }
   const uint32_t histograms = std::min(block.histogram_count, kMaxHistograms);
-  for (uint32_t i = 0; i < histograms; ++i) {
-    HistogramSnapshot h;
-    h.label = read_label(block.histogram_labels[i]);
-    h.unit = read_label(block.histogram_units[i]);
-    const Histogram& src = block.histograms[i];
-    for (uint32_t b = 0; b < kHistogramBuckets; ++b)
-      h.buckets[b] = src.buckets[b].load(std::memory_order_relaxed);
-    h.count = src.count.load(std::memory_order_relaxed);
-    h.sum = src.sum.load(std::memory_order_relaxed);
-    h.max = src.max.load(std::memory_order_relaxed);
-    snap.histograms.push_back(std::move(h));
-  }
+  for (uint32_t i = 0; i < histograms; ++i)
+    snap.histograms.push_back(snapshot_histogram(block, i));
   return snap;
 }
 

@@ -124,5 +124,7 @@ struct CountersSnapshot {
 };
 
 CountersSnapshot snapshot_counters(const CountersBlock& block);
+// One histogram only (its label and unit too); empty when `index` is undefined.
+HistogramSnapshot snapshot_histogram(const CountersBlock& block, uint32_t index);
 
 }  // namespace kvrelay

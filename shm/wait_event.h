@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string_view>
 
 #include "shm/asymmetric_fence.h"
 #include "shm/clock.h"
@@ -41,18 +42,56 @@ uint64_t default_spin_ns();
 // If the heavy fence is unavailable, a parked waiter re-checks this often.
 inline constexpr uint64_t kDegradedParkNs = 1'000'000;
 
+// How a process waits when it has nothing to do (Aeron's idle strategies).
+// Set once per process at startup (the coordinator's and the workers'
+// --idle-strategy); every wait_until of the process follows it.
+//   park     spin default_spin_ns(), then sleep on the futex. Costs no CPU
+//            while idle; a wake-up costs a futex wake and a reschedule.
+//   backoff  spin, then sched_yield() for up to kBackoffYieldNs, then park:
+//            a wake-up within that window costs no syscall on the notifier's
+//            side, and the CPU is given to anyone else who wants it.
+//   spin     never sleep: poll until ready or the deadline. One whole CPU
+//            per process, always; the lowest latency, for dedicated cores.
+enum class IdleStrategy : uint8_t { kPark, kBackoff, kSpin };
+inline constexpr uint64_t kBackoffYieldNs = 200'000;
+
+void set_idle_strategy(IdleStrategy s);
+IdleStrategy idle_strategy();
+const char* idle_strategy_name(IdleStrategy s);
+// "park", "backoff" or "spin"; false for anything else.
+bool parse_idle_strategy(std::string_view text, IdleStrategy& out);
+
+namespace detail {
+void yield_cpu();
+}
+
 // Waits until `ready()` returns true (returns true), or until `deadline`
 // passes (returns false). `ready` must read shared state with acquire loads.
 template <class Ready>
 bool wait_until(WaitEvent& ev, Ready&& ready, Deadline deadline,
                 uint64_t spin_ns = default_spin_ns()) {
   if (ready()) return true;
+  const IdleStrategy idle = idle_strategy();
+  if (idle == IdleStrategy::kSpin) {
+    for (uint32_t i = 1;; ++i) {
+      if (ready()) return true;
+      cpu_relax();
+      if ((i & 63) == 0 && deadline.passed()) return ready();
+    }
+  }
   if (spin_ns > 0) {
     const uint64_t spin_until = mono_now_ns() + spin_ns;
     for (uint32_t i = 1;; ++i) {
       if (ready()) return true;
       cpu_relax();
       if ((i & 63) == 0 && mono_now_ns() >= spin_until) break;
+    }
+  }
+  if (idle == IdleStrategy::kBackoff) {
+    const uint64_t yield_until = mono_now_ns() + kBackoffYieldNs;
+    while (mono_now_ns() < yield_until && !deadline.passed()) {
+      if (ready()) return true;
+      detail::yield_cpu();
     }
   }
   for (;;) {

@@ -42,6 +42,7 @@ Status DataPlane::serve_device_pool() {
   scheduler_ =
       std::make_unique<SendScheduler>(rank_, device_pool_->geometry(), *transports_, hooks_.report);
   scheduler_->set_latency_observer(hooks_.latency);
+  scheduler_->set_hop_observer(hooks_.hop);
   return {};
 }
 

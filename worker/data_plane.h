@@ -39,6 +39,7 @@ class DataPlane {
   struct Hooks {
     SendScheduler::Reporter report;          // a request's end on this rank
     SendScheduler::LatencyObserver latency;  // each layer copy
+    SendScheduler::HopObserver hop;          // the dispatch and completion hops it times
   };
 
   // Maps (or creates) rank `rank`'s pools of `control`'s instance and builds

@@ -1,8 +1,11 @@
 // kvrelay-worker: one process per TP rank. Normally started by
 // kvrelay-coordinator (supervisor mode); start it yourself for an instance
 // whose coordinator runs with --external-workers.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 
+#include "shm/cpu_affinity.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -41,6 +44,12 @@ int main(int argc, char** argv) {
   app.add_option("--rdma-queue-pairs", o.network.rdma_queue_pairs,
                  "rdma: RC queue pairs per decode rank (1-16)")
       ->capture_default_str();
+  std::string idle = "park", cpu_list;
+  app.add_option("--idle-strategy", idle, "park, backoff or spin (the coordinator's flag)")
+      ->check(CLI::IsMember({"park", "backoff", "spin"}))
+      ->capture_default_str();
+  app.add_option("--cpu-list", cpu_list,
+                 "the instance's CPU list (the coordinator's flag): this rank takes entry rank + 1");
   CLI11_PARSE(app, argc, argv);
   for (size_t at = 0; !rdma_devices.empty() && at != std::string::npos;) {
     const size_t comma = rdma_devices.find(',', at);
@@ -48,5 +57,14 @@ int main(int argc, char** argv) {
     at = comma == std::string::npos ? comma : comma + 1;
   }
   o.attach_timeout = std::chrono::milliseconds(attach_ms);
+  if (!cpu_list.empty()) {
+    kvrelay::Result<std::vector<int>> cpus = kvrelay::parse_cpu_list(cpu_list);
+    if (!cpus) {
+      fmt::print(stderr, "kvrelay-worker: {}\n", cpus.error().message);
+      return 2;
+    }
+    o.cpus = std::move(cpus).value();
+  }
+  kvrelay::parse_idle_strategy(idle, o.idle);  // checked by CLI above
   return kvrelay::worker::run_worker(o);
 }

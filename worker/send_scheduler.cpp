@@ -49,6 +49,7 @@ struct SendScheduler::Request {
   std::string end_message;
   uint64_t bytes = 0;
   uint64_t first_copy_ns = 0;  // when its first copy began (dispatch latency, Completion)
+  uint64_t done_ns = 0;        // when its latest copy was seen done
 };
 
 SendScheduler::SendScheduler(uint32_t rank, const PoolGeometry& local, Transport& transport,
@@ -150,7 +151,7 @@ void SendScheduler::on_session_ended(uint32_t session) {
   }
 }
 
-void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest) {
+void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest, uint64_t read_ns) {
   auto it = requests_.find(handle);
   if (it == requests_.end()) {
     report_(handle, ReportKind::kFailed, 0,
@@ -177,7 +178,18 @@ void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest) {
   r.sent.assign(layers_, r.prefix);
   r.has_dest = true;
   spdlog::debug("dest '{}': {} blocks, prefix {}", r.id, r.dst.size(), r.prefix);
-  advance(r, mono_now_ns());  // catch up on everything already prefilled
+  const uint64_t serial = r.serial;
+  first_copy_of_ended_ = 0;
+  advance(r, mono_now_ns());  // catch up on everything already prefilled (may end r)
+  // The dispatch hop: timed only when the copy began at once, i.e. when the
+  // destination was all the request still waited for.
+  if (hop_ && read_ns != 0) {
+    auto again = requests_.find(handle);
+    const uint64_t first = again != requests_.end() && again->second->serial == serial
+                               ? again->second->first_copy_ns
+                               : first_copy_of_ended_;
+    if (first >= read_ns) hop_(kDestReadToCopyNs, first - read_ns);
+  }
   poll_transfers();
 }
 
@@ -435,10 +447,10 @@ void SendScheduler::on_transfer_done(const TransferCompletion& c) {
   r.bytes += c.bytes;
   counters_.bytes += c.bytes;
   ++counters_.layer_copies;
-  if (latency_) {
-    const uint64_t done = mono_now_ns();
-    latency_(c.ticket.layer, done - c.ticket.signal_ns, done - c.ticket.submit_ns, c.bytes);
-  }
+  r.done_ns = mono_now_ns();
+  if (latency_)
+    latency_(c.ticket.layer, r.done_ns - c.ticket.signal_ns, r.done_ns - c.ticket.submit_ns,
+             c.bytes);
   if (r.ending) {
     end(r, r.end_kind, r.end_message);
     return;
@@ -490,6 +502,9 @@ void SendScheduler::end(Request& r, ReportKind kind, const std::string& message)
       break;
   }
   report_(r.handle, kind, r.bytes, message, r.first_copy_ns);
+  if (hop_ && kind == ReportKind::kFinished && r.done_ns != 0)
+    hop_(kCopyDoneToReportNs, mono_now_ns() - r.done_ns);
+  first_copy_of_ended_ = r.first_copy_ns;
   requests_.erase(r.handle);  // destroys r
 }
 

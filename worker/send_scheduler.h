@@ -60,6 +60,7 @@
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "worker/transport.h"
+#include "worker/worker_counters.h"
 
 namespace kvrelay::worker {
 
@@ -87,6 +88,9 @@ class SendScheduler {
   // duration (both ns), and its bytes.
   using LatencyObserver = std::function<void(uint32_t layer, uint64_t signal_to_done_ns,
                                              uint64_t copy_ns, uint64_t bytes)>;
+  // Called for each hop of the dispatch and completion paths it sees
+  // (kDestReadToCopyNs, kCopyDoneToReportNs), in ns.
+  using HopObserver = std::function<void(WorkerHistogram hop, uint64_t ns)>;
 
   SendScheduler(uint32_t rank, const PoolGeometry& local, Transport& transport, Reporter reporter);
   ~SendScheduler();
@@ -97,7 +101,8 @@ class SendScheduler {
   // submitted (nullopt: unknown; any untagged signal may then be adopted).
   void on_bind(uint64_t handle, schema::CacheTask::Reader task,
                std::optional<uint64_t> watermark = std::nullopt);
-  void on_dest(uint64_t handle, schema::CacheDest::Reader dest);
+  // `read_ns`: when the task was read (0: untimed).
+  void on_dest(uint64_t handle, schema::CacheDest::Reader dest, uint64_t read_ns = 0);
   void on_cancel(uint64_t handle);
   // `index`: the signal's position in this rank's signal ring.
   void on_signal(const records::LayerSignal& signal, uint64_t index = 0);
@@ -107,6 +112,7 @@ class SendScheduler {
   // transfers they end. The worker calls it when the transport has some.
   void poll_transfers();
   void set_latency_observer(LatencyObserver o) { latency_ = std::move(o); }
+  void set_hop_observer(HopObserver o) { hop_ = std::move(o); }
 
   size_t live_requests() const { return requests_.size(); }
   // (request, layer) transfers handed to the transport and not completed.
@@ -157,6 +163,8 @@ class SendScheduler {
   Transport& transport_;
   Reporter report_;
   LatencyObserver latency_;
+  HopObserver hop_;
+  uint64_t first_copy_of_ended_ = 0;  // the last ended request's (on_dest times its hop)
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<Slot> slots_;
   size_t pending_sessions_ = 0;

@@ -5,7 +5,8 @@ namespace kvrelay::worker {
 using records::ReportKind;
 
 TaskEffect dispatch_task(schema::WorkerTask::Reader t, uint32_t rank, DataPlane& data,
-                         ReportOutbox& reports, const std::function<bool()>& apply_signals) {
+                         ReportOutbox& reports, const std::function<bool()>& apply_signals,
+                         uint64_t read_ns) {
   const uint64_t h = t.getHandle();
   SendScheduler& scheduler = data.scheduler();
   Transports& transports = data.transports();
@@ -27,7 +28,7 @@ TaskEffect dispatch_task(schema::WorkerTask::Reader t, uint32_t rank, DataPlane&
       scheduler.on_bind(h, task, watermark);
       break;
     }
-    case schema::WorkerTask::DEST: scheduler.on_dest(h, t.getDest()); break;
+    case schema::WorkerTask::DEST: scheduler.on_dest(h, t.getDest(), read_ns); break;
     case schema::WorkerTask::CANCEL:
       if (transports.withdraw(h)) break;  // answered once its writes in progress end
       if (!(swap != nullptr && swap->cancel(h))) scheduler.on_cancel(h);

@@ -23,8 +23,10 @@ struct TaskEffect {
 };
 
 // `apply_signals` drains the rank's signal ring (returns whether it applied
-// any): a Bind must see every signal the engine pushed before it.
+// any): a Bind must see every signal the engine pushed before it. `read_ns`:
+// when the task was read off the ring (times the dispatch hop; 0: untimed).
 TaskEffect dispatch_task(schema::WorkerTask::Reader task, uint32_t rank, DataPlane& data,
-                         ReportOutbox& reports, const std::function<bool()>& apply_signals);
+                         ReportOutbox& reports, const std::function<bool()>& apply_signals,
+                         uint64_t read_ns = 0);
 
 }  // namespace kvrelay::worker

@@ -13,6 +13,7 @@
 #include "instance/pool_segment.h"
 #include "schemas/codec.h"
 #include "schemas/records.h"
+#include "shm/cpu_affinity.h"
 #include "shm/barrier.h"
 #include "shm/counters.h"
 #include "shm/liveness.h"
@@ -74,10 +75,7 @@ class Worker {
     std::vector<std::string_view> labels(std::begin(kWorkerCounterLabels),
                                          std::end(kWorkerCounterLabels));
     define_counters(counters_, labels,
-                    {{"signal_to_copy_done", "ns"},
-                     {"layer_copy_time", "ns"},
-                     {"layer_copy_bytes", "bytes"},
-                     {"layer_copy_rate", "MB/s"}});
+                    {std::begin(kWorkerHistogramLabels), std::end(kWorkerHistogramLabels)});
     register_self(slot_, SlotState::kStarting);
     DataPlane::Hooks hooks;
     hooks.report = [this](uint64_t handle, ReportKind kind, uint64_t bytes,
@@ -91,6 +89,7 @@ class Worker {
       w.record(kLayerCopyBytes, bytes);
       if (copy > 0) w.record(kLayerCopyMBps, bytes * 1000 / copy);
     };
+    hooks.hop = [this](WorkerHistogram hop, uint64_t ns) { CounterWriter(counters_).record(hop, ns); };
     Result<std::unique_ptr<DataPlane>> data =
         DataPlane::open(control_, rank_, network_, doorbell_, std::move(hooks));
     if (!data) return data.error();
@@ -196,6 +195,7 @@ class Worker {
     if (!broken_.empty()) return false;
     const size_t n = task_ring_.read(
         [&](const MpscRecord& rec) {
+          const uint64_t read_ns = mono_now_ns();
           CounterWriter(counters_).add(kTasks);
           if (!broken_.empty()) return;  // the data plane is gone: the worker exits
           if (rec.defect != nullptr ||
@@ -205,16 +205,22 @@ class Worker {
             return;
           }
           Status s = messages::with_message<schema::WorkerTask>(
-              rec.payload, [&](schema::WorkerTask::Reader t) -> Status { return handle(t); });
+              rec.payload, [&](schema::WorkerTask::Reader t) -> Status {
+                // The stamp is another process's: a hop is timed only when it is sane.
+                const uint64_t written = t.getWrittenNs();
+                if (written != 0 && written <= read_ns)
+                  CounterWriter(counters_).record(kTaskWrittenToReadNs, read_ns - written);
+                return handle(t, read_ns);
+              });
           if (!s) spdlog::error("rank {}: task refused: {}", rank_, s.error().message);
         },
         64);
     return n > 0;
   }
 
-  Status handle(schema::WorkerTask::Reader t) {
+  Status handle(schema::WorkerTask::Reader t, uint64_t read_ns) {
     const TaskEffect effect =
-        dispatch_task(t, rank_, *data_, reports_, [this] { return drain_signals(); });
+        dispatch_task(t, rank_, *data_, reports_, [this] { return drain_signals(); }, read_ns);
     if (effect.shutdown) shutdown_ = true;
     if (effect.broken) broken_ = *effect.broken;
     return {};
@@ -305,6 +311,11 @@ int run_worker(const WorkerOptions& o) {
   sa.sa_handler = on_stop_signal;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // Before any thread starts: the transports' threads inherit the CPU.
+  if (Status s = place_process(o.idle, o.cpus, o.rank + 1); !s) {
+    spdlog::error("rank {}: {}", o.rank, s.error().message);
+    return 2;
+  }
   // A tcp peer that goes away is an error on its connection, never a signal
   // that takes the worker down (sends use MSG_NOSIGNAL too).
   signal(SIGPIPE, SIG_IGN);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "shm/wait_event.h"
 #include "worker/transports.h"
 
 namespace kvrelay::worker {
@@ -21,6 +22,8 @@ struct WorkerOptions {
   // How long to keep trying to attach while the coordinator starts.
   std::chrono::milliseconds attach_timeout{30'000};
   NetworkOptions network;  // tcp: listen address, key file, lanes
+  IdleStrategy idle = IdleStrategy::kPark;  // --idle-strategy
+  std::vector<int> cpus;                    // --cpu-list: this rank takes entry rank + 1
 };
 
 // Runs the worker; returns the process exit code (0 on a clean exit).

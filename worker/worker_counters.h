@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 namespace kvrelay::worker {
 
@@ -26,7 +27,24 @@ enum WorkerHistogram : uint32_t {
   kLayerCopyNs,         // one layer's copy for one request (the memcpys alone)
   kLayerCopyBytes,
   kLayerCopyMBps,
+  // Hops of the dispatch and completion paths (README "Latency"):
+  kTaskWrittenToReadNs,   // coordinator wrote a task -> this worker read it
+  kDestReadToCopyNs,      // a CacheDest read -> its first copy began (layers already computed)
+  kCopyDoneToReportNs,    // a request's last copy seen done -> its report written
+  kWorkerHistogramCount,
 };
+
+inline constexpr std::pair<const char*, const char*> kWorkerHistogramLabels[] = {
+    {"signal_to_copy_done", "ns"},
+    {"layer_copy_time", "ns"},
+    {"layer_copy_bytes", "bytes"},
+    {"layer_copy_rate", "MB/s"},
+    {"hop_task_written_to_read", "ns"},
+    {"hop_dest_read_to_copy", "ns"},
+    {"hop_copy_done_to_report", "ns"},
+};
+static_assert(sizeof(kWorkerHistogramLabels) / sizeof(kWorkerHistogramLabels[0]) ==
+              kWorkerHistogramCount);
 
 inline constexpr const char* kWorkerCounterLabels[] = {
     "tasks",

@@ -113,6 +113,10 @@ void print_target(const std::string& what, bool met, const std::string& detail) 
             ", \"met\": " + (met ? "true" : "false") + ", \"detail\": " + quoted(detail));
 }
 
+void print_note(const std::string& text) {
+  emit_json("\"type\": \"note\", \"text\": " + quoted(text));
+}
+
 void record_point(const std::string& series, const std::string& x_name, double x,
                   const std::string& y_name, double y, bool quiet) {
   if (!quiet)

@@ -46,6 +46,8 @@ void print_target(const std::string& what, bool met, const std::string& detail);
 // (when a table row already shows it).
 void record_point(const std::string& series, const std::string& x_name, double x,
                   const std::string& y_name, double y, bool quiet = false);
+// A line of text for the report (already printed by the caller).
+void print_note(const std::string& text);
 
 // The original's control path, rebuilt in Python (manager_baseline.py):
 // runs `python script args` and parses its "p50_us=.. p99_us=.." line.

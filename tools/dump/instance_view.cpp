@@ -128,6 +128,7 @@ InstanceView snapshot(const ControlSegment& control) {
   v.coordinator = view_process(control.coordinator_slot(), c, control.coordinator_liveness());
   v.config = c;
   v.coordinator_counters = view_counters(control.counters(kCoordinatorCounters));
+  v.client_counters = view_counters(control.counters(kClientCounters));
   for (uint32_t r = 0; r < c.tp_size; ++r) {
     WorkerView w;
     w.rank = r;

@@ -81,6 +81,7 @@ struct InstanceView {
   InstanceConfig config{};
   std::vector<WorkerView> workers;
   CountersView coordinator_counters;
+  CountersView client_counters;  // shared by every client of the instance
   std::vector<RingView> rings;
   BarrierView barrier;
 };

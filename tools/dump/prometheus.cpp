@@ -151,6 +151,8 @@ std::string render_prometheus(const ControlSegment& control, const InstanceView&
 
   write_process_metrics(w, "coordinator",
                         {Process{base, snapshot_counters(control.counters(kCoordinatorCounters))}});
+  write_process_metrics(w, "clients",
+                        {Process{base, snapshot_counters(control.counters(kClientCounters))}});
   std::vector<Process> workers;
   for (uint32_t r = 0; r < v.config.tp_size; ++r)
     workers.push_back(Process{fmt::format("{},rank=\"{}\"", base, r),

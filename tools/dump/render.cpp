@@ -129,6 +129,7 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
       v.barrier.rounds_poisoned, v.barrier.timeouts);
   out += "\nlatency\n";
   histograms(out, "coordinator", v.coordinator_counters);
+  histograms(out, "clients", v.client_counters);
   for (const WorkerView& w : v.workers)
     histograms(out, fmt::format("rank {}", w.rank), w.counters);
   return out;
@@ -172,6 +173,7 @@ nlohmann::json render_json(const InstanceView& v) {
                    {"segment_bytes", v.segment_bytes}};
   j["coordinator"] = process_json(v.coordinator);
   j["coordinator"].update(counters_json(v.coordinator_counters));
+  j["clients"] = counters_json(v.client_counters);
   j["config"] = {{"tp_size", c.tp_size},
                  {"role", role_name(static_cast<Role>(c.role))},
                  {"num_layers", c.num_layers},
