@@ -7,11 +7,20 @@ namespace kvrelay::worker {
 Result<std::vector<BlockRun>> plan_block_runs(std::span<const uint32_t> src,
                                               std::span<const uint32_t> dst, uint32_t src_blocks,
                                               uint32_t dst_blocks, uint32_t rank, uint32_t layer) {
+  std::vector<BlockRun> runs;
+  if (Status s = plan_block_runs(src, dst, src_blocks, dst_blocks, rank, layer, runs); !s)
+    return s.error();
+  return runs;
+}
+
+Status plan_block_runs(std::span<const uint32_t> src, std::span<const uint32_t> dst,
+                       uint32_t src_blocks, uint32_t dst_blocks, uint32_t rank, uint32_t layer,
+                       std::vector<BlockRun>& runs) {
+  runs.clear();
   if (src.size() != dst.size())
     return make_error(
         Errc::kInvalidArgument,
         fmt::format("{} source blocks but {} destination blocks", src.size(), dst.size()));
-  std::vector<BlockRun> runs;
   for (size_t i = 0; i < src.size(); ++i) {
     if (src[i] >= src_blocks)
       return make_error(Errc::kInvalidArgument,
@@ -32,7 +41,7 @@ Result<std::vector<BlockRun>> plan_block_runs(std::span<const uint32_t> src,
     }
     runs.push_back(BlockRun{src[i], dst[i], 1});
   }
-  return runs;
+  return {};
 }
 
 void to_byte_runs(std::span<const BlockRun> runs, uint64_t block_bytes,

@@ -31,6 +31,11 @@ struct BlockRun {
 Result<std::vector<BlockRun>> plan_block_runs(std::span<const uint32_t> src,
                                               std::span<const uint32_t> dst, uint32_t src_blocks,
                                               uint32_t dst_blocks, uint32_t rank, uint32_t layer);
+// The same into `runs` (cleared first), which keeps its capacity: the hot
+// path plans every layer into one buffer and allocates nothing once warm.
+Status plan_block_runs(std::span<const uint32_t> src, std::span<const uint32_t> dst,
+                       uint32_t src_blocks, uint32_t dst_blocks, uint32_t rank, uint32_t layer,
+                       std::vector<BlockRun>& runs);
 
 // The byte runs of one tensor, for blocks of `block_bytes` bytes each.
 void to_byte_runs(std::span<const BlockRun> runs, uint64_t block_bytes,

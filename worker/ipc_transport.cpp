@@ -44,7 +44,7 @@ IpcTransport::IpcTransport(uint32_t rank, const LocalPool& local,
 
 IpcTransport::~IpcTransport() {
   // The engine may still read the scratch runs and write the peer pools.
-  for (InFlight& f : in_flight_)
+  for (InFlight& f : in_flight_.live())
     engine_->wait(f.copy);
 }
 

@@ -31,6 +31,7 @@
 #include "worker/ipc_intake_writer.h"
 #include "worker/layer_copy.h"
 #include "worker/local_pool.h"
+#include "worker/reused_fifo.h"
 #include "worker/transport.h"
 
 namespace kvrelay::worker {
@@ -111,7 +112,7 @@ class IpcTransport final : public Transport {
   std::unique_ptr<kernels::CopyEngine> engine_;
   PeerInstances peers_;
   std::unordered_map<std::string, Mapped> pools_;  // by "<instance>/<rank>"
-  std::deque<InFlight> in_flight_;
+  ReusedFifo<InFlight> in_flight_;
   std::vector<std::unique_ptr<Scratch>> spare_scratch_;       // no allocation per layer
   std::vector<std::shared_ptr<IpcIntakeWriter>> backlogged_;  // intakes with records waiting
 };

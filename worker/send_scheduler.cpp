@@ -394,12 +394,13 @@ void SendScheduler::advance(Request& r, uint64_t signal_ns) {
     const uint32_t from = r.sent[layer];
     const uint32_t to = computed_blocks(r, layer);
     if (to <= from) continue;
-    Result<std::vector<BlockRun>> runs = plan_block_runs(
-        std::span<const uint32_t>(r.src).subspan(from, to - from),
-        std::span<const uint32_t>(r.dst).subspan(from - r.prefix, to - from),
-        local_.blocks_in_layer(layer), r.destination->blocks_in_layer(layer), rank_, layer);
-    if (!runs) {
-      end(r, ReportKind::kFailed, runs.error().message);
+    if (Status s = plan_block_runs(
+            std::span<const uint32_t>(r.src).subspan(from, to - from),
+            std::span<const uint32_t>(r.dst).subspan(from - r.prefix, to - from),
+            local_.blocks_in_layer(layer), r.destination->blocks_in_layer(layer), rank_, layer,
+            runs_);
+        !s) {
+      end(r, ReportKind::kFailed, s.error().message);
       return;
     }
     TransferTicket ticket;
@@ -410,7 +411,7 @@ void SendScheduler::advance(Request& r, uint64_t signal_ns) {
     ticket.signal_ns = signal_ns;
     ticket.submit_ns = mono_now_ns();
     if (r.first_copy_ns == 0) r.first_copy_ns = ticket.submit_ns;
-    if (Status s = r.destination->submit_layer(ticket, layer, *runs); !s) {
+    if (Status s = r.destination->submit_layer(ticket, layer, runs_); !s) {
       end(r, ReportKind::kFailed, transfer_failure(s.error().message, layer, *r.destination));
       return;
     }
