@@ -40,8 +40,12 @@ class RecordingSink : public Sink {
   void to_worker(uint32_t rank, capnp::MessageBuilder& msg) override {
     auto w = msg.getRoot<schema::WorkerTask>().asReader();
     tasks.push_back({rank, w.getHandle(), w.getRequestId().cStr(), w.which()});
+    written_ns.push_back(w.getWrittenNs());
     if (w.isSessionEnded()) sessions_ended.push_back(w.getSessionEnded());
   }
+  void observe_hop(CoordinatorHistogram hop, uint64_t ns) override { hops.emplace_back(hop, ns); }
+  std::vector<uint64_t> written_ns;  // per task sent
+  std::vector<std::pair<CoordinatorHistogram, uint64_t>> hops;
   void complete(capnp::MessageBuilder& msg) override {
     auto c = msg.getRoot<schema::Completion>().asReader();
     done.push_back({c.getRequestId().cStr(), c.getStatus(), c.getErrorRank(), c.getMessage().cStr(),
@@ -119,6 +123,41 @@ TEST_F(TaskTableTest, TaskThenDestBindsAtOnceAndSendsWhenBothAreIn) {
   EXPECT_EQ(sink.done[0].status, CompletionStatus::FINISHED);
   EXPECT_EQ(sink.done[0].bytes, 150u);
   EXPECT_EQ(table->live(), 0u);
+}
+
+TEST_F(TaskTableTest, DispatchHopsAreTimedFromSaneStampsOnlyAndTasksCarryOneWriteTime) {
+  now = mono_now_ns();
+  auto submit = [&](const std::string& id, uint64_t client_ns) {
+    capnp::MallocMessageBuilder m;
+    auto t = m.initRoot<schema::CacheTask>();
+    testing::fill_cache_task(t, id, {1, 2}, 128, 0);
+    t.setClientSubmitNs(client_ns);
+    table->on_cache_task(t.asReader(), now, 0);
+  };
+  auto submit_hops = [&] {
+    std::vector<uint64_t> out;
+    for (const auto& [hop, ns] : sink.hops)
+      if (hop == kSubmitToReadNs) out.push_back(ns);
+    return out;
+  };
+  submit("early", now - 5000);
+  EXPECT_EQ(submit_hops(), std::vector<uint64_t>{5000});
+  // A stamp from the future, or none, is another process's mistake: untimed,
+  // and the request goes on.
+  submit("future", now + kSecond);
+  submit("none", 0);
+  EXPECT_EQ(submit_hops().size(), 1u);
+  ASSERT_EQ(sink.count(schema::WorkerTask::BIND), 6u) << "every request was bound on both ranks";
+  // Encoded once: both ranks' copies of a task carry the same write time.
+  for (size_t i = 0; i + 1 < sink.tasks.size(); i += 2) {
+    EXPECT_NE(sink.written_ns[i], 0u);
+    EXPECT_EQ(sink.written_ns[i], sink.written_ns[i + 1]);
+    EXPECT_GE(sink.written_ns[i], now);
+  }
+  size_t written_hops = 0;
+  for (const auto& [hop, ns] : sink.hops)
+    written_hops += hop == kReadToTaskWrittenNs ? 1 : 0;
+  EXPECT_EQ(written_hops, 3u) << "one read -> task written per request";
 }
 
 TEST_F(TaskTableTest, CompletionCarriesTheEarliestRanksFirstCopy) {

@@ -91,6 +91,27 @@ TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
   EXPECT_EQ(finished, 6u);
   EXPECT_EQ(j["rings"].size(), 2u + 3u * 2u);
   EXPECT_EQ(j["rings"][0]["name"], "submit");
+  // Every hop of the two paths is timed, once per event, with the full set of quantiles.
+  auto count = [](const nlohmann::json& block, const char* hop) {
+    const auto& h = block["histograms"][hop];
+    EXPECT_TRUE(h.contains("p99.9")) << hop;
+    EXPECT_LE(h["p50"].get<uint64_t>(), h["max"].get<uint64_t>()) << hop;
+    return h["count"].get<uint64_t>();
+  };
+  const auto& co = j["coordinator"];
+  EXPECT_EQ(count(co, "hop_submit_to_read"), 6u) << "3 CacheTasks and 3 CacheDests";
+  EXPECT_EQ(count(co, "hop_read_to_task_written"), 6u) << "a bind and a dest per request";
+  EXPECT_EQ(count(co, "hop_report_written_to_read"), 6u) << "a report per rank and request";
+  EXPECT_EQ(count(co, "hop_report_read_to_completion"), 3u);
+  EXPECT_EQ(count(j["clients"], "hop_completion_to_engine_read"), 3u) << "the engine read all 3";
+  for (const auto& w : j["workers"]) {
+    EXPECT_EQ(count(w, "hop_task_written_to_read"), 6u);
+    EXPECT_EQ(count(w, "hop_copy_done_to_report"), 3u);
+    // Timed only for a destination whose copy began at once: whether the
+    // signals (pushed straight to the worker) beat the destination (through
+    // the coordinator) is a race, but never more than once per request.
+    EXPECT_LE(count(w, "hop_dest_read_to_copy"), 3u);
+  }
 }
 
 TEST_F(DumpTest, PeekDecodesACacheTaskWaitingInTheSubmitRing) {
