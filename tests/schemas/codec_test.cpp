@@ -424,7 +424,7 @@ TEST_F(RingCodec, ReferenceCapnpDecodeToolReadsARecordWeWrote) {
   std::remove(path.c_str());
   EXPECT_EQ(out,
             "(requestId = \"req-42\", srcBlockIds = [3, 1, 4], needPrefillTokens = 150, "
-            "engineSlot = 9, deadlineMs = 0)\n");
+            "engineSlot = 9, deadlineMs = 0, clientSubmitNs = 0)\n");
 }
 
 }  // namespace
