@@ -16,6 +16,7 @@
 #include "instance/control_segment.h"
 #include "instance/pool_segment.h"
 #include "kv_pattern.h"
+#include "quantiles.h"
 #include "shm/counters.h"
 #include "shm/liveness.h"
 #include "worker/worker_counters.h"
@@ -43,16 +44,6 @@ struct SimRequest {
   bool released = false;  // its blocks handed back
 };
 
-// Exact quantiles of samples (the nearest rank).
-Quantiles exact_quantiles(std::vector<uint64_t> v) {
-  if (v.empty()) return {};
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) {
-    return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
-  };
-  return Quantiles{v.size(), at(0.5), at(0.9), at(0.99), at(0.999), v.back()};
-}
-
 // Merged histogram over the prefill instance's worker blocks.
 Quantiles worker_quantiles(const ControlSegment& control, uint32_t histogram) {
   HistogramSnapshot merged;
@@ -61,11 +52,6 @@ Quantiles worker_quantiles(const ControlSegment& control, uint32_t histogram) {
     if (histogram < s.histograms.size()) merged.merge(s.histograms[histogram]);
   }
   return quantiles_of(merged);
-}
-
-std::string us_quantiles(const Quantiles& q) {
-  return fmt::format("p50 {:.1f} us, p90 {:.1f} us, p99 {:.1f} us, p99.9 {:.1f} us, max {:.1f} us",
-                     q.p50 / 1e3, q.p90 / 1e3, q.p99 / 1e3, q.p999 / 1e3, q.max / 1e3);
 }
 
 class Simulation {

@@ -9,18 +9,13 @@
 #include "block_allocator.h"
 #include "instance/pool_segment.h"
 #include "kv_pattern.h"
+#include "quantiles.h"
 
 namespace kvrelay::sim {
 
 namespace {
 
 using namespace std::chrono_literals;
-
-uint64_t p50(std::vector<uint64_t> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 
@@ -32,7 +27,9 @@ std::string SwapReportSummary::summary() const {
       bytes / 1048576.0, evict_gbps, load_gbps);
   s += fmt::format(
       "layer-wise load   layer 0 usable after {:.1f} us, every layer after {:.1f} us (p50)\n",
-      first_layer_ready_p50_ns / 1e3, all_layers_ready_p50_ns / 1e3);
+      first_layer_ready.p50 / 1e3, all_layers_ready.p50 / 1e3);
+  s += fmt::format("  layer 0 usable  {}\n", us_quantiles(first_layer_ready));
+  s += fmt::format("  every layer     {}\n", us_quantiles(all_layers_ready));
   s += fmt::format("verification      {} wrong words: {}\n", wrong_words,
                    ok() ? "every byte verified" : "FAILED");
   if (!first_error.empty()) s += fmt::format("first problem     {}\n", first_error);
@@ -147,8 +144,8 @@ SwapReportSummary run_swap_scenario(const SwapOptions& o, Client& client) {
   };
   report.evict_gbps = median(evict_rates);
   report.load_gbps = median(load_rates);
-  report.first_layer_ready_p50_ns = p50(first_ready);
-  report.all_layers_ready_p50_ns = p50(all_ready);
+  report.first_layer_ready = exact_quantiles(first_ready);
+  report.all_layers_ready = exact_quantiles(all_ready);
   return report;
 }
 

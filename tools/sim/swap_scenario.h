@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kvrelay/client.h"
+#include "shm/counters.h"
 
 namespace kvrelay::sim {
 
@@ -24,8 +25,8 @@ struct SwapReportSummary {
   uint64_t bytes = 0;     // evicted + loaded
   double evict_gbps = 0;  // bytes / time from submit to completion, p50 over rounds
   double load_gbps = 0;
-  uint64_t first_layer_ready_p50_ns = 0;  // load submitted -> layer 0 usable
-  uint64_t all_layers_ready_p50_ns = 0;   // load submitted -> last layer usable
+  Quantiles first_layer_ready;  // ns: load submitted -> layer 0 usable
+  Quantiles all_layers_ready;   // ns: load submitted -> last layer usable
   uint64_t wrong_words = 0;
   std::string first_error;
   bool ok() const { return failed == 0 && wrong_words == 0 && rounds > 0; }
