@@ -99,7 +99,10 @@ BarrierResult Barrier::wait(Deadline deadline) {
 
   static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   if (parties <= cpus) {
-    const uint64_t spin_until = mono_now_ns() + default_spin_ns();
+    // The spin idle strategy spins up to the deadline (then withdraws below).
+    const uint64_t spin_until = idle_strategy() == IdleStrategy::kSpin
+                                    ? deadline.ns()
+                                    : mono_now_ns() + default_spin_ns();
     for (uint32_t i = 1;; ++i) {
       const uint64_t now = s_->word.load(std::memory_order_acquire);
       if (generation_of(now) != gen) return outcome(*s_, gen, now);
