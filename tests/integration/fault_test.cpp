@@ -87,6 +87,13 @@ TEST_F(Faults,
     for (uint32_t l = 0; l < 2; ++l)
       ASSERT_TRUE(env_->engine().push_layer_done(rank, 2, l, Deadline::after(5s)).ok());
   }
+  // Kill only once rank 1 holds the requests (its 8 tasks: a bind and a dest
+  // for each of the 4): killed earlier, the coordinator refuses them as
+  // never started, which is right but another test.
+  const Deadline dispatched_by = Deadline::after(10s);
+  while (dump_json(env_->prefill().name())["workers"][1]["counters"]["tasks"].get<uint64_t>() < 8 &&
+         !dispatched_by.passed())
+    std::this_thread::sleep_for(1ms);
   const uint32_t victim = worker_pid(env_->prefill().name(), 1);
   ASSERT_NE(victim, 0u);
   const uint64_t killed_at = mono_now_ns();
