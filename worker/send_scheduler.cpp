@@ -179,17 +179,14 @@ void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest, uin
   r.has_dest = true;
   spdlog::debug("dest '{}': {} blocks, prefix {}", r.id, r.dst.size(), r.prefix);
   const uint64_t serial = r.serial;
-  first_copy_of_ended_ = 0;
   advance(r, mono_now_ns());  // catch up on everything already prefilled (may end r)
   // The dispatch hop: timed only when the copy began at once, i.e. when the
-  // destination was all the request still waited for.
-  if (hop_ && read_ns != 0) {
-    auto again = requests_.find(handle);
-    const uint64_t first = again != requests_.end() && again->second->serial == serial
-                               ? again->second->first_copy_ns
-                               : first_copy_of_ended_;
-    if (first >= read_ns) hop_(kDestReadToCopyNs, first - read_ns);
-  }
+  // destination was all the request still waited for (a request that failed
+  // in advance() is no dispatch sample).
+  if (auto again = requests_.find(handle);
+      hop_ && read_ns != 0 && again != requests_.end() && again->second->serial == serial &&
+      again->second->first_copy_ns >= read_ns)
+    hop_(kDestReadToCopyNs, again->second->first_copy_ns - read_ns);
   poll_transfers();
 }
 
@@ -505,7 +502,6 @@ void SendScheduler::end(Request& r, ReportKind kind, const std::string& message)
   report_(r.handle, kind, r.bytes, message, r.first_copy_ns);
   if (hop_ && kind == ReportKind::kFinished && r.done_ns != 0)
     hop_(kCopyDoneToReportNs, mono_now_ns() - r.done_ns);
-  first_copy_of_ended_ = r.first_copy_ns;
   requests_.erase(r.handle);  // destroys r
 }
 

@@ -165,7 +165,6 @@ class SendScheduler {
   LatencyObserver latency_;
   HopObserver hop_;
   std::vector<BlockRun> runs_;  // advance()'s plan of one layer, reused
-  uint64_t first_copy_of_ended_ = 0;  // the last ended request's (on_dest times its hop)
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<Slot> slots_;
   size_t pending_sessions_ = 0;
