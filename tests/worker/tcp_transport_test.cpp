@@ -119,6 +119,69 @@ TEST_F(TcpTransportTest, ScatteredBlocksArriveByteForByteAndNothingElseIsTouched
   EXPECT_EQ(receiver->stats().refused.load(), 0u);
 }
 
+// Heterogeneous TP (tp 1 with 2 heads -> tp 2 with 1 each): a share that is
+// not every head of a block travels as a frame per block, far more frames
+// than the layer's coalesced runs. The receiver acks a transfer at its last
+// frame, so every byte must be there when the sender's completion is. (The
+// last frame was once counted by runs: it was marked after the second of 48
+// frames, and completions came before their heads had landed.)
+TEST_F(TcpTransportTest, AHeadShareIsCompleteAtItsCompletionWhateverItsFrameCount) {
+  PoolGeometry half = geometry();
+  half.kv_heads = 1;
+  std::vector<std::unique_ptr<HostSegmentPool>> decode;
+  std::vector<std::unique_ptr<TcpReceiver>> receivers;
+  for (uint32_t r = 0; r < 2; ++r) {
+    decode.push_back(make_pool(fmt::format("half{}", r), half));
+    ReceiverOptions o;
+    o.instance = "d";
+    o.rank = r;
+    o.heads = HeadLayout{2, 1, 2};
+    o.timing = timing();
+    o.handshake_timeout = 500ms;
+    Result<std::unique_ptr<TcpReceiver>> started = TcpReceiver::start(net, *decode[r], key, o);
+    ASSERT_TRUE(started) << started.error().message;
+    receivers.push_back(std::move(started).value());
+  }
+  connect_with(key);
+  capnp::MallocMessageBuilder m;
+  auto d = m.initRoot<schema::CacheDest>();
+  d.setProtocol(schema::TransferProtocol::TCP);
+  d.setPeerAddress("127.0.0.1");
+  d.setPeerInstance("d");
+  auto ports = d.initTcpPorts(2);
+  for (uint32_t r = 0; r < 2; ++r)
+    ports.set(r, receivers[r]->port());
+  Result<std::shared_ptr<Destination>> dest = sender->resolve(d.asReader());
+  ASSERT_TRUE(dest) << dest.error().message;
+  ASSERT_EQ((*dest)->transfers_per_submit(), 2u);
+  // One coalesced run of 24 blocks: 24 frames per tensor and decode rank.
+  std::vector<uint32_t> src_ids, dst_ids;
+  for (uint32_t b = 0; b < 24; ++b) {
+    src_ids.push_back(4 + b);
+    dst_ids.push_back(6 + b);
+  }
+  for (int round = 0; round < 5; ++round) {
+    for (auto& p : decode)  // nothing of the last round left to be mistaken for this one's
+      for (uint32_t l = 0; l < half.total_layers(); ++l)
+        for (uint32_t t = 0; t < half.tensors_per_layer(); ++t) {
+          const auto tensor = static_cast<PoolTensor>(t);
+          std::memset(p->tensor(l, tensor), 0, half.blocks_in_layer(l) * half.block_bytes(tensor));
+        }
+    const auto done = send_all_layers(**dest, 1 + round, src_ids, dst_ids);
+    ASSERT_EQ(done.size(), 2u * 3u) << "a completion per layer and decode rank";
+    for (const TransferCompletion& c : done)
+      ASSERT_TRUE(c.status) << c.status.error().message;
+    // Checked the moment the completions are in, not after a pause.
+    for (uint32_t r = 0; r < 2; ++r)
+      ASSERT_EQ(kvrelay::testing::wrong_head_bytes(*src, r, *decode[r], 0, 1, src_ids, dst_ids), 0u)
+          << "round " << round << ": decode rank " << r << " lacks heads its completion vouched for";
+  }
+  sender.reset();
+  receivers.clear();
+  for (auto& p : decode)
+    (void)p->segment().unlink();
+}
+
 TEST_F(TcpTransportTest, AWrongKeyIsRefusedAndNoPoolByteIsTouched) {
   listen(*dst);
   const AuthKey wrong = AuthKey::from_bytes(std::vector<uint8_t>(32, 8));

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "instance/auth_key.h"
+#include "worker/tcp/peer_link.h"
 #include "worker/tcp/wire.h"
 
 namespace kvrelay::worker::tcp {
@@ -208,6 +209,48 @@ TEST_F(KeyFile, AShortKeyIsRefused) {
 
 TEST_F(KeyFile, AMissingFileIsRefused) {
   EXPECT_FALSE(AuthKey::load(path + "-missing"));
+}
+
+// The sender's plan of a layer's frames: exactly one is `last`, the final
+// one, whatever the shape; the receiver acks the transfer at it.
+TEST(FramePlan, OnlyTheFinalFrameIsLastForWholeBlocksAndForHeadShares) {
+  PoolGeometry g;
+  g.num_layers = 2;
+  g.num_blocks = 64;
+  g.kv_heads = 2;
+  g.block_size = 16;
+  g.head_dim = 64;
+  LayerJob job;
+  job.transfer = 9;
+  job.ticket.layer = 1;
+  job.runs = {BlockRun{4, 6, 24}, BlockRun{40, 1, 2}};  // two coalesced runs, 26 blocks
+  std::vector<kernels::CopyRun> scratch;
+  std::vector<PlannedFrame> frames;
+  auto check = [&](size_t expected_frames, uint64_t frame_bytes) {
+    ASSERT_EQ(frames.size(), expected_frames);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < frames.size(); ++i) {
+      EXPECT_EQ(frames[i].header.last, i + 1 == frames.size()) << "frame " << i;
+      EXPECT_EQ(frames[i].header.transfer, 9u);
+      EXPECT_EQ(frames[i].header.layer, 1u);
+      bytes += frames[i].header.bytes;
+    }
+    EXPECT_EQ(bytes, frame_bytes);
+  };
+  const uint64_t block = g.block_bytes(PoolTensor::kKey);
+  // Whole blocks: a frame per run and tensor.
+  plan_frames(job, g, 2, scratch, frames);
+  check(2 * 2, 2 * 26 * block);
+  // One head of two to a receiver with one head per block: a frame per
+  // block and tensor, 52 of them, where the runs alone would say 4.
+  job.share = HeadShare{0, 1, 0, 1};
+  plan_frames(job, g, 1, scratch, frames);
+  check(2 * 26, 2 * 26 * block / 2);
+  for (const PlannedFrame& f : frames) {
+    EXPECT_EQ(f.header.bytes, block / 2);
+    EXPECT_EQ(f.src_offset % block, block / 2) << "head 1 of each source block";
+    EXPECT_EQ(f.header.dst_offset % (block / 2), 0u);
+  }
 }
 
 }  // namespace

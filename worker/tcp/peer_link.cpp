@@ -169,4 +169,37 @@ Status await_connected(boost::asio::any_io_executor strand,
   return answer.get();
 }
 
+void plan_frames(const LayerJob& job, const PoolGeometry& local, uint32_t peer_kv_heads,
+                 std::vector<kernels::CopyRun>& scratch, std::vector<PlannedFrame>& out) {
+  out.clear();
+  const uint32_t layer = job.ticket.layer;
+  for (uint32_t t = 0; t < local.tensors_per_layer(); ++t) {
+    const auto tensor = static_cast<PoolTensor>(t);
+    if (job.share) {
+      const uint64_t head = local.block_bytes(tensor) / local.kv_heads;
+      to_head_runs(job.runs, local.block_bytes(tensor), head * peer_kv_heads, head, *job.share,
+                   scratch);
+    } else {
+      to_byte_runs(job.runs, local.block_bytes(tensor), scratch);
+    }
+    for (const kernels::CopyRun& r : scratch) {
+      PlannedFrame p;
+      p.header.transfer = job.transfer;
+      p.header.request_key = job.ticket.request_key;
+      p.header.handle = job.ticket.handle;
+      p.header.layer = layer;
+      p.header.tensor = t;
+      p.header.dst_offset = r.dst_offset;
+      p.header.bytes = r.bytes;
+      p.src_offset = r.src_offset;
+      out.push_back(p);
+    }
+  }
+  // Only now is the last frame known: a head share of part of a block has a
+  // frame per block, more than the job's coalesced runs. (Counting runs once
+  // marked a frame in the middle `last`: the receiver acked the transfer
+  // before the rest of it had landed.)
+  if (!out.empty()) out.back().header.last = true;
+}
+
 }  // namespace kvrelay::worker::tcp

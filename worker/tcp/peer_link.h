@@ -128,6 +128,21 @@ struct LayerJob {
   uint64_t bytes = 0;     // what it moves
 };
 
+// One frame of a layer job over tcp: its header, and where its payload
+// starts in the local pool's tensor `header.tensor`.
+struct PlannedFrame {
+  FrameHeader header;
+  uint64_t src_offset = 0;
+};
+
+// Every frame of `job` (its transfer id already set), for a local pool of
+// `local` and a receiver with `peer_kv_heads` per block: a frame per
+// coalesced run of each tensor, or with a head share of part of a block, a
+// frame per block; the last one marked `last` (the receiver acks the
+// transfer there). `scratch` keeps its capacity from job to job.
+void plan_frames(const LayerJob& job, const PoolGeometry& local, uint32_t peer_kv_heads,
+                 std::vector<kernels::CopyRun>& scratch, std::vector<PlannedFrame>& out);
+
 // Why a job must not go over a connection whose receiver answered `ack`, or
 // nothing: the receiver's layout is not the one the job was planned for.
 std::optional<std::string> layout_refusal(const LayerJob& job, const HelloAck& ack);

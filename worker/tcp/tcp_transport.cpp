@@ -183,53 +183,30 @@ class Lane final : public ClientChannel {
     const LocalPool& pool = peer_.local();
     const PoolGeometry& g = pool.geometry();
     const uint32_t layer = job.ticket.layer;
-    struct Piece {
-      size_t header_at, header_len;
-      const std::byte* payload;
-      uint64_t bytes;
-    };
-    std::vector<Piece> pieces;
-    Outgoing out;
-    const uint32_t tensors = g.tensors_per_layer();
-    size_t frames = 0;
-    for (uint32_t t = 0; t < tensors; ++t)
-      frames += job.runs.size();
-    for (uint32_t t = 0; t < tensors; ++t) {
-      const auto tensor = static_cast<PoolTensor>(t);
-      const std::byte* base = pool.tensor(layer, tensor);
-      if (base == nullptr) {
-        peer_.completed(job, make_error(Errc::kInvalidArgument,
-                                        fmt::format("layer {} tensor {} does not exist", layer,
-                                                    t)));
-        return;
-      }
-      if (job.share) {
-        const uint64_t head = g.block_bytes(tensor) / g.kv_heads;
-        to_head_runs(job.runs, g.block_bytes(tensor), head * ack().pool.kv_heads, head, *job.share,
-                     byte_runs_);
-      } else {
-        to_byte_runs(job.runs, g.block_bytes(tensor), byte_runs_);
-      }
-      for (const kernels::CopyRun& r : byte_runs_) {
-        FrameHeader f;
-        f.transfer = job.transfer;
-        f.request_key = job.ticket.request_key;
-        f.handle = job.ticket.handle;
-        f.layer = layer;
-        f.tensor = t;
-        f.dst_offset = r.dst_offset;
-        f.bytes = r.bytes;
-        f.last = pieces.size() + 1 == frames;
-        const size_t at = out.owned.size();
-        encode_frame(f, out.owned);
-        pieces.push_back(Piece{at, out.owned.size() - at, base + r.src_offset, r.bytes});
-        job.bytes += r.bytes;
-      }
+    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
+      if (pool.tensor(layer, static_cast<PoolTensor>(t)) == nullptr)
+        return peer_.completed(job, make_error(Errc::kInvalidArgument,
+                                               fmt::format("layer {} tensor {} does not exist",
+                                                           layer, t)));
     }
-    out.buffers.reserve(pieces.size() * 2);
-    for (const Piece& p : pieces) {
-      out.buffers.emplace_back(out.owned.data() + p.header_at, p.header_len);
-      out.buffers.emplace_back(p.payload, p.bytes);
+    plan_frames(job, g, ack().pool.kv_heads, byte_runs_, frames_);
+    Outgoing out;
+    std::vector<std::pair<size_t, size_t>> headers;  // (at, length) in out.owned
+    headers.reserve(frames_.size());
+    for (const PlannedFrame& f : frames_) {
+      const size_t at = out.owned.size();
+      encode_frame(f.header, out.owned);
+      headers.emplace_back(at, out.owned.size() - at);
+      job.bytes += f.header.bytes;
+    }
+    // Buffers only once every header is encoded: `owned` may move as it grows.
+    out.buffers.reserve(frames_.size() * 2);
+    for (size_t i = 0; i < frames_.size(); ++i) {
+      const PlannedFrame& f = frames_[i];
+      out.buffers.emplace_back(out.owned.data() + headers[i].first, headers[i].second);
+      out.buffers.emplace_back(
+          pool.tensor(layer, static_cast<PoolTensor>(f.header.tensor)) + f.src_offset,
+          f.header.bytes);
     }
     const uint64_t id = job.transfer;
     in_flight_.emplace(id, std::move(job));
@@ -241,6 +218,7 @@ class Lane final : public ClientChannel {
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;
   std::vector<kernels::CopyRun> byte_runs_;
+  std::vector<PlannedFrame> frames_;  // write()'s plan of one job, reused
 };
 
 void Peer::dispatch(Job job) {
