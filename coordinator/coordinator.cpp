@@ -245,9 +245,11 @@ class Coordinator : public Sink, public RankHealth::Listener {
     for (uint32_t r = 0; r < reports_.size(); ++r) {
       for (int i = 0; i < 256 && reports_[r].try_pop(report); ++i) {
         report.rank = r;  // trust the ring, not the record, for the rank
-        // The stamp is the worker's: timed only when it is sane.
-        if (report.reported_ns != 0 && report.reported_ns <= now)
-          CounterWriter(counters_).record(kReportWrittenToReadNs, now - report.reported_ns);
+        // The stamp is the worker's: timed only when it is sane. A fresh
+        // clock: the report may have been written after this drain began.
+        if (const uint64_t read_ns = mono_now_ns();
+            report.reported_ns != 0 && report.reported_ns <= read_ns)
+          CounterWriter(counters_).record(kReportWrittenToReadNs, read_ns - report.reported_ns);
         table_->on_report(report, now);
         any = true;
       }

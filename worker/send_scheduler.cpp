@@ -499,9 +499,11 @@ void SendScheduler::end(Request& r, ReportKind kind, const std::string& message)
       spdlog::warn("request '{}' failed on rank {}: {}", r.id, rank_, message);
       break;
   }
-  report_(r.handle, kind, r.bytes, message, r.first_copy_ns);
+  // Timed as the report is written: once it is, the request may complete
+  // and its hops be read before this rank would get to it.
   if (hop_ && kind == ReportKind::kFinished && r.done_ns != 0)
     hop_(kCopyDoneToReportNs, mono_now_ns() - r.done_ns);
+  report_(r.handle, kind, r.bytes, message, r.first_copy_ns);
   requests_.erase(r.handle);  // destroys r
 }
 
