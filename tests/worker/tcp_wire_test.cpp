@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "instance/auth_key.h"
+#include "support/pool_patterns.h"
 #include "worker/tcp/peer_link.h"
 #include "worker/tcp/wire.h"
 
@@ -214,12 +215,7 @@ TEST_F(KeyFile, AMissingFileIsRefused) {
 // The sender's plan of a layer's frames: exactly one is `last`, the final
 // one, whatever the shape; the receiver acks the transfer at it.
 TEST(FramePlan, OnlyTheFinalFrameIsLastForWholeBlocksAndForHeadShares) {
-  PoolGeometry g;
-  g.num_layers = 2;
-  g.num_blocks = 64;
-  g.kv_heads = 2;
-  g.block_size = 16;
-  g.head_dim = 64;
+  const PoolGeometry g = kvrelay::testing::transport_geometry();  // 2 heads per block
   LayerJob job;
   job.transfer = 9;
   job.ticket.layer = 1;
