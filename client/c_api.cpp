@@ -33,6 +33,7 @@ kvrelay_status to_status(Errc code) {
     case Errc::kAborted: return KVRELAY_ABORTED;
     case Errc::kPermissionDenied: return KVRELAY_PERMISSION_DENIED;
     case Errc::kBusy: return KVRELAY_BUSY;
+    case Errc::kUnsupported: return KVRELAY_UNSUPPORTED;
     default: return KVRELAY_ERROR;
   }
 }
@@ -105,6 +106,7 @@ const char* kvrelay_status_name(kvrelay_status status) {
     case KVRELAY_PERMISSION_DENIED: return "permission denied";
     case KVRELAY_ERROR: return "error";
     case KVRELAY_BUSY: return "busy";
+    case KVRELAY_UNSUPPORTED: return "unsupported";
   }
   return "unknown";
 }

@@ -26,6 +26,14 @@ if(NOT KVRELAY_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 80 90)  # A100, H100/H200
     endif()
     enable_language(CUDA)
+    # CMake 3.25 predates nvcc's C++20 (CUDA 12): tell it the flag, so that
+    # CUDA sources take the project's C++ standard like the rest.
+    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(KVRELAY_HAVE_CUDA ON)
     list(APPEND _kvrelay_summary "CUDA on (nvcc ${CUDAToolkit_VERSION})")
   elseif(KVRELAY_CUDA STREQUAL "ON")

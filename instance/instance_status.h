@@ -37,15 +37,21 @@ struct alignas(64) InstanceStatus {
 inline constexpr uint32_t kPoolTiers = 2;
 inline constexpr size_t kPoolNameBytes = 128;
 
+// Where a published pool's memory is (the ordinals of PoolDescriptor.Location).
+enum class PoolLocation : uint32_t { kHostSegment = 0, kCudaIpc = 1, kCudaVmm = 2, kHostFd = 3 };
+
 struct alignas(64) PoolSlot {
   std::atomic<uint32_t> sequence;  // odd while being rewritten
-  uint32_t location;               // 0 host shared-memory segment, 1 CUDA IPC
+  uint32_t location;               // PoolLocation: other than a segment, peers ask the rank's
+                                   // worker for it over its fd socket (instance/fd_socket.h)
   uint64_t pool_bytes;
   uint32_t device_id;
   uint32_t publisher_pid;
   uint32_t created_by_kvrelay;  // 1: a kvrelay worker created it (the coordinator unlinks it at
                                 // shutdown)
-  char segment_name[kPoolNameBytes];  // NUL-terminated
+  char segment_name[kPoolNameBytes];  // NUL-terminated; for other locations, a name unique to
+                                      // the registration (it changes when the engine registers
+                                      // again)
 };
 
 struct PoolDirectory {

@@ -153,7 +153,8 @@ std::byte* HostPool::block(uint32_t layer, PoolTensor t, uint32_t block_id) cons
 }
 
 void publish_pool(const ControlSegment& control, uint32_t rank, PoolTier tier,
-                  const std::string& segment_name, uint64_t bytes, bool created_by_kvrelay) {
+                  const std::string& segment_name, uint64_t bytes, bool created_by_kvrelay,
+                  PoolLocation location, uint32_t device_id) {
   PoolSlot& slot = control.pool_directory().slots[rank][static_cast<uint32_t>(tier)];
   const uint32_t seq = slot.sequence.load(std::memory_order_relaxed);
   slot.sequence.store(seq | 1U, std::memory_order_relaxed);
@@ -161,7 +162,8 @@ void publish_pool(const ControlSegment& control, uint32_t rank, PoolTier tier,
   std::memset(slot.segment_name, 0, sizeof(slot.segment_name));
   std::memcpy(slot.segment_name, segment_name.data(),
               std::min(segment_name.size(), sizeof(slot.segment_name) - 1));
-  slot.location = 0;
+  slot.location = static_cast<uint32_t>(location);
+  slot.device_id = device_id;
   slot.pool_bytes = bytes;
   slot.publisher_pid = self_pid();
   slot.created_by_kvrelay = created_by_kvrelay ? 1 : 0;
@@ -174,11 +176,13 @@ void unpublish_pool(const ControlSegment& control, uint32_t rank, PoolTier tier)
   slot.sequence.store(seq | 1U, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   std::memset(slot.segment_name, 0, sizeof(slot.segment_name));
+  slot.location = static_cast<uint32_t>(PoolLocation::kHostSegment);
   slot.pool_bytes = 0;
   slot.sequence.store((seq | 1U) + 1, std::memory_order_release);
 }
 
-Result<std::string> find_pool(const ControlSegment& control, uint32_t rank, PoolTier tier) {
+Result<PublishedPool> find_published_pool(const ControlSegment& control, uint32_t rank,
+                                          PoolTier tier) {
   if (rank >= control.config().tp_size || static_cast<uint32_t>(tier) >= kPoolTiers)
     return make_error(Errc::kInvalidArgument,
                       fmt::format("no rank {} in instance '{}'", rank, control.instance()));
@@ -188,6 +192,10 @@ Result<std::string> find_pool(const ControlSegment& control, uint32_t rank, Pool
     if ((before & 1U) != 0) continue;
     char name[kPoolNameBytes];
     std::memcpy(name, slot.segment_name, sizeof(name));
+    PublishedPool p;
+    p.location = static_cast<PoolLocation>(slot.location);
+    p.device_id = slot.device_id;
+    p.bytes = slot.pool_bytes;
     std::atomic_thread_fence(std::memory_order_acquire);
     if (slot.sequence.load(std::memory_order_relaxed) != before) continue;
     name[sizeof(name) - 1] = '\0';
@@ -196,9 +204,26 @@ Result<std::string> find_pool(const ControlSegment& control, uint32_t rank, Pool
           Errc::kNotFound,
           fmt::format("instance '{}' has published no {} pool for rank {}", control.instance(),
                       tier == PoolTier::kHost ? "host" : "device", rank));
-    return std::string(name);
+    if (static_cast<uint32_t>(p.location) > static_cast<uint32_t>(PoolLocation::kHostFd))
+      return make_error(Errc::kCorrupt,
+                        fmt::format("instance '{}' rank {}: the pool directory names location {}",
+                                    control.instance(), rank, slot.location));
+    p.name = name;
+    return p;
   }
   return make_error(Errc::kNotReady, "pool directory entry kept changing");
+}
+
+Result<std::string> find_pool(const ControlSegment& control, uint32_t rank, PoolTier tier) {
+  Result<PublishedPool> p = find_published_pool(control, rank, tier);
+  if (!p) return p.error();
+  if (p->location != PoolLocation::kHostSegment)
+    return make_error(Errc::kUnsupported,
+                      fmt::format("instance '{}' rank {}'s {} pool is memory its engine "
+                                  "registered ({}), not a host segment",
+                                  control.instance(), rank,
+                                  tier == PoolTier::kHost ? "host" : "device", p->name));
+  return std::move(p->name);
 }
 
 }  // namespace kvrelay

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,8 @@ class HostPool {
   const PoolGeometry& geometry() const { return geometry_; }
   const std::string& name() const { return segment_.name(); }
   uint64_t bytes() const { return segment_.size(); }
+  // The whole mapping (header included).
+  std::span<std::byte> mapping() const { return {segment_.data(), segment_.size()}; }
   uint32_t rank() const { return rank_; }
   uid_t owner_uid() const { return segment_.owner_uid(); }
   // Whether another process truncated the pool under this mapping: every
@@ -79,9 +82,20 @@ class HostPool {
 
 // Pool directory (InstanceStatus side): publish / look up where a rank's pool is.
 void publish_pool(const ControlSegment& control, uint32_t rank, PoolTier tier,
-                  const std::string& segment_name, uint64_t bytes, bool created_by_kvrelay);
+                  const std::string& segment_name, uint64_t bytes, bool created_by_kvrelay,
+                  PoolLocation location = PoolLocation::kHostSegment, uint32_t device_id = 0);
+// What the directory says of (rank, tier), read consistently.
+struct PublishedPool {
+  std::string name;  // the segment's, or the registration's (other locations)
+  PoolLocation location = PoolLocation::kHostSegment;
+  uint32_t device_id = 0;
+  uint64_t bytes = 0;
+};
+Result<PublishedPool> find_published_pool(const ControlSegment& control, uint32_t rank,
+                                          PoolTier tier);
 void unpublish_pool(const ControlSegment& control, uint32_t rank, PoolTier tier);
-// The segment name published for (rank, tier), or kNotFound.
+// The segment name published for (rank, tier): kNotFound when none is, and
+// kUnsupported when the pool is no host segment (an engine's GPU memory).
 Result<std::string> find_pool(const ControlSegment& control, uint32_t rank, PoolTier tier);
 // Unlinks every pool segment of this instance that a kvrelay worker created
 // (the coordinator, at a clean shutdown). Returns how many were removed.

@@ -245,15 +245,24 @@ struct PoolDescriptor {
   location @2 :Location;
   enum Location {
     hostSegment @0;  # a POSIX shared-memory segment, named in segmentName
-    cudaIpc @1;      # GPU memory, one CUDA IPC handle per tensor in cudaIpcHandles
+    cudaIpc @1;
+    # GPU memory from cudaMalloc: one legacy CUDA IPC handle
+    # (cudaIpcGetMemHandle) per allocation in `memories`.
+    cudaVmm @2;
+    # GPU memory from the VMM API (cuMemCreate; e.g. PyTorch's expandable
+    # segments): one POSIX file descriptor per allocation
+    # (cuMemExportToShareableHandle), passed to the rank's worker over its
+    # fd socket under `fdTicket`.
+    hostFd @3;
+    # Host memory the engine allocated: one file descriptor per allocation
+    # (a memfd sealed against shrinking), passed as for cudaVmm.
   }
 
   segmentName @3 :Text;
   # hostSegment: the segment's name without the leading '/'.
 
   cudaIpcHandles @4 :List(Data);
-  # cudaIpc: cudaIpcMemHandle_t bytes (64 each), ordered layer-major:
-  # [layer0 K, layer0 V, (layer0 K scale, layer0 V scale,) layer1 K, ...].
+  # Superseded by `memories` (never read).
 
   deviceId @5 :UInt32;
   # cudaIpc: the GPU that holds the pool.
@@ -278,6 +287,38 @@ struct PoolDescriptor {
 
   hasValues @15 :Bool = true;
   # False for MLA latent caches, which have K (the latent) and no V.
+
+  memories @16 :List(PoolMemory);
+  # cudaIpc, cudaVmm, hostFd: the allocations that hold the pool's tensors
+  # (one per tensor, or one for the whole pool, or anything between).
+
+  tensors @17 :List(TensorPlace);
+  # cudaIpc, cudaVmm, hostFd: where each tensor lies, layer-major:
+  # [layer0 K, layer0 V, (layer0 K scale, layer0 V scale,) layer1 K, ...]
+  # for every layer, extra layers included. A tensor is its blocks back to
+  # back ([blocks, kv_heads, block_size, head_dim]), 16-byte aligned.
+
+  fdTicket @18 :UInt64;
+  # cudaVmm, hostFd: the ticket the rank's worker answered when the engine's
+  # library passed it the file descriptors (it claims them with it).
+}
+
+struct PoolMemory {
+  # One allocation another process made, as that process shares it.
+  ipcHandle @0 :Data;
+  # cudaIpc: the 64-byte cudaIpcMemHandle_t.
+  fdIndex @1 :UInt32;
+  # cudaVmm, hostFd: which of the file descriptors passed under fdTicket.
+  bytes @2 :UInt64;
+  # The allocation's size in bytes (for cudaVmm, as it was created: a
+  # multiple of the device's allocation granularity).
+}
+
+struct TensorPlace {
+  memory @0 :UInt32;
+  # Index into `memories`.
+  offset @1 :UInt64;
+  # Bytes from the allocation's start to the tensor's first block.
 }
 
 struct RegisterPool {

@@ -25,6 +25,12 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 inline constexpr uint32_t kMaxEngineSlots = 512;  // the engine's batch slots (the original's 512)
 inline constexpr size_t kMaxAddressBytes = 255;
 inline constexpr size_t kCudaIpcHandleBytes = 64;
+// A registered pool's tensors start on multiples of this (the gather
+// kernel's 16-byte vectors).
+inline constexpr uint64_t kTensorAlignment = 16;
+// File descriptors of one registration (cudaVmm, hostFd): what one
+// SCM_RIGHTS message carries (the kernel's SCM_MAX_FD).
+inline constexpr uint32_t kMaxPoolFds = 253;
 // Per-request deadlines (deadline_ms) longer than an hour are refused: the
 // coordinator remembers ended ids for as long as their partner may still come.
 inline constexpr uint32_t kMaxDeadlineMs = 3'600'000;
@@ -56,7 +62,12 @@ Status validate(schema::SwapTask::Reader swap, const Limits& limits);
 Status validate(schema::ExpectArrival::Reader expect, const Limits& limits);
 Status validate(schema::ConnectTask::Reader connect, const Limits& limits);
 Status validate(schema::Cancel::Reader cancel, const Limits& limits);
+// The pool's shape must be this instance's; a tensor table (cudaIpc,
+// cudaVmm, hostFd) must place every tensor inside its allocation, aligned,
+// without overlaps (schemas/validate_pool.cpp).
 Status validate(schema::RegisterPool::Reader reg, const Limits& limits);
+// "K", "V", "K scale", "V scale".
+const char* tensor_name(PoolTensor t);
 
 // A message's encoded size against the ring record limit it must fit in.
 Status validate_record_size(std::string_view message, std::string_view request_id, size_t bytes,

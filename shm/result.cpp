@@ -27,6 +27,7 @@ std::string_view errc_name(Errc code) {
     case Errc::kSystem: return "system";
     case Errc::kCoordinatorGone: return "coordinator_gone";
     case Errc::kBusy: return "busy";
+    case Errc::kUnsupported: return "unsupported";
   }
   return "unknown";
 }

@@ -1,16 +1,38 @@
 #include "worker/data_plane.h"
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <random>
 
 #include "instance/pool_segment.h"
+#include "schemas/validate.h"
+#include "worker/imported_pool.h"
 #include "worker/pools.h"
 
 namespace kvrelay::worker {
+
+using Location = schema::PoolDescriptor::Location;
+static_assert(
+    static_cast<uint32_t>(PoolLocation::kCudaIpc) == static_cast<uint32_t>(Location::CUDA_IPC) &&
+    static_cast<uint32_t>(PoolLocation::kCudaVmm) == static_cast<uint32_t>(Location::CUDA_VMM) &&
+    static_cast<uint32_t>(PoolLocation::kHostFd) == static_cast<uint32_t>(Location::HOST_FD));
 
 Result<std::unique_ptr<DataPlane>> DataPlane::open(const ControlSegment& control, uint32_t rank,
                                                    const NetworkOptions& network,
                                                    WaitEvent& doorbell, Hooks hooks) {
   std::unique_ptr<DataPlane> d(new DataPlane(control, rank, network, doorbell, std::move(hooks)));
+  Result<std::unique_ptr<FdIntake>> intake = FdIntake::start(control.instance(), rank);
+  if (intake) {
+    d->fd_intake_ = std::move(intake).value();
+  } else {
+    // Not fatal: only pools registered by fd need it.
+    d->no_fd_intake_ = intake.error().message;
+    spdlog::warn("rank {}: no fd socket, so pools cannot be registered by fd: {}", rank,
+                 d->no_fd_intake_);
+  }
   Result<std::unique_ptr<LocalPool>> device = open_or_create_pool(control, rank, PoolTier::kDevice);
   if (!device) return device.error();
   d->device_pool_ = std::move(device).value();
@@ -48,18 +70,68 @@ Status DataPlane::serve_device_pool() {
 
 void DataPlane::start_swap_engine() {
   swap_.reset();
-  if (host_pool_)
-    swap_ = std::make_unique<SwapEngine>(rank_, *device_pool_, *host_pool_,
-                                         kernels::make_host_copy_engine(),
-                                         &control_.swap_progress(), doorbell_);
+  pinned_host_.clear();
+  if (!host_pool_) return;
+  const int device = device_pool_->cuda_device();
+  Result<std::unique_ptr<kernels::CopyEngine>> engine =
+      kernels::make_copy_engine(device_pool_->memory_kind(), host_pool_->memory_kind(),
+                                kernels::CudaCopyOptions{device, network_.copy_max_sms});
+  if (!engine) {
+    // Only a GPU pool needs more than memcpy, and a GPU pool was mapped with
+    // CUDA: this is a CUDA failure. Swaps then fail, saying why.
+    spdlog::error("rank {}: no copy engine for swaps: {}", rank_, engine.error().message);
+    return;
+  }
+  if (device >= 0) {
+    // Page-locked once, for as long as the two pools swap: the copy engines
+    // then move it at full speed and asynchronously.
+    for (std::span<std::byte> range : host_pool_->host_memory()) {
+      Result<kernels::PinnedHostRange> pinned =
+          kernels::PinnedHostRange::pin(range.data(), range.size());
+      if (!pinned) {
+        spdlog::warn("rank {}: swaps copy from pageable memory (slower): {}", rank_,
+                     pinned.error().message);
+        break;
+      }
+      pinned_host_.push_back(std::move(pinned).value());
+    }
+  }
+  swap_ = std::make_unique<SwapEngine>(rank_, *device_pool_, *host_pool_, std::move(engine).value(),
+                                       &control_.swap_progress(), doorbell_);
+}
+
+Result<std::unique_ptr<LocalPool>> DataPlane::import_tensor_table(schema::PoolDescriptor::Reader d,
+                                                                  PoolTier tier,
+                                                                  std::vector<UniqueFd>& fds,
+                                                                  uint64_t& ticket) {
+  const Location where = d.getLocation();
+  ticket = d.getFdTicket();
+  if (where != Location::CUDA_IPC) {
+    if (!fd_intake_)
+      return make_error(Errc::kUnsupported,
+                        fmt::format("rank {} has no fd socket: {}", rank_, no_fd_intake_));
+    Result<std::vector<UniqueFd>> claimed = fd_intake_->claim(ticket);
+    if (!claimed) return claimed.error();
+    fds = std::move(claimed).value();
+  } else {
+    // Legacy handles travel in the message: the registration still gets a
+    // name of its own, so that peers see when it changes.
+    static thread_local std::mt19937_64 rng(std::random_device{}());
+    ticket = rng() | 1U;
+  }
+  const std::string name = fmt::format("{}:{:016x}", location_name(where), ticket);
+  Result<std::unique_ptr<ImportedPool>> pool = ImportedPool::open(
+      d, pool_geometry_of(control_.config(), tier), fds, static_cast<int>(d.getDeviceId()), name);
+  if (!pool) return pool.error();
+  spdlog::info("rank {}: mapped the engine's {} pool {} ({} MiB, {} allocations{})", rank_,
+               tier == PoolTier::kHost ? "host" : "device", name, (*pool)->bytes() >> 20,
+               d.getMemories().size(),
+               is_gpu_location(where) ? fmt::format(", GPU {}", d.getDeviceId()) : "");
+  return std::unique_ptr<LocalPool>(std::move(pool).value());
 }
 
 PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
   PoolRegistration out;
-  if (d.getLocation() != schema::PoolDescriptor::Location::HOST_SEGMENT) {
-    out.message = "CUDA IPC pools need a CUDA build and a GPU";
-    return out;
-  }
   const PoolTier tier =
       d.getTier() == schema::PoolDescriptor::Tier::HOST ? PoolTier::kHost : PoolTier::kDevice;
   if (scheduler_->live_requests() != 0 || (swap_ && swap_->pending() != 0)) {
@@ -67,11 +139,25 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
                               scheduler_->live_requests());
     return out;
   }
-  const PoolGeometry expected = pool_geometry_of(control_.config(), tier);
-  Result<HostPool> pool = HostPool::open(d.getSegmentName().cStr(), &expected);
-  if (!pool) {
-    out.message = pool.error().message;
-    return out;
+  const Location where = d.getLocation();
+  std::unique_ptr<LocalPool> owned;
+  std::vector<UniqueFd> fds;
+  uint64_t ticket = 0;
+  if (where == Location::HOST_SEGMENT) {
+    const PoolGeometry expected = pool_geometry_of(control_.config(), tier);
+    Result<HostPool> pool = HostPool::open(d.getSegmentName().cStr(), &expected);
+    if (!pool) {
+      out.message = pool.error().message;
+      return out;
+    }
+    owned = std::make_unique<HostSegmentPool>(std::move(pool).value());
+  } else {
+    Result<std::unique_ptr<LocalPool>> pool = import_tensor_table(d, tier, fds, ticket);
+    if (!pool) {
+      out.message = pool.error().message;
+      return out;
+    }
+    owned = std::move(pool).value();
   }
   // A pool this worker created and the engine's now replaces is nobody's
   // any more: its name goes (the coordinator removes only the pools the
@@ -79,9 +165,26 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
   const bool ours =
       control_.pool_directory().slots[rank_][static_cast<uint32_t>(tier)].created_by_kvrelay != 0;
   Result<std::string> replaced = find_pool(control_, rank_, tier);
-  publish_pool(control_, rank_, tier, pool->name(), pool->bytes(), false);
-  if (ours && replaced && *replaced != pool->name()) (void)SharedSegment::unlink(*replaced);
-  auto owned = std::make_unique<HostSegmentPool>(std::move(pool).value());
+  publish_pool(control_, rank_, tier, owned->name(), owned->bytes(), false,
+               static_cast<PoolLocation>(where), d.getDeviceId());
+  if (ours && replaced && *replaced != owned->name()) (void)SharedSegment::unlink(*replaced);
+  if (fd_intake_) {
+    if (where == Location::HOST_SEGMENT) {
+      fd_intake_->unpublish(tier);
+    } else {
+      // What a peer asks for: the registration as the engine made it (a
+      // RegisterPool, which the peer validates like the coordinator did),
+      // and its fds.
+      capnp::MallocMessageBuilder msg;
+      msg.initRoot<schema::RegisterPool>().setPool(d);
+      const kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
+      const kj::ArrayPtr<const kj::byte> bytes = words.asBytes();
+      fd_intake_->publish(tier, ticket,
+                          std::vector<std::byte>(reinterpret_cast<const std::byte*>(bytes.begin()),
+                                                 reinterpret_cast<const std::byte*>(bytes.end())),
+                          std::move(fds));
+    }
+  }
   swap_.reset();  // it holds the old pools
   if (tier == PoolTier::kDevice) {
     scheduler_.reset();

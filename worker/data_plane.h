@@ -9,6 +9,14 @@
 // tcp listener writes into the device pool from its network thread) before
 // the pools they refer to.
 //
+// Pools the engine registers: a host segment (by name), or a tensor table
+// of memory the engine allocated (CUDA IPC handles, CUDA VMM fds, memfds;
+// worker/imported_pool.h), whose fds reach the worker through its fd
+// socket (worker/fd_intake.h). A tensor-table pool is offered to peer
+// workers through that socket too, so that a prefill worker on this host
+// can map it for ipc. A GPU device pool gets the CUDA copy engine, and the
+// host tier is pinned for its copies.
+//
 // Not thread-safe: the worker's thread owns it.
 #pragma once
 
@@ -16,8 +24,10 @@
 #include <string>
 
 #include "instance/control_segment.h"
+#include "kernels/host_pinning.h"
 #include "schemas/kvrelay.capnp.h"
 #include "shm/wait_event.h"
+#include "worker/fd_intake.h"
 #include "worker/local_pool.h"
 #include "worker/send_scheduler.h"
 #include "worker/swap_engine.h"
@@ -53,8 +63,8 @@ class DataPlane {
   DataPlane& operator=(const DataPlane&) = delete;
 
   // Replaces the rank's pool of the descriptor's tier with the engine's
-  // segment: refused while requests or swaps are in flight, or when the
-  // segment is not a pool of this instance's geometry.
+  // memory: refused while requests or swaps are in flight, or when the
+  // memory is not a pool of this instance's geometry.
   PoolRegistration register_pool(schema::PoolDescriptor::Reader descriptor);
 
   SendScheduler& scheduler() { return *scheduler_; }
@@ -64,6 +74,9 @@ class DataPlane {
   const LocalPool* host_pool() const { return host_pool_.get(); }
   // The pool another process truncated, if any (the worker then exits).
   const LocalPool* truncated_pool() const;
+  // The rank's fd socket; none when it could not listen (fd registrations
+  // are then refused, saying why).
+  FdIntake* fd_intake() { return fd_intake_.get(); }
 
  private:
   DataPlane(const ControlSegment& control, uint32_t rank, NetworkOptions network,
@@ -71,17 +84,27 @@ class DataPlane {
   // Builds the transports and the scheduler over the device pool.
   Status serve_device_pool();
   void start_swap_engine();
+  // The engine's tensor table: maps it and returns it with the fds to offer
+  // peers (moved out of `fds`).
+  // `ticket`: the registration's (its fds', or a fresh one for legacy handles).
+  Result<std::unique_ptr<LocalPool>> import_tensor_table(schema::PoolDescriptor::Reader d,
+                                                         PoolTier tier, std::vector<UniqueFd>& fds,
+                                                         uint64_t& ticket);
 
   const ControlSegment& control_;
   uint32_t rank_;
   NetworkOptions network_;
   WaitEvent& doorbell_;
   Hooks hooks_;
+  std::unique_ptr<FdIntake> fd_intake_;
+  std::string no_fd_intake_;  // why there is none
   std::unique_ptr<LocalPool> device_pool_;
   std::unique_ptr<LocalPool> host_pool_;
-  std::unique_ptr<Transports> transports_;    // after the pools: it refers to them
-  std::unique_ptr<SendScheduler> scheduler_;  // after the transports
-  std::unique_ptr<SwapEngine> swap_;          // after the pools
+  std::vector<kernels::PinnedHostRange> pinned_host_;  // the host tier, while a GPU pool swaps
+                                                       // with it
+  std::unique_ptr<Transports> transports_;             // after the pools: it refers to them
+  std::unique_ptr<SendScheduler> scheduler_;           // after the transports
+  std::unique_ptr<SwapEngine> swap_;                   // after the pools
 };
 
 }  // namespace kvrelay::worker

@@ -1,10 +1,17 @@
 #include "worker/ipc_transport.h"
 
+#include <capnp/serialize.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
 
+#include "instance/fd_socket.h"
+#include "schemas/codec.h"
+#include "schemas/pool_descriptor.h"
+#include "schemas/validate.h"
+#include "worker/imported_pool.h"
 #include "worker/pool_compatibility.h"
 
 namespace kvrelay::worker {
@@ -23,7 +30,8 @@ class IpcTransport::PoolDestination final : public Destination {
     // No parts: a replica whose heads other ranks send; it writes nothing,
     // and the ranks that do check the ids.
     uint32_t blocks = UINT32_MAX;
-    for (const Part& p : *parts_) blocks = std::min(blocks, p.pool->geometry().blocks_in_layer(layer));
+    for (const Part& p : *parts_)
+      blocks = std::min(blocks, p.pool->geometry().blocks_in_layer(layer));
     return blocks;
   }
   const std::string& peer() const override { return name_; }
@@ -45,7 +53,7 @@ IpcTransport::IpcTransport(uint32_t rank, const LocalPool& local,
 IpcTransport::~IpcTransport() {
   // The engine may still read the scratch runs and write the peer pools.
   for (InFlight& f : in_flight_.live())
-    engine_->wait(f.copy);
+    (void)engine_->wait(f.copy);
 }
 
 Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
@@ -59,7 +67,8 @@ Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
     spare_scratch_.pop_back();
   }
   const auto give_back = [&] {
-    for (const Part* p : scratch->tracked) p->intake->abandon_last();
+    for (const Part* p : scratch->tracked)
+      p->intake->abandon_last();
     scratch->tracked.clear();
     spare_scratch_.push_back(std::move(scratch));
   };
@@ -111,7 +120,9 @@ void IpcTransport::poll(std::vector<TransferCompletion>& out) {
     TransferCompletion c;
     c.ticket = f.ticket;
     c.bytes = f.bytes;
-    c.status = local_.check_intact();
+    // A failed copy engine is sticky: every copy it had in flight failed.
+    c.status = engine_->failure();
+    if (c.status) c.status = local_.check_intact();
     for (const Part& p : *f.parts)
       if (c.status) c.status = p.pool->check_intact();
     for (const Part* p : f.scratch->tracked) {
@@ -133,6 +144,71 @@ Result<std::shared_ptr<const LocalPool>> IpcTransport::peer_pool(const std::stri
   return m->pool;
 }
 
+Result<std::shared_ptr<const LocalPool>> IpcTransport::fetch_tensor_table(
+    const std::string& peer_instance, uint32_t peer_rank, const ControlSegment& control,
+    const PublishedPool& published) {
+  if (local_.memory_kind() != kernels::MemoryKind::kCuda &&
+      (published.location == PoolLocation::kCudaIpc ||
+       published.location == PoolLocation::kCudaVmm))
+    return make_error(Errc::kUnsupported,
+                      fmt::format("its pool is GPU memory ({}) and this rank's is host memory: "
+                                  "register this rank's GPU pool too, or use tcp",
+                                  published.name));
+  Result<SharedPool> shared = fetch_shared_pool(peer_instance, peer_rank, PoolTier::kDevice,
+                                                Deadline::after(std::chrono::seconds(2)));
+  if (!shared) return shared.error();
+  // Input from another process: decoded with a traversal limit, and held
+  // to the rules the coordinator applied to the engine's registration.
+  if (shared->descriptor.size() % sizeof(capnp::word) != 0)
+    return make_error(Errc::kCorrupt, "its worker sent a descriptor of a ragged size");
+  std::vector<capnp::word> words(shared->descriptor.size() / sizeof(capnp::word));
+  std::memcpy(words.data(), shared->descriptor.data(), shared->descriptor.size());
+  return messages::with_message<schema::RegisterPool>(
+      std::as_bytes(std::span<const capnp::word>(words)),
+      [&](schema::RegisterPool::Reader reg) -> Result<std::shared_ptr<const LocalPool>> {
+        if (Status s = messages::validate(reg, messages::Limits::from(control.config())); !s)
+          return s.error();
+        const std::string name =
+            fmt::format("{}:{:016x}", location_name(reg.getPool().getLocation()), shared->ticket);
+        if (name != published.name)
+          return make_error(Errc::kNotReady,
+                            fmt::format("its engine registered another pool meanwhile ({} is "
+                                        "published, {} was served)",
+                                        published.name, name));
+        Result<std::unique_ptr<ImportedPool>> pool =
+            ImportedPool::open(reg.getPool(), messages::shape_of(reg.getPool()), shared->fds,
+                               local_.cuda_device(), name);
+        if (!pool) return pool.error();
+        spdlog::info("rank {}: mapped decode instance '{}' rank {}'s pool {} ({} MiB)", rank_,
+                     peer_instance, peer_rank, name, (*pool)->bytes() >> 20);
+        return std::shared_ptr<const LocalPool>(std::move(pool).value());
+      });
+}
+
+size_t IpcTransport::release_stale() {
+  const uint64_t now = mono_now_ns();
+  if (now < next_stale_check_ns_ || pools_.empty()) return 0;
+  next_stale_check_ns_ = now + 200'000'000;
+  return std::erase_if(pools_, [&](const auto& entry) {
+    const std::string& key = entry.first;
+    const size_t slash = key.rfind('/');
+    const std::string instance = key.substr(0, slash);
+    const auto rank = static_cast<uint32_t>(std::stoul(key.substr(slash + 1)));
+    Result<std::shared_ptr<const ControlSegment>> control = peers_.share(instance);
+    bool stale = !control || *control != entry.second.control;
+    if (!stale) {
+      Result<PublishedPool> published = find_published_pool(**control, rank, PoolTier::kDevice);
+      stale = !published || published->name != entry.second.pool->name();
+    }
+    // Copies in flight hold the pool (InFlight::parts) until they are done.
+    if (stale)
+      spdlog::info("rank {}: unmapping {} of decode instance '{}' rank {}: {}", rank_,
+                   entry.second.pool->name(), instance, rank,
+                   !control ? "its coordinator is gone" : "it was replaced");
+    return stale;
+  });
+}
+
 Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instance,
                                                   uint32_t peer_rank) {
   Result<std::shared_ptr<const ControlSegment>> shared = peers_.share(peer_instance);
@@ -143,10 +219,10 @@ Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instan
   // Keep the mapping while the peer's segment and its pool are the same
   // (re-mapping a pool costs a populate of every page); a restarted peer has
   // a new segment, a decode engine that registered its own pool a new pool.
-  if (it != pools_.end() && it->second.control == control && !it->second.pool->truncated()) {
-    Result<std::string> published = find_pool(*control, peer_rank, PoolTier::kDevice);
-    if (published && *published == it->second.pool->name()) return it->second;
-  }
+  Result<PublishedPool> published = find_published_pool(*control, peer_rank, PoolTier::kDevice);
+  if (it != pools_.end() && it->second.control == control && !it->second.pool->truncated() &&
+      published && published->name == it->second.pool->name())
+    return it->second;
   const InstanceConfig& peer = control->config();
   if (peer.role != static_cast<uint32_t>(Role::kDecode))
     return make_error(Errc::kInvalidArgument,
@@ -157,11 +233,22 @@ Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instan
     return make_error(Errc::kInvalidArgument,
                       fmt::format("decode rank {} does not exist: peer instance '{}' has {} ranks",
                                   peer_rank, peer_instance, peer.tp_size));
-  Result<std::string> name = find_pool(*control, peer_rank, PoolTier::kDevice);
-  if (!name) return name.error();
-  Result<HostPool> pool = HostPool::open(*name, nullptr);
-  if (!pool) return pool.error();
-  if (Status s = check_compatible(local_.geometry(), heads_, pool->geometry(), head_layout_of(peer));
+  if (!published) return published.error();
+  std::shared_ptr<const LocalPool> pool;
+  if (published->location == PoolLocation::kHostSegment) {
+    Result<HostPool> segment = HostPool::open(published->name, nullptr);
+    if (!segment) return segment.error();
+    pool = std::make_shared<const HostSegmentPool>(std::move(segment).value());
+  } else {
+    Result<std::shared_ptr<const LocalPool>> table =
+        fetch_tensor_table(peer_instance, peer_rank, *control, *published);
+    if (!table)
+      return make_error(table.code(), fmt::format("peer instance '{}' rank {}: {}", peer_instance,
+                                                  peer_rank, table.error().message));
+    pool = std::move(table).value();
+  }
+  if (Status s =
+          check_compatible(local_.geometry(), heads_, pool->geometry(), head_layout_of(peer));
       !s)
     return make_error(s.code(),
                       fmt::format("peer instance '{}': {}", peer_instance, s.error().message));
@@ -169,8 +256,7 @@ Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instan
   if (!intake)
     return make_error(intake.code(),
                       fmt::format("peer instance '{}': {}", peer_instance, intake.error().message));
-  Mapped m{control, std::make_shared<const HostSegmentPool>(std::move(pool).value()),
-           std::move(intake).value()};
+  Mapped m{control, std::move(pool), std::move(intake).value()};
   pools_[key] = m;
   return m;
 }
@@ -185,7 +271,8 @@ std::shared_ptr<Destination> IpcTransport::destination_for(
 std::shared_ptr<Destination> IpcTransport::split_destination_for(
     std::vector<std::pair<std::shared_ptr<const LocalPool>, HeadShare>> parts, std::string name) {
   std::vector<Part> all;
-  for (auto& [pool, share] : parts) all.push_back(Part{std::move(pool), nullptr, share});
+  for (auto& [pool, share] : parts)
+    all.push_back(Part{std::move(pool), nullptr, share});
   return std::make_shared<PoolDestination>(*this, std::move(all), std::move(name));
 }
 

@@ -11,6 +11,15 @@
 // the rank is told what landed after (ipc_intake_writer.h), so that its
 // expected requests (ExpectArrival) work as over tcp.
 //
+// The decode rank's pool is whatever its directory entry says: a host
+// segment (mapped by name), or memory its engine registered (a tensor
+// table: CUDA IPC handles, CUDA VMM fds, memfds), fetched from that rank's
+// worker over its fd socket and mapped for this rank's copy engine (a GPU
+// pool on another GPU is written by this rank's gather kernel, peer to
+// peer). Mappings are dropped as soon as the peer's segment, or the pool its
+// directory names, changes (release_stale(), every turn): a replaced or dead
+// peer's memory is never held here longer than a copy in flight needs it.
+//
 // Heterogeneous TP (the decode instance has another tp_size): this rank's
 // heads go to the decode ranks that hold them (instance/head_layout.h), so a
 // destination has one part per such rank, each with its head range, and
@@ -50,6 +59,11 @@ class IpcTransport final : public Transport {
   // Sends the landed records that waited for room in a decode rank's intake
   // ring (call every turn; cheap when none wait).
   void flush_intake();
+  // Drops the mappings of peers whose segment or published pool changed
+  // (looks at most every 200 ms; call every turn). Returns how many went.
+  size_t release_stale();
+  // Peer pools mapped now (for tests and the dump).
+  size_t mapped_pools() const { return pools_.size(); }
 
   // Decode rank `peer_rank`'s pool of `peer_instance`, mapped (cached while
   // the peer's coordinator lives).
@@ -63,8 +77,7 @@ class IpcTransport final : public Transport {
   // The same into several mapped pools, a head range into each
   // (heterogeneous TP; benchmarks, tests).
   std::shared_ptr<Destination> split_destination_for(
-      std::vector<std::pair<std::shared_ptr<const LocalPool>, HeadShare>> parts,
-      std::string name);
+      std::vector<std::pair<std::shared_ptr<const LocalPool>, HeadShare>> parts, std::string name);
 
  private:
   class PoolDestination;
@@ -75,9 +88,9 @@ class IpcTransport final : public Transport {
     std::optional<HeadShare> share;           // heterogeneous TP: only these heads
   };
   struct Scratch {
-    LayerCopyScratch copy;       // the runs the engine reads until done
+    LayerCopyScratch copy;  // the runs the engine reads until done
     std::vector<CopyTarget> targets;
-    std::vector<BlockRun> runs;  // for the decode ranks' intakes
+    std::vector<BlockRun> runs;        // for the decode ranks' intakes
     std::vector<const Part*> tracked;  // the parts whose intakes were told (same order)
   };
   struct InFlight {
@@ -104,6 +117,11 @@ class IpcTransport final : public Transport {
     std::shared_ptr<IpcIntakeWriter> intake;
   };
   Result<Mapped> mapped(const std::string& peer_instance, uint32_t peer_rank);
+  // The decode rank's engine-registered pool, from its fd socket.
+  Result<std::shared_ptr<const LocalPool>> fetch_tensor_table(const std::string& peer_instance,
+                                                              uint32_t peer_rank,
+                                                              const ControlSegment& control,
+                                                              const PublishedPool& published);
   void note_backlog(const std::shared_ptr<IpcIntakeWriter>& intake);
 
   uint32_t rank_;
@@ -112,6 +130,7 @@ class IpcTransport final : public Transport {
   std::unique_ptr<kernels::CopyEngine> engine_;
   PeerInstances peers_;
   std::unordered_map<std::string, Mapped> pools_;  // by "<instance>/<rank>"
+  uint64_t next_stale_check_ns_ = 0;
   ReusedFifo<InFlight> in_flight_;
   std::vector<std::unique_ptr<Scratch>> spare_scratch_;       // no allocation per layer
   std::vector<std::shared_ptr<IpcIntakeWriter>> backlogged_;  // intakes with records waiting

@@ -8,10 +8,10 @@ namespace {
 
 Status reachable(const kernels::CopyEngine& engine, const LocalPool& pool) {
   if (engine.reaches(pool.memory_kind())) return {};
-  return make_error(Errc::kInvalidArgument,
-                    fmt::format("pool {} is {} memory, which the {} copy engine cannot reach",
-                                pool.name(), kernels::memory_kind_name(pool.memory_kind()),
-                                engine.name()));
+  return make_error(
+      Errc::kInvalidArgument,
+      fmt::format("pool {} is {} memory, which the {} copy engine cannot reach", pool.name(),
+                  kernels::memory_kind_name(pool.memory_kind()), engine.name()));
 }
 
 Status share_fits(const HeadShare& share, const LocalPool& from, const LocalPool& to) {
@@ -57,11 +57,13 @@ Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const Loc
                      g.block_bytes(tensor) / g.kv_heads, *targets[i].share, out);
       }
       bytes += kernels::run_bytes(out);
-      scratch.batch.push_back(kernels::TensorCopy{src, dst, out});
+      scratch.batch.push_back(
+          kernels::TensorCopy{src, dst, out, from.memory_kind(), to.memory_kind()});
     }
   }
-  const kernels::CopyTicket ticket = engine.submit(scratch.batch);
-  return StartedLayerCopy{ticket, bytes};
+  Result<kernels::CopyTicket> ticket = engine.submit(scratch.batch);
+  if (!ticket) return ticket.error();
+  return StartedLayerCopy{*ticket, bytes};
 }
 
 Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const LocalPool& from,

@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "instance/pool_geometry.h"
 #include "instance/pool_segment.h"
@@ -23,6 +25,10 @@ class LocalPool {
   virtual const std::string& name() const = 0;
   virtual uint64_t bytes() const = 0;
   virtual kernels::MemoryKind memory_kind() const = 0;
+  // The GPU that copies to and from this pool run on; -1 for host memory.
+  virtual int cuda_device() const { return -1; }
+  // The host memory it maps (to pin it for a GPU's copies); none for GPU memory.
+  virtual std::vector<std::span<std::byte>> host_memory() const = 0;
   // Base of a tensor; nullptr for a tensor the pool does not have.
   virtual std::byte* tensor(uint32_t layer, PoolTensor t) const = 0;
   // Whether bytes copied through this pool can be trusted: kCorrupt naming
@@ -42,6 +48,7 @@ class HostSegmentPool final : public LocalPool {
   std::byte* tensor(uint32_t layer, PoolTensor t) const override { return pool_.tensor(layer, t); }
   Status check_intact() const override { return pool_.check_intact(); }
   bool truncated() const override { return pool_.truncated(); }
+  std::vector<std::span<std::byte>> host_memory() const override { return {pool_.mapping()}; }
   const HostPool& segment() const { return pool_; }
 
  private:

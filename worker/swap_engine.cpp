@@ -122,7 +122,7 @@ std::string SwapEngine::copy_layer(Op& op) {
   Result<StartedLayerCopy> copy = start_layer_copy(*engine_, from, to, layer, *runs, scratch_);
   if (!copy) return copy.error().message;
   // One layer at a time: its progress is published only once it has landed.
-  engine_->wait(copy->ticket);
+  if (Status s = engine_->wait(copy->ticket); !s) return s.error().message;
   if (Status s = check_both_intact(from, to); !s) return s.error().message;
   op.bytes += copy->bytes;
   ++op.next_layer;

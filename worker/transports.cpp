@@ -17,8 +17,9 @@ tcp::Timing tcp_timing(const InstanceConfig& config) {
   return t;
 }
 
-Transports::Transports(uint32_t rank, const LocalPool& local, const HeadLayout& heads)
-    : rank_(rank), ipc_(rank, local, kernels::make_host_copy_engine(), heads) {}
+Transports::Transports(uint32_t rank, const LocalPool& local,
+                       std::unique_ptr<kernels::CopyEngine> engine, const HeadLayout& heads)
+    : rank_(rank), ipc_(rank, local, std::move(engine), heads) {}
 
 Transports::~Transports() {
   rdma_receiver_.reset();
@@ -41,8 +42,8 @@ Result<std::shared_ptr<rdma::Fabric>> open_fabric(const InstanceConfig& config, 
                         fmt::format("--rdma-devices names {} devices for {} ranks (one for all, "
                                     "or one per rank)",
                                     network.rdma_devices.size(), config.tp_size));
-    o.device = network.rdma_devices.size() == 1 ? network.rdma_devices[0]
-                                                : network.rdma_devices[rank];
+    o.device =
+        network.rdma_devices.size() == 1 ? network.rdma_devices[0] : network.rdma_devices[rank];
     if (o.device == "auto") o.device.clear();
   }
   o.port = static_cast<uint8_t>(network.rdma_port);
@@ -60,7 +61,14 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
                                                        const NetworkOptions& network,
                                                        WaitEvent* doorbell,
                                                        const ControlSegment* control) {
-  std::unique_ptr<Transports> t(new Transports(rank, local, head_layout_of(config)));
+  // ipc copies from this pool into a peer's of the same kind: memcpy between
+  // host pools, the CUDA engine on the pool's GPU otherwise.
+  Result<std::unique_ptr<kernels::CopyEngine>> engine = kernels::make_copy_engine(
+      local.memory_kind(), local.memory_kind(),
+      kernels::CudaCopyOptions{local.cuda_device(), network.copy_max_sms});
+  if (!engine) return engine.error();
+  std::unique_ptr<Transports> t(
+      new Transports(rank, local, std::move(engine).value(), head_layout_of(config)));
   const bool decode = config.role == static_cast<uint32_t>(Role::kDecode);
   if (decode) {
     t->arrivals_ = std::make_shared<Arrivals>(local.geometry(), doorbell);
@@ -76,6 +84,22 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   const uint16_t rdma_port = rank < kMaxTpSize ? config.rdma_ports[rank] : 0;
   const bool listens = port != 0 && receives;
   const bool wants_rdma = (config.protocols & 4U) != 0;
+  if (local.memory_kind() != kernels::MemoryKind::kHost) {
+    // The network transports read and write the pool from their threads
+    // with the CPU: GPU memory needs staging through pinned buffers first.
+    t->no_tcp_ = fmt::format(
+        "rank {}'s pool is {} GPU memory, which the tcp transport cannot "
+        "read or write yet: use ipc between instances of one host",
+        rank, kernels::memory_kind_name(local.memory_kind()));
+    t->no_rdma_ = fmt::format(
+        "rank {}'s pool is {} GPU memory, which the rdma transport cannot "
+        "register yet: use ipc between instances of one host",
+        rank, kernels::memory_kind_name(local.memory_kind()));
+    if (listens || (rdma_port != 0 && receives))
+      spdlog::warn("rank {}: not listening on its {} port: {}", rank, listens ? "tcp" : "rdma",
+                   t->no_tcp_);
+    return t;
+  }
   if (network.auth_key_file.empty()) {
     if (listens || (rdma_port != 0 && receives))
       return make_error(Errc::kInvalidArgument,
@@ -133,9 +157,9 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   rdma_sender.total_kv_heads = sender.total_kv_heads;
   rdma_sender.queue_pairs = std::clamp<uint32_t>(network.rdma_queue_pairs, 1, 16);
   rdma_sender.timing = sender.timing;
-  t->rdma_ = std::make_unique<rdma::RdmaTransport>(*t->net_, local, t->key_.get(),
-                                                   t->fabric_.get(), t->no_rdma_, rdma_sender,
-                                                   doorbell, t->registered_pool_);
+  t->rdma_ = std::make_unique<rdma::RdmaTransport>(*t->net_, local, t->key_.get(), t->fabric_.get(),
+                                                   t->no_rdma_, rdma_sender, doorbell,
+                                                   t->registered_pool_);
   if (receives && (listens || (rdma_port != 0 && wants_rdma))) {
     tcp::ReceiverOptions receiver;
     receiver.address = network.listen_address;
@@ -170,6 +194,7 @@ Result<std::shared_ptr<Destination>> Transports::resolve(schema::CacheDest::Read
   switch (dest.getProtocol()) {
     case schema::TransferProtocol::IPC: return ipc_.resolve(dest);
     case schema::TransferProtocol::TCP:
+      if (!no_tcp_.empty()) return make_error(Errc::kUnsupported, no_tcp_);
       if (!tcp_)
         return make_error(Errc::kInvalidArgument,
                           "tcp transfers need a pre-shared key: start this instance with "
@@ -186,6 +211,7 @@ Status Transports::check_connect(schema::ConnectTask::Reader connect) {
   switch (connect.getProtocol()) {
     case schema::TransferProtocol::IPC: return ipc_.check_connect(connect);
     case schema::TransferProtocol::TCP:
+      if (!no_tcp_.empty()) return make_error(Errc::kUnsupported, no_tcp_);
       if (!tcp_)
         return make_error(Errc::kInvalidArgument,
                           "tcp connects need a pre-shared key: start this instance with "
@@ -227,6 +253,7 @@ bool Transports::tick() {
   bool busy = false;
   if (intake_) busy = intake_->drain() > 0;
   ipc_.flush_intake();
+  ipc_.release_stale();
   return busy;
 }
 

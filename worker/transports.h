@@ -51,6 +51,10 @@ struct NetworkOptions {
   uint32_t rdma_queue_pairs = 2;
   // Tests: the fabric to use instead of opening a device.
   std::shared_ptr<rdma::Fabric> rdma_fabric;
+  // Not the network's, but set with it: GPU-to-GPU copies (ipc between
+  // GPUs, swap within one) run their gather kernel on at most this many SMs
+  // (--copy-max-sms).
+  uint32_t copy_max_sms = 16;
 };
 
 class Transports final : public Transport {
@@ -87,7 +91,8 @@ class Transports final : public Transport {
   std::vector<ArrivalEvent> take_arrivals();
 
  private:
-  Transports(uint32_t rank, const LocalPool& local, const HeadLayout& heads);
+  Transports(uint32_t rank, const LocalPool& local, std::unique_ptr<kernels::CopyEngine> engine,
+             const HeadLayout& heads);
 
   uint32_t rank_;
   IpcTransport ipc_;
@@ -95,7 +100,7 @@ class Transports final : public Transport {
   std::unique_ptr<IpcIntake> intake_;   // decode ranks of an instance (not in unit tests)
   std::vector<ArrivalEvent> held_;      // failed or withdrawn, until their claims are settled
   std::unique_ptr<AuthKey> key_;
-  std::shared_ptr<rdma::Fabric> fabric_;        // outlives every queue pair
+  std::shared_ptr<rdma::Fabric> fabric_;  // outlives every queue pair
   // The pool on fabric_, registered once for both directions.
   std::shared_ptr<const rdma::RegisteredPool> registered_pool_;
   std::unique_ptr<tcp::NetThread> net_;         // before the users of its thread
@@ -104,6 +109,7 @@ class Transports final : public Transport {
   std::unique_ptr<tcp::TcpReceiver> receiver_;  // destroyed before the thread
   std::unique_ptr<tcp::TcpReceiver> rdma_receiver_;
   std::string no_rdma_;  // why rdma is refused, when it is
+  std::string no_tcp_;   // why tcp is refused, when it is
 };
 
 // The tcp timing from the instance's: heartbeats at its interval, a peer

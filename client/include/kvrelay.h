@@ -54,8 +54,9 @@ typedef enum kvrelay_status {
   KVRELAY_NOT_FOUND = 5,        /* no such instance */
   KVRELAY_ABORTED = 6,          /* the load being waited on failed or was cancelled */
   KVRELAY_PERMISSION_DENIED = 7,
-  KVRELAY_ERROR = 8, /* anything else; see kvrelay_last_error() */
-  KVRELAY_BUSY = 9   /* another live process holds it (e.g. rank r's signal ring) */
+  KVRELAY_ERROR = 8,       /* anything else; see kvrelay_last_error() */
+  KVRELAY_BUSY = 9,        /* another live process holds it (e.g. rank r's signal ring) */
+  KVRELAY_UNSUPPORTED = 10 /* this build or machine cannot do it (no CUDA, no GPU) */
 } kvrelay_status;
 
 typedef enum kvrelay_protocol {

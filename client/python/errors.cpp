@@ -15,6 +15,7 @@ struct ErrorTypes {
   PyObject* not_found = nullptr;
   PyObject* aborted = nullptr;
   PyObject* permission_denied = nullptr;
+  PyObject* unsupported = nullptr;
 };
 
 // Module-lifetime references (the module object keeps them alive too).
@@ -53,6 +54,9 @@ void define_errors(py::module_& m) {
   g_errors.permission_denied =
       make_type(m, "PermissionDenied", "The instance's segments belong to another user.",
                 py::make_tuple(base, py::handle(PyExc_PermissionError)));
+  g_errors.unsupported =
+      make_type(m, "Unsupported", "This build or machine cannot do it (no CUDA, no GPU).",
+                py::make_tuple(base, py::handle(PyExc_NotImplementedError)));
 }
 
 void raise(Errc code, const std::string& message) {
@@ -67,6 +71,7 @@ void raise(Errc code, const std::string& message) {
     case Errc::kNotFound: type = g_errors.not_found; break;
     case Errc::kAborted: type = g_errors.aborted; break;
     case Errc::kPermissionDenied: type = g_errors.permission_denied; break;
+    case Errc::kUnsupported: type = g_errors.unsupported; break;
     default: break;
   }
   PyErr_SetString(type, message.c_str());

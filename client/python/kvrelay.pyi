@@ -68,6 +68,9 @@ class Aborted(Error):
 class PermissionDenied(Error, PermissionError):
     """The instance's segments belong to another user."""
 
+class Unsupported(Error, NotImplementedError):
+    """This build or machine cannot do it (no CUDA, no GPU)."""
+
 class Completion:
     """The one completion of a request (or of a rejected submission)."""
 

@@ -117,10 +117,20 @@ int main(int argc, char** argv) {
     p.setKvHeads(1);
     p.setBlockSize(64);
     p.setHeadDim(128);
-    auto handles = p.initCudaIpcHandles(66);
+    // Layer-major K, V of 33 layers, two allocations: layers 0..15 in the
+    // first, 16..32 in the second.
+    const uint64_t tensor = 512ULL * 64 * 128 * 2;
+    auto memories = p.initMemories(2);
     std::array<kj::byte, 64> h{};
-    for (uint32_t i = 0; i < 66; ++i)
-      handles.set(i, kj::arrayPtr(h.data(), h.size()));
+    memories[0].setIpcHandle(kj::arrayPtr(h.data(), h.size()));
+    memories[0].setBytes(32 * tensor);
+    memories[1].setIpcHandle(kj::arrayPtr(h.data(), h.size()));
+    memories[1].setBytes(34 * tensor);
+    auto tensors = p.initTensors(66);
+    for (uint32_t i = 0; i < 66; ++i) {
+      tensors[i].setMemory(i < 32 ? 0 : 1);
+      tensors[i].setOffset((i < 32 ? i : i - 32) * tensor);
+    }
     save(dir, "register_pool_cuda", 5, m);
   }
   {

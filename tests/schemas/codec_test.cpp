@@ -150,17 +150,24 @@ TEST_F(RingCodec, ConnectCancelAndRegisterPoolRoundTrip) {
     auto p = msg.initRoot<schema::RegisterPool>().initPool();
     p.setRank(1);
     p.setLocation(schema::PoolDescriptor::Location::CUDA_IPC);
-    auto handles = p.initCudaIpcHandles(2);
+    auto memories = p.initMemories(2);
     std::array<kj::byte, 64> h{};
     h[63] = 0xAB;
-    handles.set(0, kj::arrayPtr(h.data(), h.size()));
-    handles.set(1, kj::arrayPtr(h.data(), h.size()));
+    memories[0].setIpcHandle(kj::arrayPtr(h.data(), h.size()));
+    memories[1].setIpcHandle(kj::arrayPtr(h.data(), h.size()));
+    memories[1].setBytes(1 << 20);
+    auto tensors = p.initTensors(2);
+    tensors[1].setMemory(1);
+    tensors[1].setOffset(4096);
     p.setDtype(schema::CacheDtype::FP8);
     p.setHasScales(true);
     write(MessageType::REGISTER_POOL, msg);
     read_one<schema::RegisterPool>(MessageType::REGISTER_POOL, [](schema::RegisterPool::Reader r) {
       EXPECT_EQ(r.getPool().getRank(), 1u);
-      EXPECT_EQ(r.getPool().getCudaIpcHandles()[1][63], 0xAB);
+      EXPECT_EQ(r.getPool().getMemories()[1].getIpcHandle()[63], 0xAB);
+      EXPECT_EQ(r.getPool().getMemories()[1].getBytes(), 1U << 20);
+      EXPECT_EQ(r.getPool().getTensors()[1].getMemory(), 1U);
+      EXPECT_EQ(r.getPool().getTensors()[1].getOffset(), 4096U);
       EXPECT_EQ(r.getPool().getDtype(), schema::CacheDtype::FP8);
       EXPECT_TRUE(r.getPool().getHasScales());
       EXPECT_TRUE(r.getPool().getHasValues()) << "default true";

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <memory>
 
 #include "schemas/message_builders.h"
@@ -279,7 +280,8 @@ TEST(ConnectRules, TcpPortsAreOnePerDecodeRankOfAnyTpSize) {
   c.setProtocol(schema::TransferProtocol::TCP);
   c.setPeerAddress("10.0.0.9");
   auto four = c.initPorts(4);  // a decode instance of tp 4 (heterogeneous TP)
-  for (uint32_t r = 0; r < 4; ++r) four.set(r, static_cast<uint16_t>(8100 + r));
+  for (uint32_t r = 0; r < 4; ++r)
+    four.set(r, static_cast<uint16_t>(8100 + r));
   EXPECT_TRUE(validate(c.asReader(), example_limits()));
   c.initPorts(0);
   EXPECT_EQ(error_of(validate(c.asReader(), example_limits())),
@@ -342,11 +344,116 @@ TEST_F(RegisterPoolRules, SegmentNameWithASlash) {
   EXPECT_EQ(check(), "RegisterPool rank 1: segment_name '../x' is not a valid segment name");
 }
 
-TEST_F(RegisterPoolRules, CudaHandlesForEveryTensor) {
-  pool.setLocation(schema::PoolDescriptor::Location::CUDA_IPC);
-  pool.initCudaIpcHandles(3);
+// Tensor tables (cudaIpc, cudaVmm, hostFd): the example instance has 32
+// layers of K and V, 512 blocks of 64 tokens x 128 bf16 each: 8 MiB a tensor.
+constexpr uint64_t kTensorBytes = 512ULL * 64 * 128 * 2;
+
+class TensorTableRules : public RegisterPoolRules {
+ protected:
+  // `per_memory` tensors back to back in each allocation.
+  void place(schema::PoolDescriptor::Location where, uint32_t per_memory) {
+    pool.setLocation(where);
+    const uint32_t n_memories = 64 / per_memory;
+    auto memories = pool.initMemories(n_memories);
+    std::array<kj::byte, 64> handle{};
+    for (uint32_t m = 0; m < n_memories; ++m) {
+      memories[m].setBytes(per_memory * kTensorBytes);
+      memories[m].setFdIndex(m);
+      if (where == schema::PoolDescriptor::Location::CUDA_IPC)
+        memories[m].setIpcHandle(kj::arrayPtr(handle.data(), handle.size()));
+    }
+    auto tensors = pool.initTensors(64);
+    for (uint32_t i = 0; i < 64; ++i) {
+      tensors[i].setMemory(i / per_memory);
+      tensors[i].setOffset((i % per_memory) * kTensorBytes);
+    }
+    if (where != schema::PoolDescriptor::Location::CUDA_IPC) pool.setFdTicket(7);
+  }
+};
+
+TEST_F(TensorTableRules, OneAllocationPerTensorOrOneForAllPasses) {
+  for (auto where :
+       {schema::PoolDescriptor::Location::CUDA_IPC, schema::PoolDescriptor::Location::CUDA_VMM,
+        schema::PoolDescriptor::Location::HOST_FD}) {
+    for (uint32_t per_memory : {1U, 2U, 64U}) {
+      place(where, per_memory);
+      EXPECT_EQ(check(), "ok") << static_cast<int>(where) << " " << per_memory;
+    }
+  }
+}
+
+TEST_F(TensorTableRules, EveryTensorMustBePlaced) {
+  place(schema::PoolDescriptor::Location::CUDA_IPC, 1);
+  pool.initTensors(3);
+  EXPECT_EQ(
+      check(),
+      "RegisterPool rank 1: tensors has 3 entries but the pool has 64 tensors (32 layers x 2)");
+}
+
+TEST_F(TensorTableRules, ATensorOutsideItsAllocationIsRefused) {
+  place(schema::PoolDescriptor::Location::CUDA_VMM, 2);
+  pool.getTensors()[5].setOffset(kTensorBytes + 4096);
   EXPECT_EQ(check(),
-            "RegisterPool rank 1: cuda_ipc_handles has 3 entries but the pool has 64 tensors");
+            "RegisterPool rank 1: tensors[5] (layer 2 V) needs bytes [8392704, 16781312) "
+            "of memory 2, which has 16777216");
+}
+
+TEST_F(TensorTableRules, AnOffsetNearTheTopDoesNotWrapAround) {
+  place(schema::PoolDescriptor::Location::CUDA_VMM, 2);
+  pool.getTensors()[0].setOffset(UINT64_MAX - 15);
+  EXPECT_NE(check().find("needs bytes"), std::string::npos) << check();
+}
+
+TEST_F(TensorTableRules, AMisalignedTensorIsRefused) {
+  place(schema::PoolDescriptor::Location::HOST_FD, 64);
+  pool.getMemories()[0].setBytes(65 * kTensorBytes);
+  pool.getTensors()[63].setOffset(63 * kTensorBytes + 8);
+  EXPECT_EQ(check(),
+            "RegisterPool rank 1: tensors[63] (layer 31 V) is at offset 528482312, not a "
+            "multiple of 16");
+}
+
+TEST_F(TensorTableRules, OverlappingTensorsAreRefusedNamingBoth) {
+  place(schema::PoolDescriptor::Location::CUDA_IPC, 64);
+  pool.getTensors()[9].setOffset(8 * kTensorBytes + 4096);  // into tensors[8]
+  EXPECT_EQ(check(),
+            "RegisterPool rank 1: tensors[8] and tensors[9] overlap in memory 0 (bytes "
+            "[67108864, 75497472) and [67112960, 75501568))");
+}
+
+TEST_F(TensorTableRules, AnAllocationThatHoldsNoTensorIsAMistake) {
+  place(schema::PoolDescriptor::Location::CUDA_IPC, 2);  // 32 allocations
+  auto memories = pool.initMemories(33);
+  std::array<kj::byte, 64> handle{};
+  for (uint32_t m = 0; m < 33; ++m) {
+    memories[m].setBytes(2 * kTensorBytes);
+    memories[m].setIpcHandle(kj::arrayPtr(handle.data(), handle.size()));
+  }
+  EXPECT_EQ(check(), "RegisterPool rank 1: memories[32] holds no tensor");
+}
+
+TEST_F(TensorTableRules, ALegacyHandleIsSixtyFourBytes) {
+  place(schema::PoolDescriptor::Location::CUDA_IPC, 64);
+  pool.getMemories()[0].initIpcHandle(63);
+  EXPECT_EQ(check(), "RegisterPool rank 1: memories[0].ipc_handle is 63 bytes, not 64");
+}
+
+TEST_F(TensorTableRules, FilesNeedTheTicketTheyWerePassedUnder) {
+  place(schema::PoolDescriptor::Location::CUDA_VMM, 1);
+  pool.setFdTicket(0);
+  EXPECT_EQ(check(),
+            "RegisterPool rank 1: fd_ticket is 0: pass the file descriptors to the "
+            "rank's worker first (the client library does)");
+  pool.setFdTicket(3);
+  pool.getMemories()[4].setFdIndex(64);
+  EXPECT_EQ(check(),
+            "RegisterPool rank 1: memories[4].fd_index is 64; 64 file descriptors were passed");
+}
+
+TEST_F(TensorTableRules, AnEmptyAllocationListIsRefused) {
+  place(schema::PoolDescriptor::Location::HOST_FD, 1);
+  pool.initMemories(0);
+  EXPECT_EQ(check(), "RegisterPool rank 1: memories is empty");
 }
 
 TEST(RecordSizeRule, OversizedMessageNamesBothSizesAndTheRing) {

@@ -5,14 +5,21 @@
 #include "worker/data_plane.h"
 
 #include <capnp/message.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
+#include "instance/fd_socket.h"
 #include "instance/names.h"
 #include "instance/pool_segment.h"
+#include "schemas/pool_descriptor.h"
+#include "support/memfd_pool.h"
 #include "support/processes.h"
 
 namespace kvrelay::worker {
 namespace {
+
+using namespace std::chrono_literals;
 
 class DataPlaneTest : public ::testing::Test {
  protected:
@@ -105,13 +112,157 @@ TEST_F(DataPlaneTest, APoolOfAnotherGeometryIsRefusedAndNothingChanges) {
   EXPECT_EQ(data_->device_pool().name(), before);
 }
 
-TEST_F(DataPlaneTest, ACudaPoolIsRefusedWithTheReason) {
+// The engine's memory by tensor table. memfds stand in for GPU memory
+// shared by fd (a CUDA VMM export is a POSIX fd too): they travel over the
+// rank's real fd socket, are claimed by ticket, mapped, and offered to peers.
+class TensorTablePoolTest : public DataPlaneTest {
+ protected:
+  // Describes `pool` as its engine would, under `ticket`.
+  void describe(schema::PoolDescriptor::Builder d, const testing::MemfdPool& pool, uint64_t ticket,
+                PoolTier tier = PoolTier::kDevice) {
+    d.setLocation(schema::PoolDescriptor::Location::HOST_FD);
+    d.setTier(tier == PoolTier::kHost ? schema::PoolDescriptor::Tier::HOST
+                                      : schema::PoolDescriptor::Tier::DEVICE);
+    messages::set_shape(d, pool.geometry());
+    auto memories = d.initMemories(static_cast<uint32_t>(pool.memories()));
+    for (uint32_t m = 0; m < pool.memories(); ++m) {
+      memories[m].setFdIndex(m);
+      memories[m].setBytes(pool.memory_bytes(m));
+    }
+    const uint32_t n = pool.geometry().total_layers() * pool.geometry().tensors_per_layer();
+    auto tensors = d.initTensors(n);
+    for (uint32_t t = 0; t < n; ++t) {
+      tensors[t].setMemory(pool.memory_of(t));
+      tensors[t].setOffset(pool.offset_of(t));
+    }
+    d.setFdTicket(ticket);
+  }
+  uint64_t pass(const testing::MemfdPool& pool) {
+    const std::vector<int> fds = pool.fds();
+    Result<uint64_t> ticket = pass_fds(config_.instance, 0, fds, Deadline::after(5s));
+    EXPECT_TRUE(ticket) << ticket.error().message;
+    return ticket ? *ticket : 0;
+  }
+  PoolRegistration register_table(const testing::MemfdPool& pool, uint64_t ticket) {
+    capnp::MallocMessageBuilder msg;
+    auto d = msg.initRoot<schema::PoolDescriptor>();
+    describe(d, pool, ticket);
+    return data_->register_pool(d.asReader());
+  }
+  // Every byte of every tensor of `local` is the engine's pattern.
+  static void expect_pattern(const LocalPool& local) {
+    const PoolGeometry& g = local.geometry();
+    for (uint32_t t = 0; t < g.total_layers() * g.tensors_per_layer(); ++t) {
+      const uint32_t layer = t / g.tensors_per_layer();
+      const auto tensor = static_cast<PoolTensor>(t % g.tensors_per_layer());
+      const std::byte* p = local.tensor(layer, tensor);
+      ASSERT_NE(p, nullptr);
+      for (uint64_t b = 0; b < g.tensor_bytes(layer, tensor); ++b)
+        ASSERT_EQ(p[b], testing::MemfdPool::pattern(t, b)) << "tensor " << t << " byte " << b;
+    }
+  }
+};
+
+TEST_F(TensorTablePoolTest, MemfdsPassedByTicketBecomeTheDevicePoolTensorByTensor) {
+  const testing::MemfdPool pool(pool_geometry_of(config_, PoolTier::kDevice), 2);  // a layer each
+  const uint64_t ticket = pass(pool);
+  const PoolRegistration r = register_table(pool, ticket);
+  ASSERT_TRUE(r.registered) << r.message;
+  expect_pattern(data_->device_pool());
+  EXPECT_EQ(data_->device_pool().name(), fmt::format("host-fd:{:016x}", ticket));
+  EXPECT_EQ(data_->fd_intake()->unclaimed(), 0U);
+  // Writes through the worker's mapping are the engine's memory.
+  *data_->device_pool().tensor(1, PoolTensor::kValue) = std::byte{0x5a};
+  EXPECT_EQ(*pool.tensor(3), std::byte{0x5a});
+  Result<PublishedPool> published = find_published_pool(*control_, 0, PoolTier::kDevice);
+  ASSERT_TRUE(published);
+  EXPECT_EQ(published->location, PoolLocation::kHostFd);
+  EXPECT_EQ(published->name, data_->device_pool().name());
+}
+
+TEST_F(TensorTablePoolTest, APeerFetchesTheSamePoolFromTheRanksSocket) {
+  const testing::MemfdPool pool(pool_geometry_of(config_, PoolTier::kDevice), 4);
+  const uint64_t ticket = pass(pool);
+  ASSERT_TRUE(register_table(pool, ticket).registered);
+  Result<SharedPool> shared =
+      fetch_shared_pool(config_.instance, 0, PoolTier::kDevice, Deadline::after(5s));
+  ASSERT_TRUE(shared) << shared.error().message;
+  EXPECT_EQ(shared->ticket, ticket);
+  EXPECT_EQ(shared->fds.size(), pool.memories());
+  // The peer's copies of the fds name the same memory.
+  void* p = mmap(nullptr, pool.memory_bytes(0), PROT_READ, MAP_SHARED, shared->fds[0].get(), 0);
+  ASSERT_NE(p, MAP_FAILED);
+  EXPECT_EQ(std::memcmp(p, pool.tensor(0), pool.memory_bytes(0)), 0);
+  munmap(p, pool.memory_bytes(0));
+  EXPECT_EQ(fetch_shared_pool(config_.instance, 0, PoolTier::kHost, Deadline::after(5s)).code(),
+            Errc::kNotFound)
+      << "the host tier is the worker's own segment: nothing to fetch";
+}
+
+TEST_F(TensorTablePoolTest, FdsAreClaimedOnceAndAnUnknownTicketIsRefused) {
+  const testing::MemfdPool pool(pool_geometry_of(config_, PoolTier::kDevice), 2);
+  const uint64_t ticket = pass(pool);
+  ASSERT_TRUE(register_table(pool, ticket).registered);
+  const std::string serving = data_->device_pool().name();
+  const PoolRegistration again = register_table(pool, ticket);
+  EXPECT_FALSE(again.registered);
+  EXPECT_NE(again.message.find("no file descriptors wait under ticket"), std::string::npos)
+      << again.message;
+  EXPECT_EQ(data_->device_pool().name(), serving) << "a refusal changes nothing";
+}
+
+TEST_F(TensorTablePoolTest, AMemfdAnyoneCouldShrinkIsRefusedSayingHowToSealIt) {
+  const testing::MemfdPool pool(pool_geometry_of(config_, PoolTier::kDevice), 2, /*seal=*/false);
+  const std::string before = data_->device_pool().name();
+  const PoolRegistration r = register_table(pool, pass(pool));
+  EXPECT_FALSE(r.registered);
+  EXPECT_NE(r.message.find("F_SEAL_SHRINK"), std::string::npos) << r.message;
+  EXPECT_EQ(data_->device_pool().name(), before);
+}
+
+TEST_F(TensorTablePoolTest, AMemfdSmallerThanItsRegistrationSaysIsRefused) {
+  const testing::MemfdPool pool(pool_geometry_of(config_, PoolTier::kDevice), 2);
+  capnp::MallocMessageBuilder msg;
+  auto d = msg.initRoot<schema::PoolDescriptor>();
+  describe(d, pool, pass(pool));
+  d.getMemories()[1].setBytes(pool.memory_bytes(1) * 2);
+  const PoolRegistration r = data_->register_pool(d.asReader());
+  EXPECT_FALSE(r.registered);
+  EXPECT_NE(r.message.find("the memfd has"), std::string::npos) << r.message;
+}
+
+TEST_F(TensorTablePoolTest, ARegisteredHostTierIsPinnedOnlyForAGpuAndSwapsOverMemcpy) {
+  const testing::MemfdPool pool(pool_geometry_of(config_, PoolTier::kHost), 2);
+  capnp::MallocMessageBuilder msg;
+  auto d = msg.initRoot<schema::PoolDescriptor>();
+  describe(d, pool, pass(pool), PoolTier::kHost);
+  const PoolRegistration r = data_->register_pool(d.asReader());
+  ASSERT_TRUE(r.registered) << r.message;
+  ASSERT_NE(data_->host_pool(), nullptr);
+  expect_pattern(*data_->host_pool());
+  EXPECT_NE(data_->swap(), nullptr);
+}
+
+TEST_F(DataPlaneTest, ACudaPoolWithoutAUsableGpuIsRefusedWithTheReason) {
   capnp::MallocMessageBuilder msg;
   auto d = msg.initRoot<schema::PoolDescriptor>();
   d.setLocation(schema::PoolDescriptor::Location::CUDA_IPC);
+  const PoolGeometry g = pool_geometry_of(config_, PoolTier::kDevice);
+  messages::set_shape(d, g);
+  auto memories = d.initMemories(1);
+  memories[0].setIpcHandle(kj::heapArray<kj::byte>(64));
+  memories[0].setBytes(1 << 20);
+  auto tensors = d.initTensors(g.total_layers() * 2);
+  for (uint32_t t = 0; t < tensors.size(); ++t)
+    tensors[t].setOffset(t * g.tensor_bytes(0, PoolTensor::kKey));
+  const std::string before = data_->device_pool().name();
   const PoolRegistration r = data_->register_pool(d.asReader());
   EXPECT_FALSE(r.registered);
-  EXPECT_EQ(r.message, "CUDA IPC pools need a CUDA build and a GPU");
+  // No GPU here: "CUDA is not usable on this machine" (or, in a build
+  // without CUDA, that it was built without); with a GPU, this zeroed handle
+  // is refused by cudaIpcOpenMemHandle.
+  EXPECT_EQ(r.message.rfind("cuda-ipc pool, memories[0] (1048576 bytes): ", 0), 0U) << r.message;
+  EXPECT_EQ(data_->device_pool().name(), before);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ enum class Errc : uint16_t {
   kSystem,            // an OS call failed; the message names it and errno
   kCoordinatorGone,   // the instance's coordinator died (or the instance shut down)
   kBusy,              // a live process holds what we asked for (a producer slot, a rank)
+  kUnsupported,       // this build or machine cannot do it (no CUDA, no GPU, a driver too old)
 };
 
 std::string_view errc_name(Errc code);

@@ -1,0 +1,193 @@
+// The CUDA copy engine (kernels/copy_engine.h): one non-blocking stream of
+// one device, and an event per submitted batch.
+//
+//   device -> device   the gather kernel (gather_kernel.h), a warp per
+//                      64 KiB slice, on at most max_sms SMs
+//   host <-> device    cudaMemcpyBatchAsync: the copy engines, no SMs; every
+//                      copy reads its source in stream order
+//   host -> host       memcpy at submit (no GPU involved)
+//
+// Tickets complete in order (one stream), so done() reaps events from the
+// oldest until one is still pending.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "kernels/copy_engine.h"
+#include "kernels/copy_slice.h"
+#include "kernels/cuda/gather_kernel.h"
+#include "kernels/cuda/runtime.h"
+
+namespace kvrelay::kernels {
+
+namespace {
+
+class CudaCopyEngine final : public CopyEngine {
+ public:
+  explicit CudaCopyEngine(const CudaCopyOptions& o)
+      : device_(o.device),
+        max_blocks_(std::max<uint32_t>(1, o.max_sms) * cuda::kGatherBlocksPerSm) {}
+
+  Status open() {
+    if (Status s = cuda::use_device(device_); !s) return s;
+    return cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                       "cudaStreamCreateWithFlags");
+  }
+
+  ~CudaCopyEngine() override {
+    if (stream_ == nullptr) return;
+    (void)cudaSetDevice(device_);
+    // The copies in flight read and write memory their callers free next.
+    (void)cudaStreamSynchronize(stream_);
+    for (const Pending& p : in_flight_)
+      (void)cudaEventDestroy(p.event);
+    for (cudaEvent_t e : spare_events_)
+      (void)cudaEventDestroy(e);
+    (void)cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda (gather kernel, batched memcpy)"; }
+  bool reaches(MemoryKind) const override { return true; }
+
+  Result<CopyTicket> submit(std::span<const TensorCopy> batch) override {
+    if (!failure_) return failure_.error();
+    if (Status s = cuda::check(cudaSetDevice(device_), "cudaSetDevice"); !s) return s.error();
+    slices_.clear();
+    dsts_.clear();
+    srcs_.clear();
+    sizes_.clear();
+    for (const TensorCopy& c : batch) {
+      const bool src_gpu = c.src_kind == MemoryKind::kCuda;
+      const bool dst_gpu = c.dst_kind == MemoryKind::kCuda;
+      if (!src_gpu && !dst_gpu) {
+        copy_runs_host(c.src, c.dst, c.runs);
+      } else if (src_gpu && dst_gpu) {
+        append_slices(c.src, c.dst, c.runs, slices_);
+      } else {
+        for (const CopyRun& r : c.runs) {
+          if (r.bytes == 0) continue;
+          dsts_.push_back(c.dst + r.dst_offset);
+          srcs_.push_back(c.src + r.src_offset);
+          sizes_.push_back(r.bytes);
+        }
+      }
+    }
+    if (!slices_.empty())
+      if (Status s = cuda::launch_gather(slices_, stream_, max_blocks_); !s) return fail(s);
+    if (!sizes_.empty()) {
+      cudaMemcpyAttributes attr;
+      std::memset(&attr, 0, sizeof(attr));
+      // Stream order: a device->host copy must not read the device before
+      // the work queued ahead of it on this stream.
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+      size_t first_with_attr = 0;
+      if (Status s =
+              cuda::check(cudaMemcpyBatchAsync(reinterpret_cast<void* const*>(dsts_.data()),
+                                               reinterpret_cast<const void* const*>(srcs_.data()),
+                                               sizes_.data(), sizes_.size(), &attr,
+                                               &first_with_attr, 1, stream_),
+                          fmt::format("cudaMemcpyBatchAsync of {} copies", sizes_.size()));
+          !s)
+        return fail(s);
+    }
+    cudaEvent_t event = nullptr;
+    if (!spare_events_.empty()) {
+      event = spare_events_.back();
+      spare_events_.pop_back();
+    } else if (Status s = cuda::check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                                      "cudaEventCreateWithFlags");
+               !s) {
+      return fail(s);
+    }
+    if (Status s = cuda::check(cudaEventRecord(event, stream_), "cudaEventRecord"); !s) {
+      spare_events_.push_back(event);
+      return fail(s);
+    }
+    in_flight_.push_back(Pending{++submitted_, event});
+    return submitted_;
+  }
+
+  bool done(CopyTicket ticket) override {
+    reap(false);
+    return ticket <= completed_;
+  }
+
+  Status wait(CopyTicket ticket) override {
+    while (ticket > completed_ && !in_flight_.empty())
+      reap(true);
+    return failure_;
+  }
+
+  Status failure() const override { return failure_; }
+
+ private:
+  struct Pending {
+    CopyTicket ticket;
+    cudaEvent_t event;
+  };
+
+  // Ends the oldest batches that have landed; with `block`, waits for the
+  // oldest first.
+  void reap(bool block) {
+    while (!in_flight_.empty()) {
+      const Pending& p = in_flight_.front();
+      const cudaError_t err = block ? cudaEventSynchronize(p.event) : cudaEventQuery(p.event);
+      if (err == cudaErrorNotReady) return;
+      if (err != cudaSuccess) {
+        // Sticky: the context is broken, and every batch with it.
+        failure_ = cuda::check(err, "a queued copy failed");
+        completed_ = submitted_;
+        return;
+      }
+      completed_ = p.ticket;
+      spare_events_.push_back(p.event);
+      in_flight_.pop_front();
+      block = false;
+    }
+  }
+
+  Error fail(const Status& s) {
+    // A refused call (a bad argument) leaves the stream usable; a fault of
+    // the stream's own work does not, and is sticky.
+    (void)cudaGetLastError();
+    const cudaError_t q = cudaStreamQuery(stream_);
+    if (q != cudaSuccess && q != cudaErrorNotReady)
+      failure_ = cuda::check(q, "the copy stream failed");
+    return s.error();
+  }
+
+  int device_;
+  uint32_t max_blocks_;
+  cudaStream_t stream_ = nullptr;
+  CopyTicket submitted_ = 0;
+  CopyTicket completed_ = 0;
+  std::deque<Pending> in_flight_;
+  std::vector<cudaEvent_t> spare_events_;
+  Status failure_;
+  // Reused per submit: no allocation once warm.
+  std::vector<CopySlice> slices_;
+  std::vector<std::byte*> dsts_;
+  std::vector<const std::byte*> srcs_;
+  std::vector<size_t> sizes_;
+};
+
+}  // namespace
+
+bool cuda_built_in() {
+  return true;
+}
+
+Status cuda_device_usable(int device) {
+  return cuda::use_device(device);
+}
+
+Result<std::unique_ptr<CopyEngine>> make_cuda_copy_engine(const CudaCopyOptions& options) {
+  auto engine = std::make_unique<CudaCopyEngine>(options);
+  if (Status s = engine->open(); !s) return s.error();
+  return std::unique_ptr<CopyEngine>(std::move(engine));
+}
+
+}  // namespace kvrelay::kernels

@@ -1,0 +1,29 @@
+// The device-to-device gather/scatter kernel: a warp per slice
+// (kernels/copy_slice.h holds its body), grid-stride over the slices, on at
+// most a given number of thread blocks so that it leaves the other SMs to
+// the model. CUDA builds only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <span>
+
+#include "kernels/copy_slice.h"
+#include "shm/result.h"
+
+namespace kvrelay::kernels::cuda {
+
+// Threads per block, and blocks per SM that fill one (2048 threads).
+inline constexpr uint32_t kGatherThreads = 256;
+inline constexpr uint32_t kGatherBlocksPerSm = 8;
+
+// Slices travel as the kernel's parameter (up to 32 KiB of parameters since
+// CUDA 12.1 on Volta and newer), so a launch needs no staging buffer and no
+// copy of its own: 1280 slices of 24 bytes each.
+inline constexpr uint32_t kSlicesPerLaunch = 1280;
+
+// Queues the copy of every slice on `stream`, in launches of at most
+// kSlicesPerLaunch slices and `max_blocks` thread blocks each.
+Status launch_gather(std::span<const CopySlice> slices, cudaStream_t stream, uint32_t max_blocks);
+
+}  // namespace kvrelay::kernels::cuda

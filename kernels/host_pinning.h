@@ -1,0 +1,40 @@
+// Page-locking host memory for a GPU (cudaHostRegister), so that copies
+// between it and the device run on the copy engines at full speed and
+// asynchronously. A host pool that a GPU touches is pinned once, for as long
+// as the pairing lives; a word the GPU writes (a layer signal) is pinned
+// mapped, with a device address the GPU's stream can write to.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shm/result.h"
+
+namespace kvrelay::kernels {
+
+class PinnedHostRange {
+ public:
+  // Pins the pages that hold [address, address + bytes). With `mapped`, the
+  // range also gets a device address (device_address()). kUnsupported
+  // without CUDA.
+  static Result<PinnedHostRange> pin(void* address, size_t bytes, bool mapped = false);
+
+  PinnedHostRange() = default;
+  PinnedHostRange(PinnedHostRange&& other) noexcept;
+  PinnedHostRange& operator=(PinnedHostRange&& other) noexcept;
+  PinnedHostRange(const PinnedHostRange&) = delete;
+  PinnedHostRange& operator=(const PinnedHostRange&) = delete;
+  ~PinnedHostRange();
+
+  bool pinned() const { return base_ != nullptr; }
+  // The device address of host address `address` inside the range (mapped only).
+  uint64_t device_address(const void* address) const;
+
+ private:
+  void release();
+  void* base_ = nullptr;  // page-aligned start of what was registered
+  size_t bytes_ = 0;
+  uint64_t device_base_ = 0;
+};
+
+}  // namespace kvrelay::kernels

@@ -1,0 +1,61 @@
+// A build without CUDA (no nvcc, or KVRELAY_CUDA=OFF): the CUDA engine is
+// refused with a reason, and everything on host memory works as before.
+#include "kernels/copy_engine.h"
+#include "kernels/device_memory.h"
+#include "kernels/host_pinning.h"
+
+namespace kvrelay::kernels {
+
+namespace {
+constexpr const char* kNoCuda =
+    "this kvrelay was built without CUDA (configure with nvcc available, or KVRELAY_CUDA=ON)";
+}
+
+bool cuda_built_in() {
+  return false;
+}
+
+Status cuda_device_usable(int) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+
+Result<std::unique_ptr<CopyEngine>> make_cuda_copy_engine(const CudaCopyOptions&) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+
+}  // namespace kvrelay::kernels
+
+namespace kvrelay::kernels {
+
+Result<PinnedHostRange> PinnedHostRange::pin(void*, size_t, bool) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+PinnedHostRange::PinnedHostRange(PinnedHostRange&&) noexcept {}
+PinnedHostRange& PinnedHostRange::operator=(PinnedHostRange&&) noexcept {
+  return *this;
+}
+PinnedHostRange::~PinnedHostRange() = default;
+void PinnedHostRange::release() {}
+uint64_t PinnedHostRange::device_address(const void*) const {
+  return 0;
+}
+
+}  // namespace kvrelay::kernels
+
+namespace kvrelay::kernels {
+
+Result<ImportedDeviceMemory> ImportedDeviceMemory::open_ipc(int, std::span<const std::byte>,
+                                                            uint64_t) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+Result<ImportedDeviceMemory> ImportedDeviceMemory::open_vmm(int, int, uint64_t) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+ImportedDeviceMemory::ImportedDeviceMemory(ImportedDeviceMemory&&) noexcept {}
+ImportedDeviceMemory& ImportedDeviceMemory::operator=(ImportedDeviceMemory&&) noexcept {
+  return *this;
+}
+ImportedDeviceMemory::~ImportedDeviceMemory() = default;
+void ImportedDeviceMemory::release() {}
+
+}  // namespace kvrelay::kernels
