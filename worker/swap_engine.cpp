@@ -80,36 +80,71 @@ void SwapEngine::run() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !loads_.empty() || !evictions_.empty(); });
-    if (stop_) return;
-    // Loads first; evictions only when no load waits.
-    std::deque<Op>& queue = !loads_.empty() ? loads_ : evictions_;
-    Op& op = queue.front();
-    if (op.cancelled) {
-      report(op, records::ReportKind::kCancelled, "");
-      queue.pop_front();
+    if (stop_) {
+      // Layers still queued write into the pools, which go next.
+      for (auto* queue : {&loads_, &evictions_})
+        if (!queue->empty()) drain(queue->front());
+      return;
+    }
+    // Loads first; evictions only when no load waits. An op whose layers
+    // are queued stays at the front until they landed.
+    std::deque<Op>* queue = !loads_.empty() ? &loads_ : &evictions_;
+    if (!evictions_.empty() && evictions_.front().queued > evictions_.front().next_layer)
+      queue = &evictions_;
+    Op& op = queue->front();
+    if (op.queued == op.next_layer && (op.cancelled || op.next_layer == op.layer_count)) {
+      report(op, op.cancelled ? records::ReportKind::kCancelled : records::ReportKind::kFinished,
+             "");
+      queue->pop_front();
       continue;
     }
-    if (op.next_layer == op.layer_count) {
-      report(op, records::ReportKind::kFinished, "");
-      queue.pop_front();
-      continue;
-    }
-    // Copy one layer without the lock; the queue may grow meanwhile but this
-    // op stays at its front (only this thread pops).
+    // An eviction with layers queued when a load arrives only lands them.
+    const bool queue_more = !(queue == &evictions_ && !loads_.empty());
+    // Copy without the lock; the queues may grow meanwhile but this op stays
+    // at its front (only this thread pops).
     Op* current = &op;
     lock.unlock();
-    const std::string error = copy_layer(*current);
-    if (error.empty() && current->load) publish_progress(*current);
+    const std::string error = advance(*current, queue_more);
     lock.lock();
     if (!error.empty()) {
       report(*current, records::ReportKind::kFailed, error);
-      (current->load ? loads_ : evictions_).pop_front();
+      queue->pop_front();
     }
   }
 }
 
-std::string SwapEngine::copy_layer(Op& op) {
-  const uint32_t layer = op.first_layer + op.next_layer;
+std::string SwapEngine::advance(Op& op, bool queue_more) {
+  // Queue up to the window, unless the op was cancelled meanwhile.
+  while (queue_more && op.queued < op.layer_count && op.queued - op.next_layer < kLayersInFlight) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (op.cancelled) break;
+    }
+    if (std::string error = queue_layer(op); !error.empty()) {
+      drain(op);
+      return error;
+    }
+  }
+  if (op.queued == op.next_layer) return {};  // cancelled, or yielding, with nothing queued
+  Queued& oldest = window_[op.next_layer % kLayersInFlight];
+  if (Status s = engine_->wait(oldest.ticket); !s) {
+    drain(op);
+    return s.error().message;
+  }
+  const LocalPool& from = op.load ? host_ : device_;
+  const LocalPool& to = op.load ? device_ : host_;
+  if (Status s = check_both_intact(from, to); !s) {
+    drain(op);
+    return s.error().message;
+  }
+  op.bytes += oldest.bytes;
+  ++op.next_layer;
+  if (op.load) publish_progress(op);
+  return {};
+}
+
+std::string SwapEngine::queue_layer(Op& op) {
+  const uint32_t layer = op.first_layer + op.queued;
   const LocalPool& from = op.load ? host_ : device_;
   const LocalPool& to = op.load ? device_ : host_;
   const auto& from_ids = op.load ? op.host_ids : op.device_ids;
@@ -119,14 +154,18 @@ std::string SwapEngine::copy_layer(Op& op) {
                       to.geometry().blocks_in_layer(layer), rank_, layer);
   if (!runs) return runs.error().message;
   if (op.first_copy_ns == 0) op.first_copy_ns = mono_now_ns();
-  Result<StartedLayerCopy> copy = start_layer_copy(*engine_, from, to, layer, *runs, scratch_);
+  Queued& slot = window_[op.queued % kLayersInFlight];
+  Result<StartedLayerCopy> copy = start_layer_copy(*engine_, from, to, layer, *runs, slot.scratch);
   if (!copy) return copy.error().message;
-  // One layer at a time: its progress is published only once it has landed.
-  if (Status s = engine_->wait(copy->ticket); !s) return s.error().message;
-  if (Status s = check_both_intact(from, to); !s) return s.error().message;
-  op.bytes += copy->bytes;
-  ++op.next_layer;
+  slot.ticket = copy->ticket;
+  slot.bytes = copy->bytes;
+  ++op.queued;
   return {};
+}
+
+void SwapEngine::drain(Op& op) {
+  for (; op.next_layer < op.queued; ++op.next_layer)
+    (void)engine_->wait(window_[op.next_layer % kLayersInFlight].ticket);
 }
 
 void SwapEngine::publish_progress(const Op& op) {

@@ -3,12 +3,19 @@
 // sends never wait for each other.
 //
 // Order: loads go first - they gate the engine's forward pass - in the order
-// they arrived, one layer at a time; after each layer the load's progress
-// slot is raised and its waiters (Client::wait_layer) are woken. Evictions
-// run in the background in arrival order, one layer at a time, whenever no
-// load is waiting. A cancel takes effect between layers. Nothing orders an
-// eviction against a later load of the same host blocks: the engine waits
-// for the eviction's completion before loading them back.
+// they arrived, layer by layer; as each layer lands the load's progress slot
+// is raised and its waiters (Client::wait_layer, or a GPU stream waiting on
+// the counter) are woken. Evictions run in the background in arrival order,
+// whenever no load is waiting.
+//
+// Pipelined: up to kLayersInFlight layers of the op at the front are queued
+// on the copy engine at once (a GPU engine runs them back to back on its
+// stream, each with its event), and each is published when its ticket says
+// it landed, in order. A cancel takes effect at the next layer not yet
+// queued; the queued ones land before the cancel is reported (they write the
+// op's blocks). Nothing orders an eviction against a later load of the same
+// host blocks: the engine waits for the eviction's completion before loading
+// them back.
 //
 // Thread-safety: submit/cancel/knows/take_reports are called by the worker's
 // main thread; the copies and progress updates happen on the swap thread.
@@ -71,16 +78,23 @@ class SwapEngine {
     std::vector<uint32_t> host_ids;
     uint32_t first_layer;
     uint32_t layer_count;
-    uint32_t next_layer = 0;  // layers done so far, from first_layer
+    uint32_t next_layer = 0;  // layers landed so far, from first_layer
+    uint32_t queued = 0;      // layers handed to the copy engine so far (>= next_layer)
     uint32_t progress_slot;
     uint32_t progress_generation;
     uint64_t bytes = 0;
     uint64_t first_copy_ns = 0;
     bool cancelled = false;
   };
+  static constexpr uint32_t kLayersInFlight = 4;
   void run();
-  // Copies one layer of `op`; returns an error message, or empty.
-  std::string copy_layer(Op& op);
+  // Queues layers of `op` up to the window (with `queue_more`), then waits
+  // for the oldest and publishes it; returns an error message, or empty.
+  std::string advance(Op& op, bool queue_more);
+  // Queues the next layer of `op`.
+  std::string queue_layer(Op& op);
+  // Waits for every queued layer of `op` (before it is reported).
+  void drain(Op& op);
   void publish_progress(const Op& op);
   void report(const Op& op, records::ReportKind kind, const std::string& message);
 
@@ -98,7 +112,14 @@ class SwapEngine {
   std::atomic<uint32_t> reports_ready_{0};
   bool stop_ = false;
   std::thread thread_;
-  LayerCopyScratch scratch_;
+  // The runs of each layer in flight, until its ticket lands: one per slot
+  // of the window, used round robin.
+  struct Queued {
+    kernels::CopyTicket ticket = 0;
+    uint64_t bytes = 0;
+    LayerCopyScratch scratch;
+  };
+  Queued window_[kLayersInFlight];
 };
 
 }  // namespace kvrelay::worker
