@@ -160,22 +160,27 @@ FdReply reply_header(const FdMessage& m) {
 }  // namespace
 
 Result<uint64_t> pass_fds(std::string_view instance, uint32_t rank, std::span<const int> fds,
-                          Deadline deadline) {
-  if (fds.empty() || fds.size() > kMaxPassedFds)
+                          Deadline deadline, uint64_t ticket) {
+  if (fds.empty() || fds.size() > kMaxFdsPerTicket)
     return make_error(
         Errc::kInvalidArgument,
-        fmt::format("{} file descriptors: pass between 1 and {}", fds.size(), kMaxPassedFds));
-  const FdRequest request{kFdSocketMagic, static_cast<uint32_t>(FdOp::kPut), 0,
-                          static_cast<uint32_t>(fds.size())};
-  Result<FdMessage> reply = ask(instance, rank, request, fds, deadline);
-  if (!reply) return reply.error();
-  return reply_header(*reply).ticket;
+        fmt::format("{} file descriptors: pass between 1 and {}", fds.size(), kMaxFdsPerTicket));
+  for (size_t first = 0; first < fds.size(); first += kMaxPassedFds) {
+    const std::span<const int> part =
+        fds.subspan(first, std::min(kMaxPassedFds, fds.size() - first));
+    const FdRequest request{kFdSocketMagic, static_cast<uint32_t>(FdOp::kPut), 0,
+                            static_cast<uint32_t>(part.size()), ticket};
+    Result<FdMessage> reply = ask(instance, rank, request, part, deadline);
+    if (!reply) return reply.error();
+    ticket = reply_header(*reply).ticket;
+  }
+  return ticket;
 }
 
 Result<SharedPool> fetch_shared_pool(std::string_view instance, uint32_t rank, PoolTier tier,
                                      Deadline deadline) {
   const FdRequest request{kFdSocketMagic, static_cast<uint32_t>(FdOp::kGet),
-                          static_cast<uint32_t>(tier), 0};
+                          static_cast<uint32_t>(tier), 0, 0};
   Result<FdMessage> reply = ask(instance, rank, request, {}, deadline);
   if (!reply) return reply.error();
   SharedPool pool;

@@ -6,9 +6,10 @@
 //
 //   put  engine -> worker: the fds of a pool the engine is about to
 //        register. The worker keeps them under a fresh random ticket and
-//        answers it; the RegisterPool that follows names the ticket
-//        (PoolDescriptor.fdTicket). Fds nobody claims are closed after
-//        kUnclaimedFdsLifetime.
+//        answers it; more puts naming the ticket append to it (a message
+//        carries at most kMaxPassedFds); the RegisterPool that follows names
+//        the ticket (PoolDescriptor.fdTicket). Fds nobody claims are closed
+//        after kUnclaimedFdsLifetime.
 //   get  peer worker -> worker: the pool this rank serves now (its
 //        descriptor, opaque here, and its fds), so that a prefill worker
 //        on this host can map a decode rank's engine-registered pool.
@@ -33,7 +34,8 @@
 namespace kvrelay {
 
 inline constexpr uint32_t kFdSocketMagic = 0x4446564b;  // "KVFD"
-inline constexpr size_t kMaxPassedFds = 253;            // SCM_MAX_FD
+inline constexpr size_t kMaxPassedFds = 253;            // SCM_MAX_FD: per message
+inline constexpr size_t kMaxFdsPerTicket = 16384;       // per registration
 inline constexpr size_t kMaxFdReplyPayload =
     128 * 1024;  // under a Unix socket's default send buffer
 inline constexpr std::chrono::seconds kUnclaimedFdsLifetime{60};
@@ -42,9 +44,10 @@ enum class FdOp : uint32_t { kPut = 1, kGet = 2 };
 
 struct FdRequest {
   uint32_t magic;
-  uint32_t op;     // FdOp
-  uint32_t tier;   // kGet: PoolTier
-  uint32_t count;  // kPut: fds attached
+  uint32_t op;      // FdOp
+  uint32_t tier;    // kGet: PoolTier
+  uint32_t count;   // kPut: fds attached
+  uint64_t ticket;  // kPut: 0 for a new set, else the set to append to
 };
 
 inline constexpr size_t kFdReplyMessageBytes = 200;
@@ -75,10 +78,11 @@ Status send_fd_message(int sock, std::span<const std::byte> bytes, std::span<con
 // sent more than that (whatever arrived is closed).
 Result<FdMessage> receive_fd_message(int sock, size_t max_bytes, size_t max_fds, Deadline deadline);
 
-// Engine side: hands `fds` to rank `rank`'s worker of `instance`; the
-// ticket the worker answered. kNotFound when no worker listens.
+// Engine side: hands `fds` to rank `rank`'s worker of `instance` (in as
+// many messages as it takes), under `ticket` when not 0 (appending), else
+// under a fresh one; the ticket. kNotFound when no worker listens.
 Result<uint64_t> pass_fds(std::string_view instance, uint32_t rank, std::span<const int> fds,
-                          Deadline deadline);
+                          Deadline deadline, uint64_t ticket = 0);
 
 // Peer side: the pool rank `rank` of `instance` serves in `tier`, with its
 // registration ticket, its descriptor (as the worker encoded it) and fds.

@@ -3,10 +3,12 @@
 //
 //   legacy IPC   cudaIpcGetMemHandle on cudaMalloc memory (what the original
 //                and Paddle do): opened with cudaIpcOpenMemHandle.
-//   VMM fd       cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR) on
-//                cuMemCreate memory (PyTorch's expandable segments): the fd
-//                arrives over the rank's fd socket, is imported, and mapped
-//                into an address range reserved here.
+//   VMM fds      cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR) on
+//                cuMemCreate memory (PyTorch's expandable segments): the
+//                fds arrive over the rank's fd socket, are imported, and
+//                mapped back to back into an address range reserved here, as
+//                the engine had them (one tensor may span many 20 MiB
+//                allocations).
 //
 // Either way the memory is reachable from `device` (the GPU this worker
 // copies with): peer access is enabled when it lives on another GPU. The
@@ -18,16 +20,26 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "shm/result.h"
 
 namespace kvrelay::kernels {
 
+// One VMM allocation of a range: its fd, and where it is mapped in the range.
+struct VmmPiece {
+  int fd;
+  uint64_t offset;
+  uint64_t bytes;
+};
+
 class ImportedDeviceMemory {
  public:
   static Result<ImportedDeviceMemory> open_ipc(int device, std::span<const std::byte> handle,
                                                uint64_t bytes);
-  static Result<ImportedDeviceMemory> open_vmm(int device, int fd, uint64_t bytes);
+  // `pieces` cover [0, bytes) back to back.
+  static Result<ImportedDeviceMemory> open_vmm(int device, std::span<const VmmPiece> pieces,
+                                               uint64_t bytes);
 
   ImportedDeviceMemory() = default;
   ImportedDeviceMemory(ImportedDeviceMemory&& other) noexcept;
@@ -47,7 +59,13 @@ class ImportedDeviceMemory {
   int device_ = 0;
   std::byte* base_ = nullptr;
   uint64_t bytes_ = 0;
-  uint64_t vmm_handle_ = 0;  // CUmemGenericAllocationHandle
+  struct Mapped {
+    uint64_t handle;  // CUmemGenericAllocationHandle
+    uint64_t offset;
+    uint64_t bytes;
+  };
+  std::vector<Mapped> vmm_;  // imported and mapped, in order
+  bool reserved_ = false;
 };
 
 }  // namespace kvrelay::kernels

@@ -48,7 +48,8 @@ Result<ImportedDeviceMemory> ImportedDeviceMemory::open_ipc(int, std::span<const
                                                             uint64_t) {
   return make_error(Errc::kUnsupported, kNoCuda);
 }
-Result<ImportedDeviceMemory> ImportedDeviceMemory::open_vmm(int, int, uint64_t) {
+Result<ImportedDeviceMemory> ImportedDeviceMemory::open_vmm(int, std::span<const VmmPiece>,
+                                                            uint64_t) {
   return make_error(Errc::kUnsupported, kNoCuda);
 }
 ImportedDeviceMemory::ImportedDeviceMemory(ImportedDeviceMemory&&) noexcept {}

@@ -312,6 +312,21 @@ struct PoolMemory {
   bytes @2 :UInt64;
   # The allocation's size in bytes (for cudaVmm, as it was created: a
   # multiple of the device's allocation granularity).
+  chunks @3 :List(VmmChunk);
+  # cudaVmm, when this range of the engine's address space is several
+  # allocations mapped back to back (PyTorch's expandable segments map 20
+  # MiB at a time, so one large tensor spans many): each allocation's fd and
+  # place, in order, covering [0, bytes) exactly. Empty: one allocation, the
+  # fd at fdIndex.
+}
+
+struct VmmChunk {
+  fdIndex @0 :UInt32;
+  # Which of the file descriptors passed under fdTicket.
+  offset @1 :UInt64;
+  # Where the allocation is mapped, from the range's start.
+  bytes @2 :UInt64;
+  # Its size (a multiple of the allocation granularity).
 }
 
 struct TensorPlace {

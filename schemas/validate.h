@@ -14,6 +14,7 @@
 #include <optional>
 #include <string_view>
 
+#include "instance/fd_socket.h"
 #include "instance/instance_config.h"
 #include "instance/pool_geometry.h"
 #include "schemas/kvrelay.capnp.h"
@@ -28,9 +29,10 @@ inline constexpr size_t kCudaIpcHandleBytes = 64;
 // A registered pool's tensors start on multiples of this (the gather
 // kernel's 16-byte vectors).
 inline constexpr uint64_t kTensorAlignment = 16;
-// File descriptors of one registration (cudaVmm, hostFd): what one
-// SCM_RIGHTS message carries (the kernel's SCM_MAX_FD).
-inline constexpr uint32_t kMaxPoolFds = 253;
+// File descriptors of one registration (cudaVmm, hostFd). They travel
+// 253 to a message (SCM_MAX_FD); a large pool in 20 MiB VMM chunks needs
+// thousands.
+inline constexpr uint32_t kMaxPoolFds = kMaxFdsPerTicket;
 // Per-request deadlines (deadline_ms) longer than an hour are refused: the
 // coordinator remembers ended ids for as long as their partner may still come.
 inline constexpr uint32_t kMaxDeadlineMs = 3'600'000;

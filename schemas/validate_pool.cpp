@@ -57,25 +57,56 @@ Status check_tensor_table(const std::string& w, schema::PoolDescriptor::Reader p
   if (memories.size() > tensors.size())
     return invalid(fmt::format("{}: memories has {} for {} tensors", w, entries(memories.size()),
                                tensors.size()));
-  if (by_fd && memories.size() > kMaxPoolFds)
-    return invalid(fmt::format("{}: memories has {}; at most {} file descriptors pass at once", w,
-                               entries(memories.size()), kMaxPoolFds));
   if (by_fd && pool.getFdTicket() == 0)
     return invalid(
         fmt::format("{}: fd_ticket is 0: pass the file descriptors to the rank's "
                     "worker first (the client library does)",
                     w));
+  // By fd: one per allocation (a memory, or each chunk of a chunked one),
+  // every index once.
+  uint64_t fds = 0;
+  for (uint32_t i = 0; i < memories.size(); ++i)
+    fds += memories[i].getChunks().size() != 0 ? memories[i].getChunks().size() : 1;
+  if (by_fd && fds > kMaxPoolFds)
+    return invalid(
+        fmt::format("{}: {} allocations to pass by fd; at most {}", w, fds, kMaxPoolFds));
+  std::vector<bool> fd_seen(by_fd ? fds : 0, false);
+  const auto take_fd = [&](uint32_t index, const std::string& what) -> Status {
+    if (index >= fds)
+      return invalid(fmt::format("{}: {}.fd_index is {}; {} file descriptors were passed", w, what,
+                                 index, fds));
+    if (fd_seen[index])
+      return invalid(fmt::format("{}: {}.fd_index {} is used twice", w, what, index));
+    fd_seen[index] = true;
+    return {};
+  };
   for (uint32_t i = 0; i < memories.size(); ++i) {
     const auto m = memories[i];
-    if (m.getBytes() == 0) return invalid(fmt::format("{}: memories[{}] has 0 bytes", w, i));
+    const std::string what = fmt::format("memories[{}]", i);
+    if (m.getBytes() == 0) return invalid(fmt::format("{}: {} has 0 bytes", w, what));
     if (where == Location::CUDA_IPC && m.getIpcHandle().size() != kCudaIpcHandleBytes)
-      return invalid(fmt::format("{}: memories[{}].ipc_handle is {} bytes, not {}", w, i,
+      return invalid(fmt::format("{}: {}.ipc_handle is {} bytes, not {}", w, what,
                                  m.getIpcHandle().size(), kCudaIpcHandleBytes));
-    if (by_fd && m.getFdIndex() >= memories.size())
-      return invalid(
-          fmt::format("{}: memories[{}].fd_index is {}; {} file descriptors were "
-                      "passed",
-                      w, i, m.getFdIndex(), memories.size()));
+    const auto chunks = m.getChunks();
+    if (chunks.size() != 0 && where != Location::CUDA_VMM)
+      return invalid(fmt::format("{}: {} has chunks, which only cuda-vmm memory has", w, what));
+    if (by_fd && chunks.size() == 0)
+      if (Status s = take_fd(m.getFdIndex(), what); !s) return s;
+    uint64_t covered = 0;
+    for (uint32_t c = 0; c < chunks.size(); ++c) {
+      const std::string chunk = fmt::format("{}.chunks[{}]", what, c);
+      if (chunks[c].getOffset() != covered || chunks[c].getBytes() == 0 ||
+          chunks[c].getBytes() > m.getBytes() - covered)
+        return invalid(fmt::format(
+            "{}: {} is bytes [{}, +{}); the chunks must cover [0, {}) "
+            "back to back, and [0, {}) is covered",
+            w, chunk, chunks[c].getOffset(), chunks[c].getBytes(), m.getBytes(), covered));
+      covered += chunks[c].getBytes();
+      if (Status s = take_fd(chunks[c].getFdIndex(), chunk); !s) return s;
+    }
+    if (chunks.size() != 0 && covered != m.getBytes())
+      return invalid(fmt::format("{}: {}'s chunks cover [0, {}) of its {} bytes", w, what, covered,
+                                 m.getBytes()));
   }
   std::vector<Placed> placed;
   placed.reserve(tensors.size());

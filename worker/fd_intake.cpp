@@ -128,19 +128,35 @@ void FdIntake::answer(int connection) {
             fmt::format("the request announced {} fds and {} came", r.count, request->fds.size()));
       return;
     }
-    const uint64_t ticket = fresh_ticket();
+    const uint64_t ticket = r.ticket != 0 ? r.ticket : fresh_ticket();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (unclaimed_.size() >= kMaxUnclaimed) {
-        reply(connection, Errc::kFull,
-              fmt::format("{} sets of fds already wait for their RegisterPool", kMaxUnclaimed));
-        return;
+      if (r.ticket != 0) {
+        auto it = unclaimed_.find(r.ticket);
+        if (it == unclaimed_.end()) {
+          reply(connection, Errc::kNotFound,
+                fmt::format("no fds wait under ticket {:016x} to append to", r.ticket));
+          return;
+        }
+        if (it->second.fds.size() + request->fds.size() > kMaxFdsPerTicket) {
+          reply(connection, Errc::kTooLarge,
+                fmt::format("over {} fds under one ticket", kMaxFdsPerTicket));
+          return;
+        }
+        for (UniqueFd& fd : request->fds)
+          it->second.fds.push_back(std::move(fd));
+      } else {
+        if (unclaimed_.size() >= kMaxUnclaimed) {
+          reply(connection, Errc::kFull,
+                fmt::format("{} sets of fds already wait for their RegisterPool", kMaxUnclaimed));
+          return;
+        }
+        unclaimed_[ticket] =
+            Unclaimed{mono_now_ns() + ns_of(kUnclaimedFdsLifetime), std::move(request->fds)};
       }
-      unclaimed_[ticket] =
-          Unclaimed{mono_now_ns() + ns_of(kUnclaimedFdsLifetime), std::move(request->fds)};
     }
-    spdlog::info("rank {}: took {} fds from pid {} under ticket {:016x}", rank_, r.count, peer.pid,
-                 ticket);
+    spdlog::debug("rank {}: took {} fds from pid {} under ticket {:016x}", rank_, r.count, peer.pid,
+                  ticket);
     reply(connection, Errc::kOk, "", ticket);
     return;
   }

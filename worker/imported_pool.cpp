@@ -75,10 +75,20 @@ Result<std::unique_ptr<ImportedPool>> ImportedPool::open(schema::PoolDescriptor:
   std::unique_ptr<ImportedPool> pool(new ImportedPool(
       g, std::move(name), gpu ? kernels::MemoryKind::kCuda : kernels::MemoryKind::kHost, device));
   const auto memories = d.getMemories();
-  if (where != Location::CUDA_IPC && fds.size() != memories.size())
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("{} file descriptors were passed for {} allocations", fds.size(),
-                                  memories.size()));
+  // One fd per allocation: a memory, or each chunk of a chunked one.
+  size_t allocations = 0;
+  for (const auto m : memories)
+    allocations += m.getChunks().size() != 0 ? m.getChunks().size() : 1;
+  if (where != Location::CUDA_IPC && fds.size() != allocations)
+    return make_error(
+        Errc::kInvalidArgument,
+        fmt::format("{} file descriptors were passed for {} allocations", fds.size(), allocations));
+  const auto fd_at = [&](uint32_t index) -> Result<int> {
+    if (index < fds.size()) return fds[index].get();
+    return make_error(
+        Errc::kInvalidArgument,
+        fmt::format("fd_index {} names none of the {} file descriptors passed", index, fds.size()));
+  };
   std::vector<std::byte*> bases;
   for (uint32_t i = 0; i < memories.size(); ++i) {
     const auto m = memories[i];
@@ -87,24 +97,34 @@ Result<std::unique_ptr<ImportedPool>> ImportedPool::open(schema::PoolDescriptor:
       return make_error(e.code, fmt::format("{} pool, memories[{}] ({} bytes): {}",
                                             location_name(where), i, bytes, e.message));
     };
-    if (where != Location::CUDA_IPC && m.getFdIndex() >= fds.size())
-      return make_error(Errc::kInvalidArgument,
-                        fmt::format("memories[{}].fd_index {} names none of the {} file "
-                                    "descriptors passed",
-                                    i, m.getFdIndex(), fds.size()));
     if (where == Location::HOST_FD) {
-      Result<std::byte*> base = map_sealed_memfd(fds[m.getFdIndex()].get(), bytes, i);
+      Result<int> fd = fd_at(m.getFdIndex());
+      if (!fd) return fail(fd.error());
+      Result<std::byte*> base = map_sealed_memfd(*fd, bytes, i);
       if (!base) return base.error();
       pool->host_.push_back(HostMapping{*base, bytes});
       bases.push_back(*base);
+    } else if (where == Location::CUDA_IPC) {
+      Result<kernels::ImportedDeviceMemory> mem = kernels::ImportedDeviceMemory::open_ipc(
+          device, std::as_bytes(std::span(m.getIpcHandle().begin(), m.getIpcHandle().size())),
+          bytes);
+      if (!mem) return fail(mem.error());
+      bases.push_back(mem->base());
+      pool->device_memory_.push_back(std::move(mem).value());
     } else {
+      std::vector<kernels::VmmPiece> pieces;
+      if (m.getChunks().size() == 0) {
+        Result<int> fd = fd_at(m.getFdIndex());
+        if (!fd) return fail(fd.error());
+        pieces.push_back(kernels::VmmPiece{*fd, 0, bytes});
+      }
+      for (const auto c : m.getChunks()) {
+        Result<int> fd = fd_at(c.getFdIndex());
+        if (!fd) return fail(fd.error());
+        pieces.push_back(kernels::VmmPiece{*fd, c.getOffset(), c.getBytes()});
+      }
       Result<kernels::ImportedDeviceMemory> mem =
-          where == Location::CUDA_IPC
-              ? kernels::ImportedDeviceMemory::open_ipc(
-                    device,
-                    std::as_bytes(std::span(m.getIpcHandle().begin(), m.getIpcHandle().size())),
-                    bytes)
-              : kernels::ImportedDeviceMemory::open_vmm(device, fds[m.getFdIndex()].get(), bytes);
+          kernels::ImportedDeviceMemory::open_vmm(device, pieces, bytes);
       if (!mem) return fail(mem.error());
       bases.push_back(mem->base());
       pool->device_memory_.push_back(std::move(mem).value());

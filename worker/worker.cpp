@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <cstring>
 #include <deque>
@@ -13,9 +14,9 @@
 #include "instance/pool_segment.h"
 #include "schemas/codec.h"
 #include "schemas/records.h"
-#include "shm/cpu_affinity.h"
 #include "shm/barrier.h"
 #include "shm/counters.h"
+#include "shm/cpu_affinity.h"
 #include "shm/liveness.h"
 #include "shm/process_logging.h"
 #include "worker/data_plane.h"
@@ -89,7 +90,9 @@ class Worker {
       w.record(kLayerCopyBytes, bytes);
       if (copy > 0) w.record(kLayerCopyMBps, bytes * 1000 / copy);
     };
-    hooks.hop = [this](WorkerHistogram hop, uint64_t ns) { CounterWriter(counters_).record(hop, ns); };
+    hooks.hop = [this](WorkerHistogram hop, uint64_t ns) {
+      CounterWriter(counters_).record(hop, ns);
+    };
     Result<std::unique_ptr<DataPlane>> data =
         DataPlane::open(control_, rank_, network_, doorbell_, std::move(hooks));
     if (!data) return data.error();
@@ -219,8 +222,8 @@ class Worker {
   }
 
   Status handle(schema::WorkerTask::Reader t, uint64_t read_ns) {
-    const TaskEffect effect =
-        dispatch_task(t, rank_, *data_, reports_, [this] { return drain_signals(); }, read_ns);
+    const TaskEffect effect = dispatch_task(
+        t, rank_, *data_, reports_, [this] { return drain_signals(); }, read_ns);
     if (effect.shutdown) shutdown_ = true;
     if (effect.broken) broken_ = *effect.broken;
     return {};
@@ -319,6 +322,12 @@ int run_worker(const WorkerOptions& o) {
   // A tcp peer that goes away is an error on its connection, never a signal
   // that takes the worker down (sends use MSG_NOSIGNAL too).
   signal(SIGPIPE, SIG_IGN);
+  // A GPU pool in VMM chunks arrives as thousands of fds (one per 20 MiB
+  // allocation): take every descriptor the hard limit allows.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   // Started before its coordinator, or before a restarted coordinator
   // replaced its dead predecessor's segment: wait for it.

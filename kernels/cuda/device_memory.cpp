@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/runtime.h"
 
@@ -49,54 +51,62 @@ Result<ImportedDeviceMemory> ImportedDeviceMemory::open_ipc(int device,
   return m;
 }
 
-Result<ImportedDeviceMemory> ImportedDeviceMemory::open_vmm(int device, int fd, uint64_t bytes) {
+Result<ImportedDeviceMemory> ImportedDeviceMemory::open_vmm(int device,
+                                                            std::span<const VmmPiece> pieces,
+                                                            uint64_t bytes) {
   if (Status s = cuda::use_device(device); !s) return s.error();
   Result<const cuda::DriverApi*> loaded = cuda::driver_api();
   if (!loaded) return loaded.error();
   const cuda::DriverApi& api = **loaded;
-  ImportedDeviceMemory m;
-  m.device_ = device;
-  CUmemGenericAllocationHandle handle = 0;
-  if (Status s = cuda::check(api.mem_import_from_shareable_handle(
-                                 &handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-                             "cuMemImportFromShareableHandle");
-      !s)
-    return s.error();
+  ImportedDeviceMemory m;  // undoes whatever was done if a step fails
   m.kind_ = Kind::kVmm;
-  m.vmm_handle_ = handle;
-  CUmemAllocationProp prop{};
-  if (Status s = cuda::check(api.mem_get_allocation_properties_from_handle(&prop, handle),
-                             "cuMemGetAllocationPropertiesFromHandle");
-      !s)
-    return s.error();
+  m.device_ = device;
+  m.bytes_ = bytes;
   CUdeviceptr address = 0;
   if (Status s = cuda::check(api.mem_address_reserve(&address, bytes, 0, 0, 0),
                              fmt::format("cuMemAddressReserve of {} bytes", bytes));
       !s)
     return s.error();
   m.base_ = reinterpret_cast<std::byte*>(address);
-  m.bytes_ = bytes;
-  if (Status s =
-          cuda::check(api.mem_map(address, bytes, 0, handle, 0),
-                      fmt::format("cuMemMap of {} bytes (is that the allocation's size?)", bytes));
-      !s) {
-    (void)api.mem_address_free(address, bytes);
-    m.base_ = nullptr;
-    return s.error();
+  m.reserved_ = true;
+  std::vector<int> owners;  // the GPUs the allocations live on
+  for (const VmmPiece& p : pieces) {
+    CUmemGenericAllocationHandle handle = 0;
+    if (Status s = cuda::check(api.mem_import_from_shareable_handle(
+                                   &handle, reinterpret_cast<void*>(static_cast<intptr_t>(p.fd)),
+                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                               "cuMemImportFromShareableHandle");
+        !s)
+      return s.error();
+    CUmemAllocationProp prop{};
+    if (Status s = cuda::check(api.mem_get_allocation_properties_from_handle(&prop, handle),
+                               "cuMemGetAllocationPropertiesFromHandle");
+        !s) {
+      (void)api.mem_release(handle);
+      return s.error();
+    }
+    if (Status s = cuda::check(api.mem_map(address + p.offset, p.bytes, 0, handle, 0),
+                               fmt::format("cuMemMap of {} bytes at +{} (is that the "
+                                           "allocation's size?)",
+                                           p.bytes, p.offset));
+        !s) {
+      (void)api.mem_release(handle);
+      return s.error();
+    }
+    m.vmm_.push_back(Mapped{handle, p.offset, p.bytes});
+    if (std::find(owners.begin(), owners.end(), prop.location.id) == owners.end())
+      owners.push_back(prop.location.id);
   }
-  // Read and write from the GPU this worker copies with (peer access when
-  // the allocation lives on another one), and from the owner's.
-  CUmemAccessDesc access[2]{};
-  int n = 0;
-  for (int d : {device, prop.location.id}) {
-    if (n == 1 && d == device) break;
-    access[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access[n].location.id = d;
-    access[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    ++n;
+  // Read and write from the GPU this worker copies with (peer to peer when
+  // the memory lives on another one) and from the owners'.
+  if (std::find(owners.begin(), owners.end(), device) == owners.end()) owners.push_back(device);
+  std::vector<CUmemAccessDesc> access(owners.size());
+  for (size_t i = 0; i < owners.size(); ++i) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = owners[i];
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   }
-  if (Status s = cuda::check(api.mem_set_access(address, bytes, access, static_cast<size_t>(n)),
+  if (Status s = cuda::check(api.mem_set_access(address, bytes, access.data(), access.size()),
                              "cuMemSetAccess");
       !s)
     return s.error();
@@ -108,7 +118,8 @@ ImportedDeviceMemory::ImportedDeviceMemory(ImportedDeviceMemory&& o) noexcept
       device_(o.device_),
       base_(std::exchange(o.base_, nullptr)),
       bytes_(o.bytes_),
-      vmm_handle_(std::exchange(o.vmm_handle_, 0)) {}
+      vmm_(std::exchange(o.vmm_, {})),
+      reserved_(std::exchange(o.reserved_, false)) {}
 
 ImportedDeviceMemory& ImportedDeviceMemory::operator=(ImportedDeviceMemory&& o) noexcept {
   if (this != &o) {
@@ -117,7 +128,8 @@ ImportedDeviceMemory& ImportedDeviceMemory::operator=(ImportedDeviceMemory&& o) 
     device_ = o.device_;
     base_ = std::exchange(o.base_, nullptr);
     bytes_ = o.bytes_;
-    vmm_handle_ = std::exchange(o.vmm_handle_, 0);
+    vmm_ = std::exchange(o.vmm_, {});
+    reserved_ = std::exchange(o.reserved_, false);
   }
   return *this;
 }
@@ -133,12 +145,14 @@ void ImportedDeviceMemory::release() {
   if (kind_ == Kind::kVmm) {
     if (Result<const cuda::DriverApi*> api = cuda::driver_api(); api) {
       const auto address = reinterpret_cast<CUdeviceptr>(base_);
-      if (base_ != nullptr) {
-        (void)(*api)->mem_unmap(address, bytes_);
-        (void)(*api)->mem_address_free(address, bytes_);
+      for (const Mapped& m : vmm_) {
+        (void)(*api)->mem_unmap(address + m.offset, m.bytes);
+        (void)(*api)->mem_release(m.handle);
       }
-      (void)(*api)->mem_release(vmm_handle_);
+      if (reserved_) (void)(*api)->mem_address_free(address, bytes_);
     }
+    vmm_.clear();
+    reserved_ = false;
   }
   kind_ = Kind::kNone;
   base_ = nullptr;

@@ -450,6 +450,39 @@ TEST_F(TensorTableRules, FilesNeedTheTicketTheyWerePassedUnder) {
             "RegisterPool rank 1: memories[4].fd_index is 64; 64 file descriptors were passed");
 }
 
+TEST_F(TensorTableRules, VmmChunksCoverTheirRangeBackToBackWithAnFdEach) {
+  place(schema::PoolDescriptor::Location::CUDA_VMM, 64);  // one range of 512 MiB
+  const uint64_t chunk = 20ULL << 20;
+  const uint64_t total = 64 * kTensorBytes;
+  const uint32_t n = static_cast<uint32_t>((total + chunk - 1) / chunk);
+  auto chunks = pool.getMemories()[0].initChunks(n);
+  for (uint32_t c = 0; c < n; ++c) {
+    chunks[c].setFdIndex(n - 1 - c);  // any order of fds, each once
+    chunks[c].setOffset(c * chunk);
+    chunks[c].setBytes(std::min(chunk, total - c * chunk));
+  }
+  EXPECT_EQ(check(), "ok");
+  chunks[5].setOffset(5 * chunk + 4096);
+  EXPECT_EQ(check(),
+            "RegisterPool rank 1: memories[0].chunks[5] is bytes [104861696, +20971520); "
+            "the chunks must cover [0, 536870912) back to back, and [0, 104857600) is "
+            "covered");
+  chunks[5].setOffset(5 * chunk);
+  chunks[7].setFdIndex(n - 1 - 6);
+  EXPECT_EQ(check(), "RegisterPool rank 1: memories[0].chunks[7].fd_index 19 is used twice");
+  chunks[7].setFdIndex(n - 1 - 7);
+  chunks[n - 1].setBytes(1);
+  EXPECT_EQ(
+      check(),
+      "RegisterPool rank 1: memories[0]'s chunks cover [0, 524288001) of its 536870912 bytes");
+}
+
+TEST_F(TensorTableRules, OnlyVmmMemoryHasChunks) {
+  place(schema::PoolDescriptor::Location::HOST_FD, 64);
+  pool.getMemories()[0].initChunks(1);
+  EXPECT_EQ(check(), "RegisterPool rank 1: memories[0] has chunks, which only cuda-vmm memory has");
+}
+
 TEST_F(TensorTableRules, AnEmptyAllocationListIsRefused) {
   place(schema::PoolDescriptor::Location::HOST_FD, 1);
   pool.initMemories(0);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "instance/fd_socket.h"
 #include "instance/names.h"
@@ -197,6 +198,28 @@ TEST_F(TensorTablePoolTest, APeerFetchesTheSamePoolFromTheRanksSocket) {
   EXPECT_EQ(fetch_shared_pool(config_.instance, 0, PoolTier::kHost, Deadline::after(5s)).code(),
             Errc::kNotFound)
       << "the host tier is the worker's own segment: nothing to fetch";
+}
+
+TEST_F(TensorTablePoolTest, MoreFdsThanOneMessageCarriesArriveUnderOneTicketInOrder) {
+  std::vector<UniqueFd> files;
+  std::vector<int> fds;
+  for (int i = 0; i < 300; ++i) {  // a message carries 253
+    files.emplace_back(memfd_create("kvrelay-test-many", MFD_CLOEXEC));
+    fds.push_back(files.back().get());
+  }
+  Result<uint64_t> ticket = pass_fds(config_.instance, 0, fds, Deadline::after(5s));
+  ASSERT_TRUE(ticket) << ticket.error().message;
+  EXPECT_EQ(data_->fd_intake()->unclaimed(), 1U) << "one set, not two";
+  Result<std::vector<UniqueFd>> claimed = data_->fd_intake()->claim(*ticket);
+  ASSERT_TRUE(claimed) << claimed.error().message;
+  ASSERT_EQ(claimed->size(), 300U);
+  for (size_t i = 0; i < 300; ++i) {
+    struct stat sent {
+    }, got{};
+    ASSERT_EQ(fstat(fds[i], &sent), 0);
+    ASSERT_EQ(fstat((*claimed)[i].get(), &got), 0);
+    EXPECT_EQ(sent.st_ino, got.st_ino) << "fd " << i << " is the same file, in the same place";
+  }
 }
 
 TEST_F(TensorTablePoolTest, FdsAreClaimedOnceAndAnUnknownTicketIsRefused) {
