@@ -9,9 +9,11 @@
 #include <mutex>
 #include <thread>
 
+#include "client/pool_registration.h"
 #include "client/views.h"
 #include "instance/control_layout.h"
 #include "instance/control_segment.h"
+#include "instance/fd_socket.h"
 #include "instance/pool_segment.h"
 #include "instance/swap_progress.h"
 #include "schemas/codec.h"
@@ -364,18 +366,46 @@ Status Client::submit(const ConnectSpec& spec, Deadline deadline) {
 
 Status Client::register_pool(const PoolSpec& spec, Deadline deadline) {
   const PoolGeometry g = impl_->info.pool(spec.tier);
+  // Checked before any fd moves: a spec the coordinator would refuse costs
+  // the worker nothing.
+  const auto build = [&](capnp::MallocMessageBuilder& msg, uint64_t ticket) -> Status {
+    auto reg = msg.initRoot<schema::RegisterPool>();
+    client::describe(spec, g, ticket, reg.initPool());
+    return messages::validate(reg.asReader(), impl_->limits);
+  };
+  const std::vector<int> fds = client::fds_of(spec);
+  {
+    capnp::MallocMessageBuilder probe;
+    // A stand-in ticket: the worker's comes once the fds reached it.
+    if (Status s = build(probe, fds.empty() ? 0 : 1); !s) return s;
+  }
+  uint64_t ticket = 0;
+  if (!fds.empty()) {
+    if (spec.rank >= impl_->config.tp_size)
+      return make_error(Errc::kInvalidArgument, fmt::format("rank {} out of range", spec.rank));
+    Result<uint64_t> passed = pass_fds(impl_->control.instance(), spec.rank, fds, deadline);
+    if (!passed) return passed.error();
+    ticket = *passed;
+  }
   capnp::MallocMessageBuilder msg;
-  auto p = msg.initRoot<schema::RegisterPool>().initPool();
-  p.setRank(spec.rank);
-  p.setTier(spec.tier == PoolTier::kHost ? schema::PoolDescriptor::Tier::HOST
-                                         : schema::PoolDescriptor::Tier::DEVICE);
-  p.setLocation(schema::PoolDescriptor::Location::HOST_SEGMENT);
-  p.setSegmentName(spec.segment_name);
-  messages::set_shape(p, g);
-  if (Status s = messages::validate(msg.getRoot<schema::RegisterPool>().asReader(), impl_->limits);
-      !s)
-    return s;
+  if (Status s = build(msg, ticket); !s) return s;
   return impl_->write(MessageType::REGISTER_POOL, msg, deadline);
+}
+
+Status Client::register_cuda_pool(uint32_t rank, PoolTier tier,
+                                  std::span<const uint64_t> tensor_addresses, Deadline deadline) {
+  const std::vector<uint64_t> sizes = client::tensor_sizes(impl_->info.pool(tier));
+  if (tensor_addresses.size() != sizes.size())
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("{} tensor addresses for a pool of {} tensors ({} layers x {})",
+                                  tensor_addresses.size(), sizes.size(),
+                                  impl_->info.pool(tier).total_layers(),
+                                  impl_->info.pool(tier).tensors_per_layer()));
+  Result<kernels::ExportedPool> exported = kernels::export_device_tensors(tensor_addresses, sizes);
+  if (!exported) return exported.error();
+  // The exported fds are closed when `exported` goes, once the worker has
+  // its duplicates.
+  return register_pool(client::spec_of(rank, tier, *exported), deadline);
 }
 
 Status Client::cancel(std::string_view request_id, Deadline deadline) {

@@ -3,6 +3,8 @@
 #include "instance/head_layout.h"
 #include "instance/pool_geometry.h"
 
+#include <optional>
+
 namespace kvrelay {
 
 InstanceInfo instance_info_of(const InstanceConfig& c) {
@@ -25,11 +27,37 @@ InstanceInfo instance_info_of(const InstanceConfig& c) {
 }
 
 struct PoolView::Impl {
-  HostPool pool;
+  std::optional<HostPool> pool;  // a host segment, or:
+  PoolGeometry geometry;
+  std::string name;
+  uint32_t rank = 0;
+  uint64_t bytes = 0;
+  std::vector<std::byte*> tensors;  // [layer * tensors_per_layer + tensor]
+  std::shared_ptr<void> owner;      // keeps the tensors' memory mapped
 };
 
 PoolView pool_view_of(HostPool pool) {
-  return PoolView(std::make_unique<PoolView::Impl>(PoolView::Impl{std::move(pool)}));
+  auto impl = std::make_unique<PoolView::Impl>();
+  impl->geometry = pool.geometry();
+  impl->name = pool.name();
+  impl->rank = pool.rank();
+  impl->bytes = pool.bytes();
+  impl->pool.emplace(std::move(pool));
+  return PoolView(std::move(impl));
+}
+
+PoolView pool_view_of(const PoolGeometry& geometry, std::vector<std::byte*> tensors,
+                      std::shared_ptr<void> owner, std::string name, uint32_t rank) {
+  auto impl = std::make_unique<PoolView::Impl>();
+  impl->geometry = geometry;
+  impl->name = std::move(name);
+  impl->rank = rank;
+  for (uint32_t l = 0; l < geometry.total_layers(); ++l)
+    for (uint32_t t = 0; t < geometry.tensors_per_layer(); ++t)
+      impl->bytes += geometry.tensor_bytes(l, static_cast<PoolTensor>(t));
+  impl->tensors = std::move(tensors);
+  impl->owner = std::move(owner);
+  return PoolView(std::move(impl));
 }
 
 PoolView::PoolView(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -38,25 +66,32 @@ PoolView::PoolView(PoolView&&) noexcept = default;
 PoolView& PoolView::operator=(PoolView&&) noexcept = default;
 
 const PoolGeometry& PoolView::geometry() const {
-  return impl_->pool.geometry();
+  return impl_->geometry;
 }
 const std::string& PoolView::segment_name() const {
-  return impl_->pool.name();
+  return impl_->name;
 }
 uint32_t PoolView::rank() const {
-  return impl_->pool.rank();
+  return impl_->rank;
 }
 uint64_t PoolView::bytes() const {
-  return impl_->pool.bytes();
+  return impl_->bytes;
 }
 std::byte* PoolView::tensor(uint32_t layer, PoolTensor t) const {
-  return impl_->pool.tensor(layer, t);
+  if (impl_->pool) return impl_->pool->tensor(layer, t);
+  const uint32_t per_layer = impl_->geometry.tensors_per_layer();
+  const auto i = static_cast<uint32_t>(t);
+  if (layer >= impl_->geometry.total_layers() || i >= per_layer) return nullptr;
+  return impl_->tensors[size_t{layer} * per_layer + i];
 }
 std::byte* PoolView::block(uint32_t layer, PoolTensor t, uint32_t block_id) const {
-  return impl_->pool.block(layer, t, block_id);
+  if (impl_->pool) return impl_->pool->block(layer, t, block_id);
+  std::byte* base = tensor(layer, t);
+  if (base == nullptr || block_id >= impl_->geometry.blocks_in_layer(layer)) return nullptr;
+  return base + uint64_t{block_id} * impl_->geometry.block_bytes(t);
 }
 Status PoolView::check_intact() const {
-  return impl_->pool.check_intact();
+  return impl_->pool ? impl_->pool->check_intact() : Status{};
 }
 
 }  // namespace kvrelay

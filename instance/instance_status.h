@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "instance/instance_config.h"
+#include "kvrelay/types.h"
 #include "shm/wait_event.h"
 
 namespace kvrelay {
@@ -36,9 +37,6 @@ struct alignas(64) InstanceStatus {
 // this directory.
 inline constexpr uint32_t kPoolTiers = 2;
 inline constexpr size_t kPoolNameBytes = 128;
-
-// Where a published pool's memory is (the ordinals of PoolDescriptor.Location).
-enum class PoolLocation : uint32_t { kHostSegment = 0, kCudaIpc = 1, kCudaVmm = 2, kHostFd = 3 };
 
 struct alignas(64) PoolSlot {
   std::atomic<uint32_t> sequence;  // odd while being rewritten

@@ -1,6 +1,7 @@
 // A build without CUDA (no nvcc, or KVRELAY_CUDA=OFF): the CUDA engine is
 // refused with a reason, and everything on host memory works as before.
 #include "kernels/copy_engine.h"
+#include "kernels/device_export.h"
 #include "kernels/device_memory.h"
 #include "kernels/host_pinning.h"
 
@@ -58,5 +59,13 @@ ImportedDeviceMemory& ImportedDeviceMemory::operator=(ImportedDeviceMemory&&) no
 }
 ImportedDeviceMemory::~ImportedDeviceMemory() = default;
 void ImportedDeviceMemory::release() {}
+
+}  // namespace kvrelay::kernels
+
+namespace kvrelay::kernels {
+
+Result<ExportedPool> export_device_tensors(std::span<const uint64_t>, std::span<const uint64_t>) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
 
 }  // namespace kvrelay::kernels

@@ -3,7 +3,8 @@
 # (DESIGN.md section 1): shm/ knows nothing of kvrelay's instances, requests
 # or messages; instance/ builds on shm/; schemas/ (the messages) on both;
 # kernels/ knows nothing of rings; coordinator/, worker/ and client/ sit on
-# top and never include each other. Below them all sits the public
+# top and never include each other (client/ uses kernels/ to share an
+# engine's GPU memory). Below them all sits the public
 # vocabulary that engines and kvrelay's own code share (client/include/kvrelay/
 # result.h, deadline.h, types.h, pool_geometry.h); the rest of client/include
 # (the client itself) is for client/ only, and client/include includes nothing
@@ -20,7 +21,7 @@ allowed() {
     kernels) echo "shm kernels" ;;
     coordinator) echo "shm instance schemas coordinator" ;;
     worker) echo "shm instance schemas kernels worker" ;;
-    client) echo "shm instance schemas client kvrelay" ;;
+    client) echo "shm instance schemas kernels client kvrelay" ;;
   esac
 }
 

@@ -50,6 +50,7 @@
 // (bad input; nothing was submitted), kTimeout, kTooLarge, kBusy.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -122,10 +123,38 @@ struct ConnectSpec {
   std::vector<uint16_t> ports;
 };
 
+// A slice of a kCudaVmm range that is its own allocation.
+struct PoolChunkSpec {
+  int fd = -1;  // this process's fd of the allocation; the library passes a duplicate
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// One range of memory that holds some of the pool's tensors.
+struct PoolMemorySpec {
+  uint64_t bytes = 0;
+  std::array<unsigned char, 64> cuda_ipc_handle{};  // kCudaIpc: cudaIpcGetMemHandle's bytes
+  int fd = -1;                        // kCudaVmm (one allocation), kHostFd: this process's fd
+  std::vector<PoolChunkSpec> chunks;  // kCudaVmm in several allocations, back to back
+};
+
+// Where one tensor lies: `offset` bytes into memories[memory].
+struct TensorPlacement {
+  uint32_t memory = 0;
+  uint64_t offset = 0;
+};
+
 struct PoolSpec {
   uint32_t rank = 0;
   PoolTier tier = PoolTier::kDevice;
-  std::string segment_name;  // a host shared-memory pool segment (without '/')
+  std::string segment_name;  // kHostSegment: the segment (without '/')
+  PoolLocation location = PoolLocation::kHostSegment;
+  uint32_t device_id = 0;  // GPU locations: the GPU that holds the pool
+  // Other locations: the memory, and every tensor's place in it, layer-major
+  // ([layer 0 K, layer 0 V, (K scale, V scale,) layer 1 K, ...], extra
+  // layers included), each 16-byte aligned.
+  std::vector<PoolMemorySpec> memories;
+  std::vector<TensorPlacement> tensors;
 };
 
 enum class CompletionStatus : uint16_t { kFinished, kError, kCancelled, kTimeout, kRejected };
@@ -201,7 +230,19 @@ class Client {
   Status submit(const SwapSpec& swap, Deadline deadline);
   Status submit(const ExpectSpec& expect, Deadline deadline);
   Status submit(const ConnectSpec& connect, Deadline deadline);
+  // Tells rank `pool.rank`'s worker to serve `pool` from now on (refused
+  // while it has requests in flight). File descriptors travel to the worker
+  // over its Unix socket first; the caller keeps its own. The completion
+  // (kind kRegisterPool) says whether the worker mapped it.
   Status register_pool(const PoolSpec& pool, Deadline deadline);
+  // The same for GPU memory, by the device address of each tensor
+  // (layer-major, as PoolSpec::tensors): the library finds the allocations
+  // that hold them and shares each once, by legacy IPC handle (cudaMalloc
+  // memory) or by POSIX fds (VMM memory, e.g. PyTorch's expandable
+  // segments; it must have been created exportable as fds). kUnsupported
+  // without CUDA or a GPU.
+  Status register_cuda_pool(uint32_t rank, PoolTier tier,
+                            std::span<const uint64_t> tensor_addresses, Deadline deadline);
   Status cancel(std::string_view request_id, Deadline deadline);
 
   // ---- layer signals (one process per rank; see the contract above) ----

@@ -14,6 +14,14 @@ enum class CacheDtype : uint32_t { kBf16 = 0, kFp16 = 1, kUint8 = 2, kFp8 = 3 };
 // A rank's pool tiers: the device tier is what transfers read and write (host
 // memory in the host default), the host tier is where swaps evict to.
 enum class PoolTier : uint32_t { kDevice = 0, kHost = 1 };
+// Where a pool lives (a registered pool's PoolSpec::location; the pool
+// directory stores the same numbers).
+enum class PoolLocation : uint32_t {
+  kHostSegment = 0,  // a host shared-memory pool segment, by name
+  kCudaIpc = 1,      // GPU memory from cudaMalloc: a legacy IPC handle per allocation
+  kCudaVmm = 2,      // GPU memory from the VMM API: POSIX fds (cuMemExportToShareableHandle)
+  kHostFd = 3,       // host memory in memfds sealed with F_SEAL_SHRINK
+};
 // The tensors of one layer: K and V, then (fp8 with scales) their
 // block-wise float32 scales.
 enum class PoolTensor : uint32_t { kKey = 0, kValue = 1, kKeyScale = 2, kValueScale = 3 };
