@@ -242,6 +242,40 @@ kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int 
       deadline));
 }
 
+kvrelay_status kvrelay_register_cuda_pool(kvrelay_client* client, uint32_t rank, int host_tier,
+                                          const uint64_t* tensor_addresses, size_t n_tensors,
+                                          int64_t timeout_ms) {
+  KVRELAY_NEED(client);
+  KVRELAY_NEED(tensor_addresses);
+  KVRELAY_DEADLINE(deadline, timeout_ms);
+  return from(client->client.register_cuda_pool(
+      rank, host_tier != 0 ? PoolTier::kHost : PoolTier::kDevice,
+      std::span<const uint64_t>(tensor_addresses, n_tensors), deadline));
+}
+
+kvrelay_status kvrelay_own_device_signals(kvrelay_client* client, uint32_t rank) {
+  KVRELAY_NEED(client);
+  return from(client->client.own_device_signals(rank));
+}
+
+kvrelay_status kvrelay_push_device_step(kvrelay_client* client, uint32_t rank, uint64_t step,
+                                        const kvrelay_batch_slot* slots, size_t n_slots,
+                                        uint32_t layers, void* stream, int64_t timeout_ms) {
+  KVRELAY_NEED(client);
+  if (slots == nullptr && n_slots != 0)
+    return fail(KVRELAY_INVALID_ARGUMENT, "slots must not be NULL");
+  KVRELAY_DEADLINE(deadline, timeout_ms);
+  return from(client->client.push_device_step(
+      rank, step, std::span<const BatchSlot>(reinterpret_cast<const BatchSlot*>(slots), n_slots),
+      layers, stream, deadline));
+}
+
+kvrelay_status kvrelay_signal_layer(kvrelay_client* client, uint32_t rank, uint32_t layer,
+                                    void* stream) {
+  KVRELAY_NEED(client);
+  return from(client->client.signal_layer(rank, layer, stream));
+}
+
 kvrelay_status kvrelay_own_signals(kvrelay_client* client, uint32_t rank) {
   KVRELAY_NEED(client);
   return from(client->client.own_signals(rank));
@@ -306,6 +340,17 @@ kvrelay_status kvrelay_wait_layer(kvrelay_client* client, const char* request_id
   std::optional<uint32_t> r;
   if (rank >= 0) r = static_cast<uint32_t>(rank);
   return from(client->client.wait_layer(request_id, layer, deadline, r));
+}
+
+kvrelay_status kvrelay_stream_wait_layer(kvrelay_client* client, const char* request_id,
+                                         uint32_t layer, int32_t rank, void* stream,
+                                         int64_t timeout_ms) {
+  KVRELAY_NEED(client);
+  KVRELAY_NEED(request_id);
+  KVRELAY_DEADLINE(deadline, timeout_ms);
+  std::optional<uint32_t> r;
+  if (rank >= 0) r = static_cast<uint32_t>(rank);
+  return from(client->client.stream_wait_layer(request_id, layer, stream, deadline, r));
 }
 
 kvrelay_status kvrelay_open_pool(const kvrelay_client* client, uint32_t rank, int host_tier,

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "client/client_impl.h"
 #include "client/pool_registration.h"
 #include "client/views.h"
 #include "instance/control_layout.h"
@@ -44,18 +45,6 @@ schema::TransferProtocol to_schema(Protocol p) {
   return static_cast<schema::TransferProtocol>(p);
 }
 
-// Every waiting call looks at the coordinator at least this often.
-constexpr auto kCoordinatorCheck = std::chrono::milliseconds(100);
-// A coordinator that heartbeat more recently than this is taken to be alive
-// without a system call (it heartbeats every loop turn, at least every 50 ms).
-constexpr uint64_t kFreshHeartbeatNs = 100'000'000;
-
-// A slice of `deadline` no longer than kCoordinatorCheck.
-Deadline slice_of(Deadline deadline) {
-  const Deadline slice = Deadline::after(kCoordinatorCheck);
-  return deadline.ns() < slice.ns() ? deadline : slice;
-}
-
 // Request ids are Text in the messages: an embedded NUL would truncate them.
 Status check_id(std::string_view what, std::string_view id) {
   if (id.find('\0') != std::string_view::npos)
@@ -78,129 +67,6 @@ const char* completion_status_name(CompletionStatus s) {
   }
   return "unknown";
 }
-
-struct Client::Impl {
-  ControlSegment control;
-  InstanceConfig config;
-  InstanceInfo info;     // config, in the public types
-  MpscRing submit_view;  // for judging sessions
-  MpscProducer submit;   // this session's producer slot
-  uint32_t session;
-  MpscRing completions;
-  messages::Limits limits;
-  std::vector<SpscRing<LayerSignal>> signal_rings;
-  // Per rank: this process's producer side of the signal ring, taken on
-  // first use; read without a lock on every push.
-  std::array<std::atomic<SpscProducer<LayerSignal>*>, kMaxTpSize> signal_producers{};
-  std::array<std::unique_ptr<SpscProducer<LayerSignal>>, kMaxTpSize> owned_producers;
-  std::mutex lease_mu;
-  mutable CachedPeerJudge coordinator;
-  std::atomic<uint64_t> dropped{0};
-
-  Impl(ControlSegment c, MpscRing submit_ring, MpscProducer producer)
-      : control(std::move(c)),
-        config(control.config()),
-        info(instance_info_of(config)),
-        submit_view(std::move(submit_ring)),
-        submit(std::move(producer)),
-        session(records::session_id(submit.slot(), submit.generation())),
-        completions(control.completion_ring().value()),
-        limits(messages::Limits::from(config)),
-        coordinator(control.locks()) {
-    // Map every rank's signal ring now, so that no push ever allocates.
-    for (uint32_t r = 0; r < config.tp_size; ++r)
-      signal_rings.push_back(control.signal_ring<LayerSignal>(r).value());
-  }
-
-  // The coordinator lives while it holds its owner lock. A fresh heartbeat
-  // spares the system call that checks it (see kFreshHeartbeatNs).
-  Status alive() const {
-    if (control.segment().truncated())
-      return make_error(Errc::kCoordinatorGone,
-                        fmt::format("the control segment of instance '{}' was truncated by "
-                                    "another process; the instance is shutting down",
-                                    control.instance()));
-    const uint64_t beat = control.coordinator_slot().heartbeat_ns.load(std::memory_order_acquire);
-    const uint64_t now = mono_now_ns();
-    if (now < beat || now - beat < kFreshHeartbeatNs) return {};
-    if (coordinator.lock_state() == LockState::kFree)
-      return make_error(
-          Errc::kCoordinatorGone,
-          fmt::format("the coordinator of instance '{}' (pid {}) is gone", control.instance(),
-                      read_slot(control.coordinator_slot()).owner.pid));
-    return {};
-  }
-
-  // Writes one message to the submit ring, waiting for room in slices so
-  // that a dead coordinator turns into an error, not a wait to the deadline.
-  Status write(MessageType type, capnp::MessageBuilder& msg, Deadline deadline) {
-    if (Status s = alive(); !s) return s;
-    for (;;) {
-      Status s = messages::write_message(submit, type, msg, slice_of(deadline));
-      if (s.ok()) {
-        if (Status a = alive(); !a) return a;  // e.g. the segment was truncated under the write
-        notify_waiters(control.status().coordinator_doorbell);
-        return {};
-      }
-      if (s.code() != Errc::kTimeout && s.code() != Errc::kFull && s.code() != Errc::kCorrupt)
-        return s;
-      if (Status a = alive(); !a) return a;
-      if (deadline.passed())
-        return make_error(
-            s.code() == Errc::kCorrupt ? Errc::kCorrupt : Errc::kFull,
-            fmt::format("the submit ring of instance '{}' {} until the deadline; "
-                        "nothing was written",
-                        control.instance(),
-                        s.code() == Errc::kCorrupt ? "stayed corrupt" : "stayed full"));
-    }
-  }
-
-  Result<SpscProducer<LayerSignal>*> signal_producer(uint32_t rank) {
-    if (rank >= config.tp_size)
-      return make_error(Errc::kInvalidArgument,
-                        fmt::format("rank {} out of range: instance '{}' has {} ranks", rank,
-                                    control.instance(), config.tp_size));
-    SpscProducer<LayerSignal>* p = signal_producers[rank].load(std::memory_order_acquire);
-    if (p != nullptr) return p;
-    std::lock_guard lock(lease_mu);
-    p = signal_producers[rank].load(std::memory_order_acquire);
-    if (p != nullptr) return p;
-    Result<SpscProducer<LayerSignal>> leased = signal_rings[rank].lease_producer();
-    if (!leased)
-      return make_error(leased.code(),
-                        fmt::format("rank {}'s signal ring: {}", rank, leased.error().message));
-    owned_producers[rank] = std::make_unique<SpscProducer<LayerSignal>>(std::move(leased).value());
-    signal_producers[rank].store(owned_producers[rank].get(), std::memory_order_release);
-    return owned_producers[rank].get();
-  }
-
-  Status push(uint32_t rank, LayerSignal s, Deadline deadline) {
-    Result<SpscProducer<LayerSignal>*> ring = signal_producer(rank);
-    if (!ring) return ring.error();
-    if (Status a = alive(); !a) return a;
-    s.session = session;
-    if (!(*ring)->try_push(s)) {
-      for (;;) {
-        if ((*ring)->push(s, slice_of(deadline)).ok()) break;
-        if (Status a = alive(); !a) return a;
-        if (deadline.passed())
-          return make_error(Errc::kFull, fmt::format("rank {}'s signal ring stayed full until the "
-                                                     "deadline (is its worker running?)",
-                                                     rank));
-      }
-    }
-    notify_waiters(control.status().worker_doorbell[rank]);
-    return {};
-  }
-
-  // Completions of a session that died are nobody's to read.
-  bool deliverable(uint32_t of_session) const {
-    if (of_session == 0 || of_session == session) return true;
-    return submit_view.session_state(records::session_slot(of_session),
-                                     records::session_generation(of_session)) !=
-           ProducerSession::kDead;
-  }
-};
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::Client(Client&&) noexcept = default;
@@ -396,11 +262,11 @@ Status Client::register_cuda_pool(uint32_t rank, PoolTier tier,
                                   std::span<const uint64_t> tensor_addresses, Deadline deadline) {
   const std::vector<uint64_t> sizes = client::tensor_sizes(impl_->info.pool(tier));
   if (tensor_addresses.size() != sizes.size())
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("{} tensor addresses for a pool of {} tensors ({} layers x {})",
-                                  tensor_addresses.size(), sizes.size(),
-                                  impl_->info.pool(tier).total_layers(),
-                                  impl_->info.pool(tier).tensors_per_layer()));
+    return make_error(
+        Errc::kInvalidArgument,
+        fmt::format("{} tensor addresses for a pool of {} tensors ({} layers x {})",
+                    tensor_addresses.size(), sizes.size(), impl_->info.pool(tier).total_layers(),
+                    impl_->info.pool(tier).tensors_per_layer()));
   Result<kernels::ExportedPool> exported = kernels::export_device_tensors(tensor_addresses, sizes);
   if (!exported) return exported.error();
   // The exported fds are closed when `exported` goes, once the worker has
@@ -480,22 +346,11 @@ Status Client::push_legacy_layer_done(uint32_t rank, uint64_t step, uint32_t lay
 
 Status Client::wait_layer(std::string_view request_id, uint32_t layer, Deadline deadline,
                           std::optional<uint32_t> rank) {
-  const uint32_t tag = records::request_tag(request_id);
   SwapProgressTable& table = impl_->control.swap_progress();
   if (rank && *rank >= impl_->config.tp_size)
     return make_error(Errc::kInvalidArgument, fmt::format("rank {} out of range", *rank));
-  std::optional<SwapProgressView> load;
-  for (;;) {  // the load may not have been dispatched yet
-    load = swap_progress::find(table, tag);
-    if (load) break;
-    if (Status a = impl_->alive(); !a) return a;
-    if (deadline.passed())
-      return make_error(Errc::kTimeout,
-                        fmt::format("no load '{}' appeared before the deadline", request_id));
-    wait_until(
-        table.slot_taken, [&] { return swap_progress::find(table, tag).has_value(); },
-        slice_of(deadline));
-  }
+  Result<SwapProgressView> load = impl_->find_load(request_id, deadline);
+  if (!load) return load.error();
   if (layer < load->first_layer || layer >= load->first_layer + load->layer_count)
     return make_error(Errc::kInvalidArgument,
                       fmt::format("load '{}' covers layers [{}, {}), not layer {}", request_id,
@@ -506,7 +361,7 @@ Status Client::wait_layer(std::string_view request_id, uint32_t layer, Deadline 
     for (uint32_t r = 0; r < impl_->config.tp_size; ++r) {
       if (rank && r != *rank) continue;
       const std::optional<uint32_t> done = swap_progress::layers_done(table, *load, r);
-      if (!done) {
+      if (!done || *done == kReleasedLayers) {  // another load's now, or this one failed
         moved_on = true;
         return false;
       }

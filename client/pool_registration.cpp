@@ -59,11 +59,11 @@ void describe(const PoolSpec& spec, const PoolGeometry& geometry, uint64_t fd_ti
 
 std::vector<int> fds_of(const PoolSpec& spec) {
   std::vector<int> fds;
-  if (spec.location != PoolLocation::kCudaVmm && spec.location != PoolLocation::kHostFd)
-    return fds;
+  if (spec.location != PoolLocation::kCudaVmm && spec.location != PoolLocation::kHostFd) return fds;
   for (const PoolMemorySpec& m : spec.memories) {
     if (m.chunks.empty()) fds.push_back(m.fd);
-    for (const PoolChunkSpec& c : m.chunks) fds.push_back(c.fd);
+    for (const PoolChunkSpec& c : m.chunks)
+      fds.push_back(c.fd);
   }
   return fds;
 }

@@ -1,9 +1,9 @@
 #include "client/views.h"
 
+#include <optional>
+
 #include "instance/head_layout.h"
 #include "instance/pool_geometry.h"
-
-#include <optional>
 
 namespace kvrelay {
 

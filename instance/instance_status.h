@@ -29,6 +29,13 @@ struct alignas(64) InstanceStatus {
   // Why rank r's worker last gave up, written by that worker just before it
   // exits with an error (NUL-terminated; the coordinator logs it with the exit).
   char exit_reason[kMaxTpSize][kExitReasonBytes];
+  // Rank r's device signal word: layers the engine's GPU stream has signalled
+  // (kernels/stream_signals.h), written by the GPU through a pinned mapping,
+  // read by rank r's worker. Only grows. A cache line each.
+  struct alignas(64) DeviceSignalWord {
+    std::atomic<uint64_t> layers;
+  };
+  DeviceSignalWord device_signals[kMaxTpSize];
 };
 
 // Where a rank's KV pool lives, published by whoever created it (the worker

@@ -48,6 +48,18 @@ void end(SwapProgressTable& t, uint32_t slot, bool finished) {
   s.state.store(
       static_cast<uint32_t>(finished ? SwapProgressState::kDone : SwapProgressState::kFailed),
       std::memory_order_release);
+  if (!finished) {
+    // Release GPU streams waiting on any layer of it (their engine learns
+    // of the failure from the load's completion).
+    const uint32_t generation = s.generation.load(std::memory_order_relaxed);
+    for (auto& word : s.layers_done) {
+      uint64_t cur = word.load(std::memory_order_acquire);
+      while (static_cast<uint32_t>(cur >> 32) == generation &&
+             !word.compare_exchange_weak(cur, pack(generation, kReleasedLayers),
+                                         std::memory_order_acq_rel)) {
+      }
+    }
+  }
   notify_waiters(s.changed);
 }
 

@@ -15,6 +15,11 @@
 // The slot's identity (tag, generation, layers, handle) is rewritten under a
 // sequence lock (odd while being rewritten); each rank's count is one 64-bit
 // word holding (generation << 32 | layers), so a reader never mixes two loads.
+//
+// A GPU stream may wait on a count (cuStreamWaitValue64, >=), and a stream
+// cannot be told that a load failed: when a load ends badly, every rank's
+// count of its generation becomes kReleasedLayers, which releases such
+// waits. Host waiters read it as "failed".
 #pragma once
 
 #include <atomic>
@@ -28,6 +33,8 @@ namespace kvrelay {
 
 inline constexpr uint32_t kSwapProgressSlots = 1024;
 inline constexpr uint32_t kNoProgressSlot = 0xffffffff;
+// A failed load's count: above every layer, so GPU waits on it end.
+inline constexpr uint32_t kReleasedLayers = 0xffffffff;
 
 enum class SwapProgressState : uint32_t { kFree = 0, kLoading = 1, kDone = 2, kFailed = 3 };
 
@@ -79,8 +86,8 @@ void publish(SwapProgressTable& t, uint32_t slot, uint32_t generation, uint32_t 
 std::optional<SwapProgressView> read(const SwapProgressTable& t, uint32_t slot);
 // The newest running or ended load with `tag`.
 std::optional<SwapProgressView> find(const SwapProgressTable& t, uint32_t tag);
-// Layers rank `rank` has loaded for the load `view`; nullopt once its slot
-// holds another load.
+// Layers rank `rank` has loaded for the load `view` (kReleasedLayers once it
+// failed); nullopt once its slot holds another load.
 std::optional<uint32_t> layers_done(const SwapProgressTable& t, const SwapProgressView& view,
                                     uint32_t rank);
 

@@ -4,6 +4,7 @@
 #include "kernels/device_export.h"
 #include "kernels/device_memory.h"
 #include "kernels/host_pinning.h"
+#include "kernels/stream_signals.h"
 
 namespace kvrelay::kernels {
 
@@ -65,6 +66,24 @@ void ImportedDeviceMemory::release() {}
 namespace kvrelay::kernels {
 
 Result<ExportedPool> export_device_tensors(std::span<const uint64_t>, std::span<const uint64_t>) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+
+}  // namespace kvrelay::kernels
+
+namespace kvrelay::kernels {
+
+Result<std::unique_ptr<LayerSignalWriter>> LayerSignalWriter::open(std::atomic<uint64_t>*) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+LayerSignalWriter::~LayerSignalWriter() = default;
+Status LayerSignalWriter::begin_step(void*, uint64_t) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+Status LayerSignalWriter::signal_layer(void*, uint32_t) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+Status stream_wait_at_least(void*, const PinnedHostRange&, const void*, uint64_t) {
   return make_error(Errc::kUnsupported, kNoCuda);
 }
 

@@ -29,6 +29,10 @@ enum class SignalKind : uint32_t {
   kLayerDone = 2,
   // Legacy per-query mode: (step, layer) is the newest computed position.
   kLegacyLayerDone = 3,
+  // The layers of step `step`'s batch (the batch records just before) are
+  // signalled by the GPU, not by records: layer l is done once the rank's
+  // device signal word reaches device_base + l + 1. `count` layers.
+  kDeviceLayers = 4,
 };
 
 struct BatchEntry {
@@ -72,7 +76,10 @@ struct LayerSignal {
   uint64_t step;     // the engine's step; u64, never wraps
   uint32_t layer;    // kLayerDone / kLegacyLayerDone
   uint32_t session;  // session_id() of the pushing client (stamped by the client library)
-  BatchEntry entries[kBatchEntriesPerSignal];
+  union {
+    BatchEntry entries[kBatchEntriesPerSignal] = {};  // kBatch
+    uint64_t device_base;                             // kDeviceLayers
+  };
 };
 static_assert(std::is_trivially_copyable_v<LayerSignal>);
 static_assert(sizeof(LayerSignal) == kSignalRecordBytes,
@@ -100,7 +107,7 @@ struct WorkerReport {
   uint32_t layer;
   uint32_t reserved;
   uint64_t first_copy_ns;  // CLOCK_MONOTONIC when this rank began its first copy for it; 0: none
-  uint64_t reported_ns;    // CLOCK_MONOTONIC when the worker wrote it (the coordinator times the hop)
+  uint64_t reported_ns;  // CLOCK_MONOTONIC when the worker wrote it (the coordinator times the hop)
   uint64_t reserved2;
   char message[kReportMessageBytes];  // NUL-terminated; empty unless failed
 

@@ -59,7 +59,10 @@ TaskEffect dispatch_task(schema::WorkerTask::Reader t, uint32_t rank, DataPlane&
       break;
     }
     case schema::WorkerTask::SHUTDOWN: effect.shutdown = true; break;
-    case schema::WorkerTask::SESSION_ENDED: scheduler.on_session_ended(t.getSessionEnded()); break;
+    case schema::WorkerTask::SESSION_ENDED:
+      scheduler.on_session_ended(t.getSessionEnded());
+      effect.session_ended = t.getSessionEnded();
+      break;
   }
   return effect;
 }

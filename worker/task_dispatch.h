@@ -18,8 +18,9 @@ namespace kvrelay::worker {
 
 // What a task asks of the worker's loop beyond the data plane.
 struct TaskEffect {
-  bool shutdown = false;              // the instance is shutting down: exit
-  std::optional<std::string> broken;  // the data plane is gone: exit with this reason
+  bool shutdown = false;                  // the instance is shutting down: exit
+  std::optional<std::string> broken;      // the data plane is gone: exit with this reason
+  std::optional<uint32_t> session_ended;  // an engine session died (its GPU signals too)
 };
 
 // `apply_signals` drains the rank's signal ring (returns whether it applied

@@ -20,6 +20,7 @@
 #include "shm/liveness.h"
 #include "shm/process_logging.h"
 #include "worker/data_plane.h"
+#include "worker/device_signal_watch.h"
 #include "worker/report_outbox.h"
 #include "worker/task_dispatch.h"
 #include "worker/worker_counters.h"
@@ -67,6 +68,7 @@ class Worker {
         reports_(std::move(reports), rank, control_.status().coordinator_doorbell, counters_,
                  kReportsDelayed),
         doorbell_(control_.status().worker_doorbell[rank]),
+        device_signals_(control_.status().device_signals[rank].layers),
         coordinator_doorbell_(control_.status().coordinator_doorbell),
         coordinator_(control_.locks()) {
     task_ring_.set_stall_timeout(std::chrono::milliseconds(config_.stall_timeout_ms));
@@ -164,15 +166,23 @@ class Worker {
           return 0;
         }
       }
-      if (!busy) {
+      if (!busy && device_signals_.spinning(now)) {
+        // The GPU writes its word without a system call: while its layers
+        // keep coming, look again at once.
+        cpu_relax();
+      } else if (!busy) {
+        const uint64_t word = device_signals_.word();
         wait_until(
             doorbell_,
             [&] {
-              return task_ring_.readable() || signal_ring_.readable() ||
+              return task_ring_.readable() ||
+                     (signal_ring_.readable() && !device_signals_.pending()) ||
                      data_->transports().has_completions() || data_->transports().has_arrivals() ||
-                     (data_->swap() != nullptr && data_->swap()->has_reports()) || g_stop != 0;
+                     (data_->swap() != nullptr && data_->swap()->has_reports()) ||
+                     device_signals_.word() != word || g_stop != 0;
             },
-            Deadline::after(50ms));
+            // A step the GPU still owes layers is looked at again soon.
+            device_signals_.pending() ? Deadline::after(100us) : Deadline::after(50ms));
       }
     }
     spdlog::info("rank {}: {}; exiting", rank_,
@@ -226,6 +236,7 @@ class Worker {
         t, rank_, *data_, reports_, [this] { return drain_signals(); }, read_ns);
     if (effect.shutdown) shutdown_ = true;
     if (effect.broken) broken_ = *effect.broken;
+    if (effect.session_ended) device_signals_.on_session_ended(*effect.session_ended);
     return {};
   }
 
@@ -251,13 +262,31 @@ class Worker {
     }
   }
 
+  // Signal records, and the layers the GPU signalled: records after a step
+  // whose layers the GPU still owes wait (they are later steps').
   bool drain_signals() {
-    size_t n = 0;
-    while (n < kSignalBatch && signal_ring_.try_pop(signals_[n])) {
-      data_->scheduler().on_signal(signals_[n], signal_ring_.consumer_position() - 1);
-      ++n;
+    size_t n = poll_device_signals();
+    while (n < kSignalBatch && !device_signals_.pending() && signal_ring_.try_pop(signals_[n])) {
+      const LayerSignal& s = signals_[n++];
+      const uint64_t index = signal_ring_.consumer_position() - 1;
+      if (s.kind != static_cast<uint32_t>(records::SignalKind::kDeviceLayers)) {
+        data_->scheduler().on_signal(s, index);
+        continue;
+      }
+      device_signals_index_ = index;
+      if (!device_signals_.follow(s, mono_now_ns())) {
+        ++bad_device_records_;
+        spdlog::warn("rank {}: a device-signalled step announces {} layers (at most {})", rank_,
+                     s.count, DeviceSignalWatch::kMaxLayers);
+      }
+      n += poll_device_signals();
     }
     return n > 0;
+  }
+  size_t poll_device_signals() {
+    return device_signals_.poll(
+        [&](const LayerSignal& s) { data_->scheduler().on_signal(s, device_signals_index_); },
+        mono_now_ns());
   }
 
   void report(uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
@@ -270,7 +299,7 @@ class Worker {
     CounterWriter mirror(counters_);
     auto set = [&](uint32_t id, uint64_t v) { mirror.set(id, v); };
     set(kSignals, c.signals);
-    set(kBadSignals, c.bad_signals);
+    set(kBadSignals, c.bad_signals + bad_device_records_);
     set(kLayerCopies, c.layer_copies);
     set(kBytesCopied, c.bytes);
     set(kRequestsFinished, c.finished);
@@ -293,6 +322,9 @@ class Worker {
   SpscRing<LayerSignal> signal_ring_;
   ReportOutbox reports_;
   WaitEvent& doorbell_;
+  DeviceSignalWatch device_signals_;
+  uint64_t device_signals_index_ = 0;  // the signal-ring position of the step they follow
+  uint64_t bad_device_records_ = 0;
   WaitEvent& coordinator_doorbell_;
   CachedPeerJudge coordinator_;
   std::unique_ptr<DataPlane> data_;

@@ -168,6 +168,13 @@ kvrelay_status kvrelay_connect(kvrelay_client* client, uint64_t task_id, kvrelay
 kvrelay_status kvrelay_cancel(kvrelay_client* client, const char* request_id, int64_t timeout_ms);
 kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int host_tier,
                                      const char* segment_name, int64_t timeout_ms);
+/* GPU memory by the device address of each of the pool's n_tensors tensors,
+ * layer-major (K, V[, K scale, V scale] per layer): the library shares each
+ * allocation once (a legacy IPC handle for cudaMalloc memory, POSIX fds for
+ * VMM memory). KVRELAY_UNSUPPORTED without CUDA or a GPU. */
+kvrelay_status kvrelay_register_cuda_pool(kvrelay_client* client, uint32_t rank, int host_tier,
+                                          const uint64_t* tensor_addresses, size_t n_tensors,
+                                          int64_t timeout_ms);
 
 /* Layer signals: no allocation, no lock (see the top). */
 kvrelay_status kvrelay_own_signals(kvrelay_client* client, uint32_t rank);
@@ -179,6 +186,17 @@ kvrelay_status kvrelay_push_layer_done(kvrelay_client* client, uint32_t rank, ui
 kvrelay_status kvrelay_push_legacy_layer_done(kvrelay_client* client, uint32_t rank, uint64_t step,
                                               uint32_t layer, int64_t timeout_ms);
 
+/* GPU-written layer signals (see kvrelay/client.h, "GPU-written layer
+ * signals"): before each step, kvrelay_push_device_step (outside any CUDA
+ * graph); after layer l's KV is written, kvrelay_signal_layer on the same
+ * stream (capturable). `stream` is a cudaStream_t. */
+kvrelay_status kvrelay_own_device_signals(kvrelay_client* client, uint32_t rank);
+kvrelay_status kvrelay_push_device_step(kvrelay_client* client, uint32_t rank, uint64_t step,
+                                        const kvrelay_batch_slot* slots, size_t n_slots,
+                                        uint32_t layers, void* stream, int64_t timeout_ms);
+kvrelay_status kvrelay_signal_layer(kvrelay_client* client, uint32_t rank, uint32_t layer,
+                                    void* stream);
+
 /* Completions. kvrelay_poll sets *has to 1 and fills *out when one waits. */
 kvrelay_status kvrelay_poll(kvrelay_client* client, kvrelay_completion* out, int* has);
 kvrelay_status kvrelay_wait(kvrelay_client* client, int64_t timeout_ms, kvrelay_completion* out);
@@ -186,6 +204,11 @@ kvrelay_status kvrelay_wait(kvrelay_client* client, int64_t timeout_ms, kvrelay_
  * (rank < 0) or on rank `rank`. */
 kvrelay_status kvrelay_wait_layer(kvrelay_client* client, const char* request_id, uint32_t layer,
                                   int32_t rank, int64_t timeout_ms);
+/* The same wait enqueued on a GPU stream (cuStreamWaitValue64): returns once
+ * enqueued. A failed load releases the stream too: check its completion. */
+kvrelay_status kvrelay_stream_wait_layer(kvrelay_client* client, const char* request_id,
+                                         uint32_t layer, int32_t rank, void* stream,
+                                         int64_t timeout_ms);
 
 /* Host-memory pools (the host default's "device" memory, or the host tier
  * with host_tier = 1): map rank `rank`'s pool to read or write KV bytes. A

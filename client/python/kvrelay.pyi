@@ -245,6 +245,14 @@ class Client:
     def register_pool(
         self, rank: int, segment_name: str, *, host_tier: bool = False, timeout: float = 5.0
     ) -> None: ...
+    def register_cuda_pool(
+        self, rank: int, tensors: Iterable[int], *, host_tier: bool = False, timeout: float = 5.0
+    ) -> None:
+        """Registers GPU memory by the device address of each tensor
+        (tensor.data_ptr()), layer-major: [layer 0 K, layer 0 V, (K scale,
+        V scale,) layer 1 K, ...]. cudaMalloc memory is shared by legacy IPC
+        handle, VMM memory (PyTorch's expandable segments) by POSIX fds.
+        Raises Unsupported without CUDA or a GPU."""
 
     # ---- layer signals (one producer per rank) ----
     def own_signals(self, rank: int) -> None:
@@ -274,6 +282,41 @@ class Client:
         rank (or on `rank`). Raises Aborted (the load failed or was
         cancelled), InvalidArgument (the load does not cover the layer),
         Timeout."""
+
+    def stream_wait_layer(
+        self,
+        request_id: str,
+        layer: int,
+        stream: int,
+        *,
+        rank: Optional[int] = None,
+        timeout: float = 30.0,
+    ) -> None:
+        """Enqueues on `stream` (torch.cuda.current_stream().cuda_stream) a
+        wait until layer `layer` of load `request_id` is on the device: the
+        stream's later work runs then, with no host thread. Returns once
+        enqueued. A failed load releases the stream too: check its
+        completion. Raises Unsupported without CUDA or a GPU."""
+
+    # ---- GPU-written layer signals (CUDA graphs) ----
+    def own_device_signals(self, rank: int) -> None:
+        """Takes rank `rank`'s signal ring and pins its device signal word
+        for the current CUDA device."""
+    def push_device_step(
+        self,
+        rank: int,
+        step: int,
+        slots: Iterable[BatchEntry],
+        layers: int,
+        stream: int,
+        *,
+        timeout: float = 5.0,
+    ) -> None:
+        """Before launching a step (outside any CUDA graph): its batch, and
+        that `stream` will signal its `layers` layers (signal_layer)."""
+    def signal_layer(self, rank: int, layer: int, stream: int) -> None:
+        """After layer `layer`'s KV is written, on the stream that wrote it:
+        one tiny kernel, capturable in a CUDA graph."""
 
     # ---- completions (one reader) ----
     def poll(self) -> Optional[Completion]:

@@ -265,6 +265,18 @@ void define_client(py::module_& m) {
           },
           py::arg("rank"), py::arg("segment_name"), py::kw_only(), py::arg("host_tier") = false,
           py::arg("timeout") = 5.0)
+      .def(
+          "register_cuda_pool",
+          [](PyClient& c, uint32_t rank, const std::vector<uint64_t>& tensors, bool host_tier,
+             double timeout) {
+            const Deadline d = to_deadline(timeout);
+            check(c.with_client([&](Client& cl) {
+              return cl.register_cuda_pool(rank, host_tier ? PoolTier::kHost : PoolTier::kDevice,
+                                           tensors, d);
+            }));
+          },
+          py::arg("rank"), py::arg("tensors"), py::kw_only(), py::arg("host_tier") = false,
+          py::arg("timeout") = 5.0)
 
       // ---- layer signals ----
       .def(
@@ -289,6 +301,35 @@ void define_client(py::module_& m) {
           py::arg("rank"), py::arg("step"), py::arg("layer"), py::kw_only(),
           py::arg("timeout") = 5.0)
 
+      // ---- GPU-written layer signals (streams are cudaStream_t as ints) ----
+      .def(
+          "own_device_signals",
+          [](PyClient& c, uint32_t rank) {
+            check(c.with_client([&](Client& cl) { return cl.own_device_signals(rank); }));
+          },
+          py::arg("rank"))
+      .def(
+          "push_device_step",
+          [](PyClient& c, uint32_t rank, uint64_t step, py::handle slots, uint32_t layers,
+             uintptr_t stream, double timeout) {
+            const std::vector<BatchSlot> batch = to_batch(slots);
+            const Deadline d = to_deadline(timeout);
+            check(c.with_client([&](Client& cl) {
+              return cl.push_device_step(rank, step, batch, layers,
+                                         reinterpret_cast<void*>(stream), d);
+            }));
+          },
+          py::arg("rank"), py::arg("step"), py::arg("slots"), py::arg("layers"), py::arg("stream"),
+          py::kw_only(), py::arg("timeout") = 5.0)
+      .def(
+          "signal_layer",
+          [](PyClient& c, uint32_t rank, uint32_t layer, uintptr_t stream) {
+            check(c.with_client([&](Client& cl) {
+              return cl.signal_layer(rank, layer, reinterpret_cast<void*>(stream));
+            }));
+          },
+          py::arg("rank"), py::arg("layer"), py::arg("stream"))
+
       // ---- swap loads ----
       .def(
           "wait_layer",
@@ -300,6 +341,18 @@ void define_client(py::module_& m) {
           },
           py::arg("request_id"), py::arg("layer"), py::kw_only(), py::arg("rank") = py::none(),
           py::arg("timeout") = 30.0)
+      .def(
+          "stream_wait_layer",
+          [](PyClient& c, const std::string& request_id, uint32_t layer, uintptr_t stream,
+             std::optional<uint32_t> rank, double timeout) {
+            const Deadline d = to_deadline(timeout);
+            check(c.with_client([&](Client& cl) {
+              return cl.stream_wait_layer(request_id, layer, reinterpret_cast<void*>(stream), d,
+                                          rank);
+            }));
+          },
+          py::arg("request_id"), py::arg("layer"), py::arg("stream"), py::kw_only(),
+          py::arg("rank") = py::none(), py::arg("timeout") = 30.0)
 
       // ---- completions ----
       .def("poll", &PyClient::poll)

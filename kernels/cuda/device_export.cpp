@@ -1,3 +1,5 @@
+#include "kernels/device_export.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -5,7 +7,6 @@
 #include <numeric>
 
 #include "kernels/cuda/runtime.h"
-#include "kernels/device_export.h"
 
 namespace kvrelay::kernels {
 
@@ -24,12 +25,11 @@ Result<T> attribute(const cuda::DriverApi& api, CUpointer_attribute what, uint64
 
 // The bounds of the allocation (or, for VMM, of the mapped physical
 // allocation) that holds `address`.
-Result<std::pair<uint64_t, uint64_t>> allocation_of(const cuda::DriverApi& api,
-                                                    uint64_t address) {
+Result<std::pair<uint64_t, uint64_t>> allocation_of(const cuda::DriverApi& api, uint64_t address) {
   CUdeviceptr base = 0;
   size_t size = 0;
-  if (Status s = cuda::check(api.mem_get_address_range(&base, &size, address),
-                             "cuMemGetAddressRange");
+  if (Status s =
+          cuda::check(api.mem_get_address_range(&base, &size, address), "cuMemGetAddressRange");
       !s)
     return s.error();
   return std::pair<uint64_t, uint64_t>{base, base + size};
@@ -60,17 +60,18 @@ Result<ExportedRange> export_vmm(const cuda::DriverApi& api, uint64_t begin, uin
     Result<std::pair<uint64_t, uint64_t>> chunk = allocation_of(api, at);
     if (!chunk) return chunk.error();
     CUmemGenericAllocationHandle handle = 0;
-    if (Status s = cuda::check(api.mem_retain_allocation_handle(&handle, reinterpret_cast<void*>(at)),
-                               "cuMemRetainAllocationHandle");
+    if (Status s =
+            cuda::check(api.mem_retain_allocation_handle(&handle, reinterpret_cast<void*>(at)),
+                        "cuMemRetainAllocationHandle");
         !s)
       return s.error();
     int fd = -1;
-    const CUresult exported =
-        api.mem_export_to_shareable_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    const CUresult exported = api.mem_export_to_shareable_handle(
+        &fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     (void)api.mem_release(handle);  // the retain's reference
     if (Status s = cuda::check(exported, "cuMemExportToShareableHandle"); !s) return s.error();
-    r.chunks.push_back(ExportedChunk{UniqueFd(fd), chunk->first - begin,
-                                     chunk->second - chunk->first});
+    r.chunks.push_back(
+        ExportedChunk{UniqueFd(fd), chunk->first - begin, chunk->second - chunk->first});
     at = chunk->second;
   }
   return r;
@@ -96,9 +97,9 @@ Result<ExportedPool> export_device_tensors(std::span<const uint64_t> addresses,
   for (size_t i = 0; i < addresses.size(); ++i) {
     const uint64_t a = addresses[i];
     const auto refuse = [&](const std::string& why) {
-      return make_error(Errc::kInvalidArgument,
-                        fmt::format("tensor {} (device address {:#x}, {} bytes): {}", i, a,
-                                    bytes[i], why));
+      return make_error(
+          Errc::kInvalidArgument,
+          fmt::format("tensor {} (device address {:#x}, {} bytes): {}", i, a, bytes[i], why));
     };
     if (a == 0 || bytes[i] == 0) return refuse("empty");
     Result<int> device = attribute<int>(api, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a,
@@ -106,24 +107,26 @@ Result<ExportedPool> export_device_tensors(std::span<const uint64_t> addresses,
     if (!device) return refuse(fmt::format("not GPU memory: {}", device.error().message));
     if (out.device < 0) out.device = *device;
     if (*device != out.device)
-      return refuse(fmt::format("it is on GPU {}, the pool's first tensor on GPU {}", *device,
-                                out.device));
+      return refuse(
+          fmt::format("it is on GPU {}, the pool's first tensor on GPU {}", *device, out.device));
     Result<int> legacy = attribute<int>(api, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, a,
                                         "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)");
     Result<std::pair<uint64_t, uint64_t>> first = allocation_of(api, a);
     Result<std::pair<uint64_t, uint64_t>> last = allocation_of(api, a + bytes[i] - 1);
     if (!first || !last) return refuse((!first ? first : last).error().message);
     if (legacy && *legacy != 0) {
-      if (last->first != first->first) return refuse("it runs past the end of its cudaMalloc allocation");
+      if (last->first != first->first)
+        return refuse("it runs past the end of its cudaMalloc allocation");
       spans.push_back(Span{i, first->first, first->second, false});
       continue;
     }
     Result<uint64_t> types = attribute<uint64_t>(api, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, a,
                                                  "cuPointerGetAttribute(ALLOWED_HANDLE_TYPES)");
     if (!types || (*types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0)
-      return refuse("its memory can be shared neither by a legacy IPC handle nor as a POSIX fd "
-                    "(a VMM allocation must be created with requestedHandleTypes including "
-                    "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
+      return refuse(
+          "its memory can be shared neither by a legacy IPC handle nor as a POSIX fd "
+          "(a VMM allocation must be created with requestedHandleTypes including "
+          "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
     spans.push_back(Span{i, first->first, last->second, true});
   }
   // Tensors of one allocation (legacy) or of touching chunks (VMM) share a
@@ -139,12 +142,13 @@ Result<ExportedPool> export_device_tensors(std::span<const uint64_t> addresses,
       end = std::max(end, spans[j].end);
       ++j;
     }
-    Result<ExportedRange> range = spans[i].vmm ? export_vmm(api, spans[i].begin, end)
-                                               : export_legacy(spans[i].begin, end);
+    Result<ExportedRange> range =
+        spans[i].vmm ? export_vmm(api, spans[i].begin, end) : export_legacy(spans[i].begin, end);
     if (!range) return range.error();
     const auto index = static_cast<uint32_t>(out.ranges.size());
     for (size_t k = i; k < j; ++k)
-      out.tensors[spans[k].tensor] = ExportedTensor{index, addresses[spans[k].tensor] - range->base};
+      out.tensors[spans[k].tensor] =
+          ExportedTensor{index, addresses[spans[k].tensor] - range->base};
     out.ranges.push_back(std::move(range).value());
     i = j;
   }

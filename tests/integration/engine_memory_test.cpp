@@ -9,8 +9,8 @@
 #include <gtest/gtest.h>
 
 #include "client/views.h"
-#include "kernels/copy_engine.h"
 #include "integration/request_driver.h"
+#include "kernels/copy_engine.h"
 #include "support/memfd_pool.h"
 
 namespace kvrelay::testing {
@@ -69,7 +69,8 @@ std::vector<EnginePool> pools_for(Instance& instance, const std::string& tag) {
     const PoolView& v = *pools.back().view;
     for (uint32_t l = 0; l < v.geometry().total_layers(); ++l)
       for (uint32_t t = 0; t < v.geometry().tensors_per_layer(); ++t)
-        for (uint32_t b = 0; b < v.geometry().num_blocks; ++b) sim::poison_block(v, l, t, b);
+        for (uint32_t b = 0; b < v.geometry().num_blocks; ++b)
+          sim::poison_block(v, l, t, b);
   }
   return pools;
 }
@@ -92,7 +93,8 @@ TEST(EngineMemory, TransfersBetweenEnginesMemfdPoolsLandByteForByteAndFollowAReR
       r.dst.push_back(60 + next + i);
     }
     next += n;
-    for (uint32_t rank = 0; rank < env.tp(); ++rank) sim::fill_request(*src[rank].view, rank, r);
+    for (uint32_t rank = 0; rank < env.tp(); ++rank)
+      sim::fill_request(*src[rank].view, rank, r);
     return r;
   };
   const sim::RequestBlocks first = request(5);
@@ -157,10 +159,12 @@ TEST(EngineMemory, AGpuRegistrationByAddressIsRefusedClearlyWithoutAGpu) {
     GTEST_SKIP() << "a GPU is here: the GPU tests cover registration by address";
   const Status s = engine.register_cuda_pool(0, PoolTier::kDevice, addresses, Deadline::after(5s));
   EXPECT_EQ(s.code(), Errc::kUnsupported) << s.error().message;
-  EXPECT_EQ(engine.register_cuda_pool(0, PoolTier::kDevice, std::span<const uint64_t>(addresses).first(3),
-                                      Deadline::after(5s))
-                .code(),
-            Errc::kInvalidArgument)
+  EXPECT_EQ(
+      engine
+          .register_cuda_pool(0, PoolTier::kDevice, std::span<const uint64_t>(addresses).first(3),
+                              Deadline::after(5s))
+          .code(),
+      Errc::kInvalidArgument)
       << "the count of tensors is checked first";
   env.stop_and_check_clean();
 }

@@ -259,6 +259,29 @@ class Client {
   // Legacy per-query mode: (step, layer) is the newest computed position.
   Status push_legacy_layer_done(uint32_t rank, uint64_t step, uint32_t layer, Deadline deadline);
 
+  // ---- GPU-written layer signals ----
+  // For an engine whose forward pass runs in CUDA graphs (no host callback
+  // per layer): its stream signals each layer itself. Per step, on rank r's
+  // model runner:
+  //   push_device_step(r, step, batch, layers, stream)  before launching the
+  //       step (outside any graph): pushes the batch, announces that the
+  //       stream signals its `layers` layers, and writes the step's base
+  //       count on `stream`
+  //   signal_layer(r, l, stream)  after layer l's KV is written, on the
+  //       stream that wrote it: one tiny kernel; capturable in a graph
+  // A graph captured once replays correctly: what a replay signals depends
+  // on the base written before it. A replay without push_device_step
+  // repeats the old counts, so the worker waits rather than send early. The
+  // stream is a cudaStream_t; the current CUDA device must be the stream's.
+  // kUnsupported without CUDA or a GPU.
+  //
+  // Takes rank `rank`'s signal ring and pins its device signal word for the
+  // current CUDA device (done by the first push_device_step otherwise).
+  Status own_device_signals(uint32_t rank);
+  Status push_device_step(uint32_t rank, uint64_t step, std::span<const BatchSlot> slots,
+                          uint32_t layers, void* stream, Deadline deadline);
+  Status signal_layer(uint32_t rank, uint32_t layer, void* stream);
+
   // ---- swap loads ----
   // Waits until layer `layer` of the load `request_id` is back in the device
   // tier on every rank (or on `rank` only), so that the forward pass can use
@@ -269,6 +292,16 @@ class Client {
   // deadline (also when no such load was submitted); kCoordinatorGone.
   Status wait_layer(std::string_view request_id, uint32_t layer, Deadline deadline,
                     std::optional<uint32_t> rank = std::nullopt);
+
+  // The same wait on a GPU stream (a cudaStream_t), with no host thread:
+  // enqueues cuStreamWaitValue64 so that the stream's later work runs once
+  // layer `layer` of the load is on the device on every rank (or `rank`).
+  // Returns once the wait is enqueued (the load must have been dispatched
+  // by then: waits for that until `deadline`). If the load fails, the
+  // stream is released all the same: check the load's completion before
+  // trusting its data. kUnsupported without CUDA or a GPU.
+  Status stream_wait_layer(std::string_view request_id, uint32_t layer, void* stream,
+                           Deadline deadline, std::optional<uint32_t> rank = std::nullopt);
 
   // ---- completions (one reader per instance) ----
   // The next completion if one is waiting.
