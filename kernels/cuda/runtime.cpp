@@ -90,6 +90,8 @@ Loaded load() {
   resolve("cuPointerGetAttribute", a.pointer_get_attribute, missing);
   resolve("cuStreamWaitValue64", a.stream_wait_value_64, missing);
   resolve("cuStreamWriteValue64", a.stream_write_value_64, missing);
+  resolve("cuMemCreate", a.mem_create, missing);
+  resolve("cuMemGetAllocationGranularity", a.mem_get_allocation_granularity, missing);
   resolve("cuGetErrorName", a.get_error_name, missing);
   resolve("cuGetErrorString", a.get_error_string, missing);
   if (!missing.empty())

@@ -42,6 +42,8 @@ struct DriverApi {
   decltype(&::cuPointerGetAttribute) pointer_get_attribute;
   decltype(&::cuStreamWaitValue64) stream_wait_value_64;
   decltype(&::cuStreamWriteValue64) stream_write_value_64;
+  decltype(&::cuMemCreate) mem_create;
+  decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity;
   decltype(&::cuGetErrorName) get_error_name;
   decltype(&::cuGetErrorString) get_error_string;
 };

@@ -16,6 +16,12 @@
 namespace kvrelay::testing {
 
 std::string Instance::bin(const std::string& program) {
+  // Beside the running test binary first: a bundle of binaries moved to
+  // another machine (tools/gpu-check) runs its own, not the build's.
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec && std::filesystem::exists(self.parent_path() / program))
+    return (self.parent_path() / program).string();
   return std::string(KVRELAY_BIN_DIR) + "/" + program;
 }
 

@@ -1,0 +1,77 @@
+// A prefill-to-decode transfer between two instances whose pools are the
+// engines' GPU memory, registered by tensor address: cudaMalloc memory
+// (legacy IPC handles) and VMM memory in allocations of the device's
+// granularity that tensors straddle (POSIX fds, chunk by chunk). Every byte
+// of the request lands in the decode engine's GPU pool, nothing else moves.
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_pool.h"
+#include "integration/request_driver.h"
+
+namespace kvrelay::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+void register_gpu_pools(Client& engine, const std::vector<std::unique_ptr<GpuPool>>& pools) {
+  for (uint32_t rank = 0; rank < pools.size(); ++rank) {
+    const std::vector<uint64_t> addresses = pools[rank]->addresses();
+    ASSERT_TRUE(engine.register_cuda_pool(rank, PoolTier::kDevice, addresses, Deadline::after(5s)));
+    Result<Completion> c = engine.wait(Deadline::after(30s));
+    ASSERT_TRUE(c) << c.error().message;
+    ASSERT_EQ(c->kind, CompletionKind::kRegisterPool);
+    ASSERT_EQ(c->status, CompletionStatus::kFinished) << c->message;
+  }
+}
+
+class GpuTransfer : public ::testing::TestWithParam<GpuPool::Kind> {};
+
+TEST_P(GpuTransfer, ATransferBetweenGpuPoolsLandsByteForByteAndNowhereElse) {
+  KVRELAY_REQUIRE_GPU();
+  InstanceArgs a = RequestDriver::small_pair();
+  a.blocks = 1000;  // 2 MB tensors: VMM allocations of 2 MiB do not line up with them
+  TwoInstances env("gpuxfer", a);
+  RequestDriver driver(env, RequestDriver::kLayers, RequestDriver::kBlockTokens);
+  std::vector<std::unique_ptr<GpuPool>> src, dst;
+  for (uint32_t rank = 0; rank < env.tp(); ++rank) {
+    src.push_back(std::make_unique<GpuPool>(env.prefill().client().info().device_pool, GetParam(), rank));
+    dst.push_back(std::make_unique<GpuPool>(env.decode().client().info().device_pool, GetParam(), rank));
+    ASSERT_TRUE(src.back()->ok() && dst.back()->ok()) << "GPU allocation failed";
+  }
+  sim::RequestBlocks r;
+  r.tag = 77;
+  r.src = {3, 4, 5, 6, 900, 17, 2};
+  r.dst = {10, 11, 12, 13, 14, 600, 999};
+  for (uint32_t rank = 0; rank < env.tp(); ++rank) {
+    sim::fill_request(src[rank]->host(), rank, r);
+    src[rank]->upload();
+    const PoolView& d = dst[rank]->host();
+    for (uint32_t l = 0; l < RequestDriver::kLayers; ++l)
+      for (uint32_t t = 0; t < 2; ++t)
+        for (uint32_t b : {9U, 10U, 15U, 598U, 599U, 600U, 601U, 999U}) sim::poison_block(d, l, t, b);
+    dst[rank]->upload();
+  }
+  register_gpu_pools(env.prefill().client(), src);
+  register_gpu_pools(env.decode().client(), dst);
+
+  driver.submit("gpu-to-gpu", r, 0);
+  driver.layers_done(0, RequestDriver::kLayers);
+  const Completion c = env.wait_for("gpu-to-gpu", 60s);
+  ASSERT_EQ(c.status, CompletionStatus::kFinished) << c.message;
+  for (uint32_t rank = 0; rank < env.tp(); ++rank) {
+    dst[rank]->download();
+    EXPECT_EQ(sim::check_request(dst[rank]->host(), rank, r), 0U) << "rank " << rank;
+    for (uint32_t b : {9U, 15U, 599U, 601U})
+      EXPECT_TRUE(sim::block_is_poisoned(dst[rank]->host(), 1, 1, b)) << "block " << b;
+  }
+  env.stop_and_check_clean();
+}
+
+INSTANTIATE_TEST_SUITE_P(Allocators, GpuTransfer,
+                         ::testing::Values(GpuPool::Kind::kCudaMalloc, GpuPool::Kind::kVmm),
+                         [](const auto& kind) {
+                           return kind.param == GpuPool::Kind::kVmm ? "vmm" : "cudaMalloc";
+                         });
+
+}  // namespace
+}  // namespace kvrelay::testing
