@@ -1,0 +1,273 @@
+// The GPU paths against their baselines, measured side by side in one run
+// (issue 17's targets):
+//
+//   swap     host<->device gather of scattered 16 KiB blocks through the
+//            CUDA copy engine (cudaMemcpyBatchAsync) vs one large pinned
+//            cudaMemcpy of the same bytes (>= 85%), and vs a loop of one
+//            cudaMemcpyAsync per block, what the original and vLLM's old
+//            swap_blocks do (>= 3x)
+//   gather   device->device gather of scattered 16 KiB blocks by the
+//            kernel on at most 16 SMs vs one large cudaMemcpy of the same
+//            bytes (>= 70%)
+//   signal   a layer signal written by the GPU (signal_layer's kernel) until
+//            a host thread polling like the worker sees it, vs the same
+//            signal written by a host callback (cudaLaunchHostFunc): p50 <= 5 us
+//
+// Without a GPU it says so and exits 0 (tools/bench/run skips it).
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "bench_support.h"
+#include "kernels/copy_engine.h"
+#include "kernels/stream_signals.h"
+#include "shm/clock.h"
+
+using namespace kvrelay;
+using namespace kvrelay::bench;
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  fmt::print(stderr, "{}: {}\n", what, cudaGetErrorString(e));
+  std::exit(1);
+}
+
+// Seconds of one run of `body` on `stream`, as CUDA events time it.
+template <class Body>
+double timed(cudaStream_t stream, Body&& body) {
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "cudaEventCreate");
+  check(cudaEventCreate(&b), "cudaEventCreate");
+  check(cudaEventRecord(a, stream), "cudaEventRecord");
+  body();
+  check(cudaEventRecord(b, stream), "cudaEventRecord");
+  check(cudaEventSynchronize(b), "cudaEventSynchronize");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  (void)cudaEventDestroy(a);
+  (void)cudaEventDestroy(b);
+  return ms / 1e3;
+}
+
+// Half of the blocks of a buffer, scattered on both sides (a swap's block
+// lists are whatever the allocators handed out).
+std::vector<kernels::CopyRun> scattered_runs(uint64_t blocks, uint64_t block, uint64_t seed) {
+  std::vector<uint64_t> src(blocks), dst(blocks);
+  std::iota(src.begin(), src.end(), 0);
+  std::iota(dst.begin(), dst.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(src.begin(), src.end(), rng);
+  std::shuffle(dst.begin(), dst.end(), rng);
+  std::vector<kernels::CopyRun> runs;
+  for (uint64_t i = 0; i < blocks / 2; ++i) runs.push_back({src[i] * block, dst[i] * block, block});
+  return runs;
+}
+
+struct Buffers {
+  std::byte* host = nullptr;  // pinned
+  std::byte* dev_a = nullptr;
+  std::byte* dev_b = nullptr;
+  explicit Buffers(uint64_t bytes) {
+    check(cudaMallocHost(reinterpret_cast<void**>(&host), bytes), "cudaMallocHost");
+    check(cudaMalloc(reinterpret_cast<void**>(&dev_a), bytes), "cudaMalloc");
+    check(cudaMalloc(reinterpret_cast<void**>(&dev_b), bytes), "cudaMalloc");
+    std::memset(host, 1, bytes);
+    check(cudaMemset(dev_a, 2, bytes), "cudaMemset");
+  }
+  ~Buffers() {
+    (void)cudaFreeHost(host);
+    (void)cudaFree(dev_a);
+    (void)cudaFree(dev_b);
+  }
+};
+
+double gbps(uint64_t bytes, double seconds) {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
+}
+
+void swap_case(uint64_t buffer_mib, int trials) {
+  const uint64_t block = 16 << 10;
+  const uint64_t bytes = buffer_mib << 20;
+  Buffers b(bytes);
+  const std::vector<kernels::CopyRun> runs = scattered_runs(bytes / block, block, 1);
+  const uint64_t moved = runs.size() * block;
+  auto engine = kernels::make_cuda_copy_engine({0, 16});
+  if (!engine) {
+    fmt::print(stderr, "{}\n", engine.error().message);
+    std::exit(1);
+  }
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  print_header("Swap gather, scattered 16 KiB blocks (GB/s)", "baselines below");
+  double worst_large = 1e9, worst_loop = 1e9;
+  for (bool load : {true, false}) {
+    std::vector<double> ours, large, loop;
+    for (int i = 0; i < trials; ++i) {
+      const kernels::TensorCopy copy =
+          load ? kernels::TensorCopy{b.host, b.dev_a, runs, kernels::MemoryKind::kHost,
+                                     kernels::MemoryKind::kCuda}
+               : kernels::TensorCopy{b.dev_a, b.host, runs, kernels::MemoryKind::kCuda,
+                                     kernels::MemoryKind::kHost};
+      const uint64_t t0 = mono_now_ns();
+      auto ticket = (*engine)->submit(std::span<const kernels::TensorCopy>(&copy, 1));
+      if (!ticket || !(*engine)->wait(*ticket)) std::exit(1);
+      ours.push_back(gbps(moved, static_cast<double>(mono_now_ns() - t0) / 1e9));
+      large.push_back(gbps(moved, timed(stream, [&] {
+        check(cudaMemcpyAsync(load ? b.dev_b : b.host, load ? b.host : b.dev_b, moved,
+                              load ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
+              "cudaMemcpyAsync");
+      })));
+      loop.push_back(gbps(moved, timed(stream, [&] {
+        for (const kernels::CopyRun& r : runs)
+          check(cudaMemcpyAsync(load ? b.dev_a + r.dst_offset : b.host + r.dst_offset,
+                                load ? b.host + r.src_offset : b.dev_a + r.src_offset, r.bytes,
+                                load ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
+                "cudaMemcpyAsync");
+      })));
+    }
+    const char* dir = load ? "host->device (load)" : "device->host (evict)";
+    Row vs_large{fmt::format("{}: vs one large pinned cudaMemcpy", dir), "GB/s", median(ours),
+                 median(large)};
+    Row vs_loop{fmt::format("{}: vs a cudaMemcpyAsync per block", dir), "GB/s", median(ours),
+                median(loop)};
+    print_row(vs_large);
+    print_row(vs_loop);
+    worst_large = std::min(worst_large, vs_large.ratio());
+    worst_loop = std::min(worst_loop, vs_loop.ratio());
+  }
+  print_target(">= 85% of one large pinned cudaMemcpy", worst_large >= 0.85,
+               fmt::format("worst {:.0f}%", worst_large * 100));
+  print_target(">= 3x a cudaMemcpyAsync per block", worst_loop >= 3,
+               fmt::format("worst {:.1f}x", worst_loop));
+  (void)cudaStreamDestroy(stream);
+}
+
+void gather_case(uint64_t buffer_mib, int trials) {
+  const uint64_t block = 16 << 10;
+  const uint64_t bytes = buffer_mib << 20;
+  Buffers b(bytes);
+  const std::vector<kernels::CopyRun> runs = scattered_runs(bytes / block, block, 2);
+  const uint64_t moved = runs.size() * block;
+  auto engine = kernels::make_cuda_copy_engine({0, 16});
+  if (!engine) std::exit(1);
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::vector<double> ours, large;
+  for (int i = 0; i < trials; ++i) {
+    const kernels::TensorCopy copy{b.dev_a, b.dev_b, runs, kernels::MemoryKind::kCuda,
+                                   kernels::MemoryKind::kCuda};
+    const uint64_t t0 = mono_now_ns();
+    auto ticket = (*engine)->submit(std::span<const kernels::TensorCopy>(&copy, 1));
+    if (!ticket || !(*engine)->wait(*ticket)) std::exit(1);
+    ours.push_back(gbps(moved, static_cast<double>(mono_now_ns() - t0) / 1e9));
+    large.push_back(gbps(moved, timed(stream, [&] {
+      check(cudaMemcpyAsync(b.dev_b, b.dev_a, moved, cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync");
+    })));
+  }
+  print_header("Device->device gather, scattered 16 KiB blocks, <= 16 SMs (GB/s)",
+               "one large cudaMemcpy");
+  Row row{"gather kernel vs cudaMemcpy D2D", "GB/s", median(ours), median(large)};
+  print_row(row);
+  print_target(">= 70% of a large cudaMemcpy on <= 16 SMs", row.ratio() >= 0.7,
+               fmt::format("{:.0f}%", row.ratio() * 100));
+  (void)cudaStreamDestroy(stream);
+}
+
+// The host callback's signal.
+void CUDART_CB write_word(void* word) {
+  auto* w = static_cast<std::atomic<uint64_t>*>(word);
+  w->store(w->load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+void signal_case(int samples) {
+  // Pinned words: a gate the stream waits on (so each sample starts with
+  // the stream already at the signal), and the two signal words.
+  // A page each: the gate and the signal word are pinned separately (as
+  // the worker's word is pinned by itself in the control segment).
+  void* pages = mmap(nullptr, 3 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (pages == MAP_FAILED) std::exit(1);
+  auto* words = static_cast<std::atomic<uint64_t>*>(pages);
+  constexpr size_t kGate = 0, kDeviceWord = 512, kCallbackWord = 1024;  // 4 KiB apart
+  new (&words[kGate]) std::atomic<uint64_t>(0);
+  new (&words[kDeviceWord]) std::atomic<uint64_t>(0);
+  new (&words[kCallbackWord]) std::atomic<uint64_t>(0);
+  auto gate = kernels::PinnedHostRange::pin(&words[kGate], sizeof(uint64_t), true);
+  auto writer = kernels::LayerSignalWriter::open(&words[kDeviceWord]);
+  if (!gate || !writer) {
+    fmt::print(stderr, "{}\n", !gate ? gate.error().message : writer.error().message);
+    std::exit(1);
+  }
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::vector<double> device_us, callback_us;
+  uint64_t opened = 0;  // the gate's value: each sample's wait opens at the next one
+  for (int i = 1; i <= samples; ++i) {
+    for (bool device : {true, false}) {
+      ++opened;
+      std::atomic<uint64_t>& seen = device ? words[kDeviceWord] : words[kCallbackWord];
+      const uint64_t before = seen.load();
+      if (!kernels::stream_wait_at_least(stream, *gate, &words[kGate], opened)) std::exit(1);
+      if (device) {
+        if (!(*writer)->begin_step(stream, before) || !(*writer)->signal_layer(stream, 0))
+          std::exit(1);
+      } else {
+        check(cudaLaunchHostFunc(stream, write_word, &words[kCallbackWord]), "cudaLaunchHostFunc");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // the stream reaches the gate
+      const uint64_t t0 = mono_now_ns();
+      words[kGate].store(opened, std::memory_order_release);
+      while (seen.load(std::memory_order_acquire) == before) {
+      }
+      (device ? device_us : callback_us).push_back(static_cast<double>(mono_now_ns() - t0) / 1e3);
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    }
+  }
+  const Percentiles d = percentiles(device_us), c = percentiles(callback_us);
+  print_header("Layer signal, stream -> a host thread polling like the worker (us)",
+               "host callback (cudaLaunchHostFunc)");
+  print_row(Row{"signal p50", "us", d.p50, c.p50, false});
+  print_row(Row{"signal p99", "us", d.p99, c.p99, false});
+  print_note("both include the GPU noticing its gate (cuStreamWaitValue64) the same way");
+  print_target("GPU-written signal seen, p50 <= 5 us", d.p50 <= 5,
+               fmt::format("p50 {:.1f} us", d.p50));
+  writer->reset();
+  *gate = kernels::PinnedHostRange();
+  (void)cudaStreamDestroy(stream);
+  munmap(pages, 3 * 4096);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvrelay's GPU paths against their baselines (needs a GPU)"};
+  uint64_t buffer_mib = 1024;
+  int trials = 5;
+  int samples = 2000;
+  std::string only;
+  app.add_option("--buffer-mib", buffer_mib, "buffer per side; half its blocks move")
+      ->capture_default_str();
+  app.add_option("--trials", trials, "trials per case; the median is reported")
+      ->capture_default_str();
+  app.add_option("--samples", samples, "signal samples")->capture_default_str();
+  app.add_option("--only", only, "swap, gather or signal");
+  CLI11_PARSE(app, argc, argv);
+  if (Status s = kernels::cuda_device_usable(0); !s) {
+    fmt::print("kvrelay-bench-gpu: skipped: {}\n", s.error().message);
+    return 0;
+  }
+  if (only.empty() || only == "swap") swap_case(buffer_mib, trials);
+  if (only.empty() || only == "gather") gather_case(buffer_mib, trials);
+  if (only.empty() || only == "signal") signal_case(samples);
+  return 0;
+}
