@@ -119,8 +119,7 @@ Status rdma_options(const InstanceConfig& c, const RdmaFlags& f,
                    f.traffic_class != 0 || f.queue_pairs != 2;
   if ((c.protocols & 4U) == 0) {
     if (any)
-      return make_error(Errc::kInvalidArgument,
-                        "--rdma-* device options need rdma in --protocol");
+      return make_error(Errc::kInvalidArgument, "--rdma-* device options need rdma in --protocol");
     return {};
   }
   size_t n = 0;
@@ -146,11 +145,10 @@ Status rdma_options(const InstanceConfig& c, const RdmaFlags& f,
     return make_error(Errc::kInvalidArgument,
                       fmt::format("--rdma-queue-pairs {} must be in [1, 16]", f.queue_pairs));
   if (!f.devices.empty()) worker_args.insert(worker_args.end(), {"--rdma-devices", f.devices});
-  worker_args.insert(worker_args.end(),
-                     {"--rdma-ib-port", std::to_string(f.ib_port), "--rdma-gid-index",
-                      std::to_string(f.gid_index), "--rdma-traffic-class",
-                      std::to_string(f.traffic_class), "--rdma-queue-pairs",
-                      std::to_string(f.queue_pairs)});
+  worker_args.insert(worker_args.end(), {"--rdma-ib-port", std::to_string(f.ib_port),
+                                         "--rdma-gid-index", std::to_string(f.gid_index),
+                                         "--rdma-traffic-class", std::to_string(f.traffic_class),
+                                         "--rdma-queue-pairs", std::to_string(f.queue_pairs)});
   return {};
 }
 
@@ -256,6 +254,11 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
                  "pre-shared key for tcp transfers, both roles: a 0600 file of >= 16 random "
                  "bytes (README: Cross-host transfer)");
   app.add_option("--tcp-lanes", tcp_lanes, "parallel tcp connections per decode rank, 1-8")
+      ->capture_default_str();
+  uint32_t copy_max_sms = 16;
+  app.add_option("--copy-max-sms", copy_max_sms,
+                 "GPU pools: the most SMs a GPU-to-GPU copy's gather kernel takes from the model")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   RdmaFlags rdma;
   app.add_option("--rdma-devices", rdma.devices,
@@ -378,6 +381,7 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   if (Status s = network_options(c, listen_address, auth_key_file, tcp_lanes, o.worker_args); !s)
     return s.error();
   if (Status s = rdma_options(c, rdma, o.worker_args); !s) return s.error();
+  o.worker_args.insert(o.worker_args.end(), {"--copy-max-sms", std::to_string(copy_max_sms)});
   if (Status s = apply_speculative(speculative, c); !s) return s.error();
   if (extra_layers_flag != 0) c.extra_layers = extra_layers_flag;
   if (extra_blocks_flag != 0) c.extra_layer_blocks = extra_blocks_flag;

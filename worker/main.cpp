@@ -44,12 +44,18 @@ int main(int argc, char** argv) {
   app.add_option("--rdma-queue-pairs", o.network.rdma_queue_pairs,
                  "rdma: RC queue pairs per decode rank (1-16)")
       ->capture_default_str();
+  app.add_option("--copy-max-sms", o.network.copy_max_sms,
+                 "GPU pools: the most SMs a GPU-to-GPU copy's gather kernel takes (the "
+                 "coordinator's flag)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   std::string idle = "park", cpu_list;
   app.add_option("--idle-strategy", idle, "park, backoff or spin (the coordinator's flag)")
       ->check(CLI::IsMember({"park", "backoff", "spin"}))
       ->capture_default_str();
-  app.add_option("--cpu-list", cpu_list,
-                 "the instance's CPU list (the coordinator's flag): this rank takes entry rank + 1");
+  app.add_option(
+      "--cpu-list", cpu_list,
+      "the instance's CPU list (the coordinator's flag): this rank takes entry rank + 1");
   CLI11_PARSE(app, argc, argv);
   for (size_t at = 0; !rdma_devices.empty() && at != std::string::npos;) {
     const size_t comma = rdma_devices.find(',', at);

@@ -10,11 +10,9 @@
 namespace kvrelay::kernels {
 
 Result<PinnedHostRange> PinnedHostRange::pin(void* address, size_t bytes, bool mapped) {
-  int count = 0;
-  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess || count == 0)
-    return make_error(Errc::kUnsupported,
-                      fmt::format("cannot pin host memory for a GPU: {}",
-                                  err != cudaSuccess ? cudaGetErrorString(err) : "no GPU"));
+  if (Status s = cuda::any_device(); !s)
+    return make_error(s.code(),
+                      fmt::format("cannot pin host memory for a GPU: {}", s.error().message));
   // cudaHostRegister wants whole pages on some drivers: register the pages
   // that hold the range.
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));

@@ -25,7 +25,7 @@ Status check(CUresult err, std::string_view what) {
                                 name != nullptr ? name : fmt::format("CUresult {}", int{err})));
 }
 
-Status use_device(int device) {
+Status any_device() {
   int count = 0;
   if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
     // The usual answers on a machine without a GPU: no driver at all
@@ -34,6 +34,14 @@ Status use_device(int device) {
                       fmt::format("CUDA is not usable on this machine: {} ({})",
                                   cudaGetErrorString(err), cudaGetErrorName(err)));
   }
+  if (count == 0) return make_error(Errc::kUnsupported, "CUDA sees no GPU on this machine");
+  return {};
+}
+
+Status use_device(int device) {
+  if (Status s = any_device(); !s) return s;
+  int count = 0;
+  (void)cudaGetDeviceCount(&count);
   if (device < 0 || device >= count)
     return make_error(
         Errc::kInvalidArgument,

@@ -24,6 +24,8 @@ Status check(CUresult err, std::string_view what);
 // Ok when device `device` exists and this process can use it; the error
 // says why not (no driver, no device, out of range), for a person to act on.
 Status use_device(int device);
+// Ok when this process sees at least one GPU; else kUnsupported saying why.
+Status any_device();
 
 // The driver entry points kvrelay uses. Resolved on the first call; an
 // error (kUnsupported) when the driver is missing or too old for one of them.

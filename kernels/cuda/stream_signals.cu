@@ -25,6 +25,7 @@ __global__ void set_base_kernel(unsigned long long* step_base, unsigned long lon
 }  // namespace
 
 Result<std::unique_ptr<LayerSignalWriter>> LayerSignalWriter::open(std::atomic<uint64_t>* word) {
+  if (Status s = cuda::any_device(); !s) return s.error();
   std::unique_ptr<LayerSignalWriter> w(new LayerSignalWriter());
   if (Status s = cuda::check(cudaGetDevice(&w->device_), "cudaGetDevice"); !s) return s.error();
   Result<PinnedHostRange> pinned = PinnedHostRange::pin(word, sizeof(*word), /*mapped=*/true);

@@ -20,7 +20,8 @@ struct Buffers {
   size_t bytes;
   explicit Buffers(size_t n) : host_src(n), host_expected(n), bytes(n) {
     std::mt19937_64 rng(n);
-    for (auto& b : host_src) b = static_cast<std::byte>(rng());
+    for (auto& b : host_src)
+      b = static_cast<std::byte>(rng());
     EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev_src), n), cudaSuccess);
     EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev_dst), n), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(dev_src, host_src.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
@@ -37,13 +38,15 @@ struct Buffers {
 std::vector<CopyRun> random_runs(size_t bytes, uint64_t block, std::mt19937_64& rng) {
   const uint64_t blocks = bytes / block;
   std::vector<uint64_t> dst(blocks);
-  for (uint64_t i = 0; i < blocks; ++i) dst[i] = i;
+  for (uint64_t i = 0; i < blocks; ++i)
+    dst[i] = i;
   std::shuffle(dst.begin(), dst.end(), rng);
   std::vector<CopyRun> runs;
   for (uint64_t i = 0; i < blocks / 2;) {
     const uint64_t len = 1 + rng() % 4;  // up to 4 blocks per run, when they line up
     uint64_t n = 1;
-    while (n < len && i + n < blocks / 2 && dst[i + n] == dst[i] + n) ++n;
+    while (n < len && i + n < blocks / 2 && dst[i + n] == dst[i] + n)
+      ++n;
     runs.push_back(CopyRun{(rng() % (blocks - n + 1)) * block, dst[i] * block, n * block});
     i += n;
   }

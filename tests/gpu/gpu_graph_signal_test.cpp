@@ -46,10 +46,10 @@ TEST(GpuGraphSignals, AGraphCapturedForwardSignalsItsLayersFromTheDeviceForEvery
   KVRELAY_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   for (uint32_t l = 0; l < kLayers; ++l) {
     for (uint32_t t = 0; t < 2; ++t)
-      ASSERT_EQ(cudaMemcpyAsync(src.device_tensor(l * 2 + t) + blocks[0] * block_bytes,
-                                staging + (l * 2 + t) * span, span, cudaMemcpyDeviceToDevice,
-                                stream),
-                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpyAsync(src.device_tensor(l * 2 + t) + blocks[0] * block_bytes,
+                          staging + (l * 2 + t) * span, span, cudaMemcpyDeviceToDevice, stream),
+          cudaSuccess);
     ASSERT_TRUE(engine.signal_layer(0, l, stream)) << "layer " << l;
   }
   KVRELAY_CUDA_OK(cudaStreamEndCapture(stream, &graph));
@@ -61,7 +61,8 @@ TEST(GpuGraphSignals, AGraphCapturedForwardSignalsItsLayersFromTheDeviceForEvery
     sim::RequestBlocks r;
     r.tag = 900 + step;
     r.src = blocks;
-    for (uint32_t b : blocks) r.dst.push_back(b + 40 * step);
+    for (uint32_t b : blocks)
+      r.dst.push_back(b + 40 * step);
     // What this step's forward computes: the request's pattern.
     sim::fill_request(src.host(), 0, r);
     for (uint32_t l = 0; l < kLayers; ++l)

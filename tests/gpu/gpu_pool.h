@@ -24,10 +24,10 @@
 
 namespace kvrelay::testing {
 
-#define KVRELAY_REQUIRE_GPU()                                                          \
-  do {                                                                                 \
-    if (Status gpu_ = kernels::cuda_device_usable(0); !gpu_)                           \
-      GTEST_SKIP() << "no usable GPU here: " << gpu_.error().message;                  \
+#define KVRELAY_REQUIRE_GPU()                                         \
+  do {                                                                \
+    if (Status gpu_ = kernels::cuda_device_usable(0); !gpu_)          \
+      GTEST_SKIP() << "no usable GPU here: " << gpu_.error().message; \
   } while (0)
 
 #define KVRELAY_CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
@@ -89,27 +89,32 @@ class GpuPool {
     }
     auto mirror = std::make_shared<std::vector<std::byte>>(total_);
     std::vector<std::byte*> host;
-    for (uint32_t t = 0; t < n; ++t) host.push_back(mirror->data() + offsets[t]);
-    host_ = std::make_unique<PoolView>(
-        pool_view_of(g, host, mirror, "gpu-test-mirror", rank));
+    for (uint32_t t = 0; t < n; ++t)
+      host.push_back(mirror->data() + offsets[t]);
+    host_ = std::make_unique<PoolView>(pool_view_of(g, host, mirror, "gpu-test-mirror", rank));
   }
   ~GpuPool() {
-    for (void* p : mallocs_) (void)cudaFree(p);
+    for (void* p : mallocs_)
+      (void)cudaFree(p);
     if (vmm_base_ != 0) {
       const kernels::cuda::DriverApi& api = *kernels::cuda::driver_api().value();
       (void)api.mem_unmap(vmm_base_, vmm_bytes_);
-      for (CUmemGenericAllocationHandle h : chunks_) (void)api.mem_release(h);
+      for (CUmemGenericAllocationHandle h : chunks_)
+        (void)api.mem_release(h);
       (void)api.mem_address_free(vmm_base_, vmm_bytes_);
     }
   }
   GpuPool(const GpuPool&) = delete;
   GpuPool& operator=(const GpuPool&) = delete;
 
-  bool ok() const { return device_.size() == geometry_.total_layers() * geometry_.tensors_per_layer(); }
+  bool ok() const {
+    return device_.size() == geometry_.total_layers() * geometry_.tensors_per_layer();
+  }
   // Device addresses of every tensor, layer-major (register_cuda_pool's).
   std::vector<uint64_t> addresses() const {
     std::vector<uint64_t> out;
-    for (std::byte* p : device_) out.push_back(reinterpret_cast<uint64_t>(p));
+    for (std::byte* p : device_)
+      out.push_back(reinterpret_cast<uint64_t>(p));
     return out;
   }
   std::byte* device_tensor(uint32_t t) const { return device_[t]; }

@@ -47,7 +47,8 @@ TEST(GpuSwap, ALoadIsWaitedOnLayerByLayerOnTheHostAndOnTheStream) {
   // The blocks on the GPU are overwritten; the load must bring them back.
   for (uint32_t l = 0; l < kLayers; ++l)
     for (uint32_t t = 0; t < 2; ++t)
-      for (uint32_t b : dev) sim::poison_block(pool.host(), l, t, b);
+      for (uint32_t b : dev)
+        sim::poison_block(pool.host(), l, t, b);
   pool.upload();
   cudaStream_t stream = nullptr;
   KVRELAY_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -66,7 +67,7 @@ TEST(GpuSwap, ALoadIsWaitedOnLayerByLayerOnTheHostAndOnTheStream) {
     ASSERT_TRUE(engine.wait_layer("load", l, Deadline::after(30s))) << "layer " << l;
   KVRELAY_CUDA_OK(cudaStreamSynchronize(stream));
   std::memcpy(seen.data(), pinned, seen.size());
-  const std::byte* want = pool.host().block(2, PoolTensor::kKey, 3);  // the poison, on the host
+  const std::byte* want = pool.host().block(2, PoolTensor::kKey, 3);   // the poison, on the host
   sim::fill_request(pool.host(), 0, sim::RequestBlocks{5, dev, dev});  // what it must be
   EXPECT_EQ(std::memcmp(seen.data(), want, seen.size()), 0)
       << "the stream read layer 2 only once it was loaded";

@@ -34,8 +34,10 @@ TEST_P(GpuTransfer, ATransferBetweenGpuPoolsLandsByteForByteAndNowhereElse) {
   RequestDriver driver(env, RequestDriver::kLayers, RequestDriver::kBlockTokens);
   std::vector<std::unique_ptr<GpuPool>> src, dst;
   for (uint32_t rank = 0; rank < env.tp(); ++rank) {
-    src.push_back(std::make_unique<GpuPool>(env.prefill().client().info().device_pool, GetParam(), rank));
-    dst.push_back(std::make_unique<GpuPool>(env.decode().client().info().device_pool, GetParam(), rank));
+    src.push_back(
+        std::make_unique<GpuPool>(env.prefill().client().info().device_pool, GetParam(), rank));
+    dst.push_back(
+        std::make_unique<GpuPool>(env.decode().client().info().device_pool, GetParam(), rank));
     ASSERT_TRUE(src.back()->ok() && dst.back()->ok()) << "GPU allocation failed";
   }
   sim::RequestBlocks r;
@@ -48,7 +50,8 @@ TEST_P(GpuTransfer, ATransferBetweenGpuPoolsLandsByteForByteAndNowhereElse) {
     const PoolView& d = dst[rank]->host();
     for (uint32_t l = 0; l < RequestDriver::kLayers; ++l)
       for (uint32_t t = 0; t < 2; ++t)
-        for (uint32_t b : {9U, 10U, 15U, 598U, 599U, 600U, 601U, 999U}) sim::poison_block(d, l, t, b);
+        for (uint32_t b : {9U, 10U, 15U, 598U, 599U, 600U, 601U, 999U})
+          sim::poison_block(d, l, t, b);
     dst[rank]->upload();
   }
   register_gpu_pools(env.prefill().client(), src);

@@ -377,3 +377,29 @@ def test_threads_push_signals_concurrently_and_every_record_arrives_once(pair, e
     assert _worker_signals(pair[0], 0) == before + 2 * per_thread
     assert engine.session != 0
     assert engine.dropped_completions == 0
+
+
+def test_gpu_calls_say_why_they_cannot_run_without_a_gpu(engine):
+    """On a machine without a GPU (or a build without CUDA), every GPU entry
+    point raises Unsupported with the reason, and nothing else is affected;
+    with a GPU, the GPU tests (tools/gpu-check) cover them instead."""
+    layers = LAYERS * 2  # K and V per layer
+    try:
+        engine.register_cuda_pool(0, [0x7F0000000000] * layers)
+    except kvrelay.Unsupported as e:
+        assert "CUDA" in str(e) or "cuda" in str(e), str(e)
+    except kvrelay.InvalidArgument:
+        pytest.skip("a GPU is here: the address is refused as not GPU memory")
+    else:
+        pytest.fail("registering GPU memory at a bogus address succeeded")
+    with pytest.raises(kvrelay.InvalidArgument):
+        engine.register_cuda_pool(0, [0x7F0000000000] * 3)  # not one per tensor
+    with pytest.raises(kvrelay.Unsupported):
+        engine.push_device_step(0, 1, [(0, 0, 16)], LAYERS, 0)
+    with pytest.raises(kvrelay.Unsupported):
+        engine.stream_wait_layer("no-such-load", 0, 0, timeout=0.1)
+    assert isinstance(kvrelay.Unsupported("x"), NotImplementedError)
+    # The instance still serves: an evict of nothing-in-particular completes.
+    engine.submit_swap("after-gpu-refusals", "evict", [1], [2])
+    c = engine.wait(timeout=20)
+    assert c.request_id == "after-gpu-refusals" and c.ok, c.message

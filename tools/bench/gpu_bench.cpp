@@ -69,7 +69,8 @@ std::vector<kernels::CopyRun> scattered_runs(uint64_t blocks, uint64_t block, ui
   std::shuffle(src.begin(), src.end(), rng);
   std::shuffle(dst.begin(), dst.end(), rng);
   std::vector<kernels::CopyRun> runs;
-  for (uint64_t i = 0; i < blocks / 2; ++i) runs.push_back({src[i] * block, dst[i] * block, block});
+  for (uint64_t i = 0; i < blocks / 2; ++i)
+    runs.push_back({src[i] * block, dst[i] * block, block});
   return runs;
 }
 
@@ -122,18 +123,20 @@ void swap_case(uint64_t buffer_mib, int trials) {
       auto ticket = (*engine)->submit(std::span<const kernels::TensorCopy>(&copy, 1));
       if (!ticket || !(*engine)->wait(*ticket)) std::exit(1);
       ours.push_back(gbps(moved, static_cast<double>(mono_now_ns() - t0) / 1e9));
-      large.push_back(gbps(moved, timed(stream, [&] {
-        check(cudaMemcpyAsync(load ? b.dev_b : b.host, load ? b.host : b.dev_b, moved,
-                              load ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
-              "cudaMemcpyAsync");
-      })));
-      loop.push_back(gbps(moved, timed(stream, [&] {
-        for (const kernels::CopyRun& r : runs)
-          check(cudaMemcpyAsync(load ? b.dev_a + r.dst_offset : b.host + r.dst_offset,
-                                load ? b.host + r.src_offset : b.dev_a + r.src_offset, r.bytes,
-                                load ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
-                "cudaMemcpyAsync");
-      })));
+      large.push_back(gbps(
+          moved, timed(stream, [&] {
+            check(cudaMemcpyAsync(load ? b.dev_b : b.host, load ? b.host : b.dev_b, moved,
+                                  load ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
+                  "cudaMemcpyAsync");
+          })));
+      loop.push_back(gbps(
+          moved, timed(stream, [&] {
+            for (const kernels::CopyRun& r : runs)
+              check(cudaMemcpyAsync(load ? b.dev_a + r.dst_offset : b.host + r.dst_offset,
+                                    load ? b.host + r.src_offset : b.dev_a + r.src_offset, r.bytes,
+                                    load ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
+                    "cudaMemcpyAsync");
+          })));
     }
     const char* dir = load ? "host->device (load)" : "device->host (evict)";
     Row vs_large{fmt::format("{}: vs one large pinned cudaMemcpy", dir), "GB/s", median(ours),
@@ -170,10 +173,11 @@ void gather_case(uint64_t buffer_mib, int trials) {
     auto ticket = (*engine)->submit(std::span<const kernels::TensorCopy>(&copy, 1));
     if (!ticket || !(*engine)->wait(*ticket)) std::exit(1);
     ours.push_back(gbps(moved, static_cast<double>(mono_now_ns() - t0) / 1e9));
-    large.push_back(gbps(moved, timed(stream, [&] {
-      check(cudaMemcpyAsync(b.dev_b, b.dev_a, moved, cudaMemcpyDeviceToDevice, stream),
-            "cudaMemcpyAsync");
-    })));
+    large.push_back(
+        gbps(moved, timed(stream, [&] {
+               check(cudaMemcpyAsync(b.dev_b, b.dev_a, moved, cudaMemcpyDeviceToDevice, stream),
+                     "cudaMemcpyAsync");
+             })));
   }
   print_header("Device->device gather, scattered 16 KiB blocks, <= 16 SMs (GB/s)",
                "one large cudaMemcpy");
