@@ -1,5 +1,7 @@
 #include "client/pool_registration.h"
 
+#include <unistd.h>
+
 #include <cstring>
 
 #include "schemas/pool_descriptor.h"
@@ -30,6 +32,7 @@ void describe(const PoolSpec& spec, const PoolGeometry& geometry, uint64_t fd_ti
   d.setSegmentName(spec.segment_name);
   d.setDeviceId(spec.device_id);
   d.setFdTicket(fd_ticket);
+  if (spec.location != PoolLocation::kHostSegment) d.setOwnerPid(static_cast<uint32_t>(getpid()));
   messages::set_shape(d, geometry);
   if (spec.location == PoolLocation::kHostSegment) return;
   auto memories = d.initMemories(static_cast<uint32_t>(spec.memories.size()));

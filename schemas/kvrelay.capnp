@@ -301,6 +301,12 @@ struct PoolDescriptor {
   fdTicket @18 :UInt64;
   # cudaVmm, hostFd: the ticket the rank's worker answered when the engine's
   # library passed it the file descriptors (it claims them with it).
+
+  ownerPid @19 :UInt32;
+  # cudaIpc, cudaVmm, hostFd: the process that allocated the memory, written
+  # by the client library. The worker lets go of the memory when that
+  # process exits (its GPU memory is then freed), and serves its own pool
+  # again. 0: nobody to watch.
 }
 
 struct PoolMemory {

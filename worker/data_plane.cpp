@@ -3,8 +3,13 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <fmt/format.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <random>
 
 #include "instance/pool_segment.h"
@@ -159,6 +164,20 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
     }
     owned = std::move(pool).value();
   }
+  // Watch the memory's owner: once it exits, nobody may hold its memory.
+  UniqueFd owner;
+  if (where != Location::HOST_SEGMENT && d.getOwnerPid() != 0) {
+    owner.reset(static_cast<int>(syscall(SYS_pidfd_open, d.getOwnerPid(), 0)));
+    if (!owner.valid() && errno == ESRCH) {
+      out.message =
+          fmt::format("the process that allocated the pool (pid {}) has exited", d.getOwnerPid());
+      return out;
+    }
+    if (!owner.valid())
+      spdlog::warn("rank {}: cannot watch pid {}, the owner of its {} pool: {}", rank_,
+                   d.getOwnerPid(), tier == PoolTier::kHost ? "host" : "device",
+                   std::strerror(errno));
+  }
   // A pool this worker created and the engine's now replaces is nobody's
   // any more: its name goes (the coordinator removes only the pools the
   // directory lists as kvrelay's at shutdown), its memory once unmapped.
@@ -185,21 +204,60 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
                           std::move(fds));
     }
   }
+  const uint32_t t = static_cast<uint32_t>(tier);
+  owner_[t] = std::move(owner);
+  owner_pid_[t] = owner_[t].valid() ? d.getOwnerPid() : 0;
+  return serve(tier, std::move(owned));
+}
+
+PoolRegistration DataPlane::serve(PoolTier tier, std::unique_ptr<LocalPool> pool) {
+  PoolRegistration out;
   swap_.reset();  // it holds the old pools
   if (tier == PoolTier::kDevice) {
     scheduler_.reset();
     transports_.reset();
-    device_pool_ = std::move(owned);
+    device_pool_ = std::move(pool);
     if (Status s = serve_device_pool(); !s) {
       out.broken = true;
       out.message = s.error().message;
       return out;
     }
   } else {
-    host_pool_ = std::move(owned);
+    host_pool_ = std::move(pool);
   }
   start_swap_engine();
   out.registered = true;
+  return out;
+}
+
+PoolRegistration DataPlane::release_orphaned_pools() {
+  PoolRegistration out;
+  for (PoolTier tier : {PoolTier::kDevice, PoolTier::kHost}) {
+    const uint32_t t = static_cast<uint32_t>(tier);
+    if (!owner_[t].valid()) continue;
+    pollfd p{owner_[t].get(), POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0) continue;  // the owner lives
+    if (scheduler_->live_requests() != 0 || (swap_ && swap_->pending() != 0)) continue;
+    spdlog::warn(
+        "rank {}: pid {}, which registered its {} pool {}, exited: letting go of its "
+        "memory and serving a pool of its own",
+        rank_, owner_pid_[t], tier == PoolTier::kHost ? "host" : "device",
+        (tier == PoolTier::kHost ? host_pool_ : device_pool_)->name());
+    owner_[t].reset();
+    owner_pid_[t] = 0;
+    if (fd_intake_) fd_intake_->unpublish(tier);
+    Result<std::unique_ptr<LocalPool>> own = open_or_create_pool(control_, rank_, tier);
+    if (!own) {
+      out.broken = true;
+      out.message = fmt::format(
+          "the engine that registered its pool exited, and its own pool "
+          "cannot be made: {}",
+          own.error().message);
+      return out;
+    }
+    out = serve(tier, std::move(own).value());
+    if (out.broken) return out;
+  }
   return out;
 }
 

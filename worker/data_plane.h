@@ -15,7 +15,10 @@
 // socket (worker/fd_intake.h). A tensor-table pool is offered to peer
 // workers through that socket too, so that a prefill worker on this host
 // can map it for ipc. A GPU device pool gets the CUDA copy engine, and the
-// host tier is pinned for its copies.
+// host tier is pinned for its copies. The process that allocated such a
+// pool is watched (a pidfd): once it exits, the worker lets go of its memory
+// and serves a pool of its own again, so a dead engine's GPU memory is never
+// held here.
 //
 // Not thread-safe: the worker's thread owns it.
 #pragma once
@@ -74,6 +77,10 @@ class DataPlane {
   const LocalPool* host_pool() const { return host_pool_.get(); }
   // The pool another process truncated, if any (the worker then exits).
   const LocalPool* truncated_pool() const;
+  // Lets go of engine-registered pools whose owner process exited (once no
+  // request or swap uses them), serving the rank's own pool again. Cheap;
+  // call every 100 ms or so. `broken` as for register_pool.
+  PoolRegistration release_orphaned_pools();
   // The rank's fd socket; none when it could not listen (fd registrations
   // are then refused, saying why).
   FdIntake* fd_intake() { return fd_intake_.get(); }
@@ -96,7 +103,14 @@ class DataPlane {
   NetworkOptions network_;
   WaitEvent& doorbell_;
   Hooks hooks_;
+  // Replaces the rank's pool of `tier` with `pool` and rebuilds what sits on it.
+  PoolRegistration serve(PoolTier tier, std::unique_ptr<LocalPool> pool);
+
   std::unique_ptr<FdIntake> fd_intake_;
+  // Per tier: the process that owns the engine-registered pool being served
+  // (a pidfd, readable once it exited), or none.
+  UniqueFd owner_[2];
+  uint32_t owner_pid_[2] = {0, 0};
   std::string no_fd_intake_;  // why there is none
   std::unique_ptr<LocalPool> device_pool_;
   std::unique_ptr<LocalPool> host_pool_;

@@ -160,6 +160,8 @@ class Worker {
         next_check = now + ns_of(100ms);
         if (auto what = task_ring_.take_corruption())
           spdlog::error("rank {}: task ring: {}", rank_, *what);
+        if (const PoolRegistration r = data_->release_orphaned_pools(); r.broken)
+          return give_up(control_, rank_, kExitError, r.message);
         if (Status s = coordinator_alive(); !s) {
           spdlog::warn("rank {}: {}; exiting", rank_, s.error().message);
           set_state(slot_, SlotState::kExiting);

@@ -7,8 +7,11 @@
 #include <capnp/message.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "instance/fd_socket.h"
 #include "instance/names.h"
@@ -252,6 +255,47 @@ TEST_F(TensorTablePoolTest, AMemfdSmallerThanItsRegistrationSaysIsRefused) {
   const PoolRegistration r = data_->register_pool(d.asReader());
   EXPECT_FALSE(r.registered);
   EXPECT_NE(r.message.find("the memfd has"), std::string::npos) << r.message;
+}
+
+TEST_F(TensorTablePoolTest, WhenThePoolsOwnerExitsTheWorkerLetsGoOfItAndServesItsOwnAgain) {
+  const testing::MemfdPool pool(pool_geometry_of(config_, PoolTier::kDevice), 2);
+  const pid_t owner = fork();
+  if (owner == 0) {
+    pause();
+    _exit(0);
+  }
+  capnp::MallocMessageBuilder msg;
+  auto d = msg.initRoot<schema::PoolDescriptor>();
+  describe(d, pool, pass(pool));
+  d.setOwnerPid(static_cast<uint32_t>(owner));
+  ASSERT_TRUE(data_->register_pool(d.asReader()).registered);
+  const std::string engines = data_->device_pool().name();
+  EXPECT_FALSE(data_->release_orphaned_pools().broken);
+  EXPECT_EQ(data_->device_pool().name(), engines) << "its owner lives";
+
+  kill(owner, SIGKILL);
+  waitpid(owner, nullptr, 0);
+  const PoolRegistration r = data_->release_orphaned_pools();
+  EXPECT_FALSE(r.broken) << r.message;
+  EXPECT_NE(data_->device_pool().name(), engines);
+  EXPECT_EQ(data_->device_pool().memory_kind(), kernels::MemoryKind::kHost);
+  Result<PublishedPool> published = find_published_pool(*control_, 0, PoolTier::kDevice);
+  ASSERT_TRUE(published);
+  EXPECT_EQ(published->location, PoolLocation::kHostSegment) << "peers follow the directory";
+  EXPECT_EQ(fetch_shared_pool(config_.instance, 0, PoolTier::kDevice, Deadline::after(5s)).code(),
+            Errc::kNotFound)
+      << "nor is the dead engine's memory offered to peers";
+
+  // An owner already gone at registration: refused, nothing changes.
+  capnp::MallocMessageBuilder again;
+  auto late = again.initRoot<schema::PoolDescriptor>();
+  describe(late, pool, pass(pool));
+  late.setOwnerPid(static_cast<uint32_t>(owner));
+  const std::string serving = data_->device_pool().name();
+  const PoolRegistration refused = data_->register_pool(late.asReader());
+  EXPECT_FALSE(refused.registered);
+  EXPECT_NE(refused.message.find("has exited"), std::string::npos) << refused.message;
+  EXPECT_EQ(data_->device_pool().name(), serving);
 }
 
 TEST_F(TensorTablePoolTest, ARegisteredHostTierIsPinnedOnlyForAGpuAndSwapsOverMemcpy) {
