@@ -82,6 +82,11 @@ TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
   for (const auto& w : j["workers"]) {
     EXPECT_EQ(w["health"], "healthy");
     EXPECT_TRUE(w["ready"].get<bool>());
+    ASSERT_GE(w["pools"].size(), 1u);
+    EXPECT_EQ(w["pools"][0]["tier"], "device");
+    EXPECT_EQ(w["pools"][0]["location"], "host-segment") << "the worker's own pool";
+    EXPECT_GT(w["pools"][0]["bytes"].get<uint64_t>(), 0u);
+    EXPECT_EQ(w["device_signal_word"], 0) << "no GPU signalled anything";
     bytes += w["counters"]["bytes_copied"].get<uint64_t>();
     finished += w["counters"]["requests_finished"].get<uint64_t>();
   }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "instance/control_layout.h"
+#include "instance/pool_segment.h"
 #include "schemas/records.h"
 #include "shm/barrier.h"
 #include "shm/liveness.h"
@@ -135,6 +136,20 @@ InstanceView snapshot(const ControlSegment& control) {
     w.process = view_process(control.worker_slot(r), c, control.rank_liveness(r));
     w.ready = control.status().ready_flags[r].load(std::memory_order_acquire) == 1;
     w.counters = view_counters(control.counters(worker_counters_index(r)));
+    for (PoolTier tier : {PoolTier::kDevice, PoolTier::kHost}) {
+      PoolEntryView p;
+      p.tier = tier == PoolTier::kDevice ? "device" : "host";
+      if (Result<PublishedPool> pub = find_published_pool(control, r, tier)) {
+        static const char* const kLocations[] = {"host-segment", "cuda-ipc", "cuda-vmm", "host-fd"};
+        p.location = kLocations[static_cast<uint32_t>(pub->location)];
+        p.name = pub->name;
+        p.bytes = pub->bytes;
+        p.device_id = pub->device_id;
+      }
+      if (!p.location.empty() || tier == PoolTier::kDevice) w.pools.push_back(std::move(p));
+    }
+    w.device_signal_word =
+        control.status().device_signals[r].layers.load(std::memory_order_relaxed);
     v.workers.push_back(std::move(w));
   }
   if (auto ring = control.submit_ring()) v.rings.push_back(view_mpsc("submit", *ring));

@@ -32,11 +32,22 @@ struct ProcessView {
   uint32_t registrations = 0;  // processes that have owned the slot (restarts + 1)
 };
 
+// Where one of a rank's pools is, as its directory entry says.
+struct PoolEntryView {
+  std::string tier;      // device, host
+  std::string location;  // host-segment, cuda-ipc, cuda-vmm, host-fd; empty: none published
+  std::string name;      // the segment's, or the registration's
+  uint64_t bytes = 0;
+  uint32_t device_id = 0;  // GPU locations
+};
+
 struct WorkerView {
   uint32_t rank = 0;
   ProcessView process;
   bool ready = false;  // the ready flag (the original's cache_ready_signal)
   CountersView counters;
+  std::vector<PoolEntryView> pools;
+  uint64_t device_signal_word = 0;  // layers the engine's GPU stream has signalled
 };
 
 struct RingView {

@@ -107,6 +107,17 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
         w.counters.value("requests_finished"), w.counters.value("requests_failed"),
         w.counters.value("requests_cancelled"), gbps);
   }
+  out += "\npools\n";
+  for (const WorkerView& w : v.workers) {
+    for (const PoolEntryView& p : w.pools)
+      out += fmt::format("  rank {} {:<6} {:<12} {}{}{}\n", w.rank, p.tier,
+                         p.location.empty() ? "none" : p.location, p.name,
+                         p.bytes != 0 ? fmt::format(" ({})", bytes(p.bytes)) : "",
+                         p.location.rfind("cuda", 0) == 0 ? fmt::format(" on GPU {}", p.device_id)
+                                                          : "");
+    if (w.device_signal_word != 0)
+      out += fmt::format("  rank {} GPU-signalled layers: {}\n", w.rank, w.device_signal_word);
+  }
   out += "\nrequests (coordinator)\n  ";
   for (const auto& [label, value] : v.coordinator_counters.counters)
     out += fmt::format("{} {}  ", label, value);
@@ -195,6 +206,14 @@ nlohmann::json render_json(const InstanceView& v) {
     nlohmann::json wj = process_json(w.process);
     wj["rank"] = w.rank;
     wj["ready"] = w.ready;
+    wj["pools"] = nlohmann::json::array();
+    for (const PoolEntryView& p : w.pools)
+      wj["pools"].push_back({{"tier", p.tier},
+                             {"location", p.location},
+                             {"name", p.name},
+                             {"bytes", p.bytes},
+                             {"device_id", p.device_id}});
+    wj["device_signal_word"] = w.device_signal_word;
     wj.update(counters_json(w.counters));
     j["workers"].push_back(wj);
   }
