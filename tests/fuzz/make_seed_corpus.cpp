@@ -134,6 +134,40 @@ int main(int argc, char** argv) {
     save(dir, "register_pool_cuda", 5, m);
   }
   {
+    // VMM memory in 2 MiB chunks, by fd: the fuzzer's instance (32 layers
+    // of 512 blocks, one extra layer of 64), K and V back to back.
+    capnp::MallocMessageBuilder m;
+    auto p = m.initRoot<schema::RegisterPool>().initPool();
+    p.setRank(0);
+    p.setLocation(schema::PoolDescriptor::Location::CUDA_VMM);
+    p.setNumLayers(32);
+    p.setExtraLayers(1);
+    p.setExtraLayerBlocks(64);
+    p.setNumBlocks(512);
+    p.setKvHeads(1);
+    p.setBlockSize(64);
+    p.setHeadDim(128);
+    p.setFdTicket(0x1234);
+    p.setOwnerPid(4242);
+    const uint64_t block = 64ULL * 128 * 2;
+    auto tensors = p.initTensors(66);
+    uint64_t offset = 0;
+    for (uint32_t i = 0; i < 66; ++i) {
+      tensors[i].setOffset(offset);
+      offset += (i < 64 ? 512 : 64) * block;
+    }
+    const uint64_t chunk = 2ULL << 20;
+    auto memories = p.initMemories(1);
+    memories[0].setBytes(offset);
+    auto chunks = memories[0].initChunks(static_cast<uint32_t>(offset / chunk));
+    for (uint32_t c = 0; c < chunks.size(); ++c) {
+      chunks[c].setFdIndex(c);
+      chunks[c].setOffset(c * chunk);
+      chunks[c].setBytes(chunk);
+    }
+    save(dir, "register_pool_vmm", 5, m);
+  }
+  {
     capnp::MallocMessageBuilder m;
     auto s = m.initRoot<schema::SendTask>();
     fill_task(s.initTask(), 8);

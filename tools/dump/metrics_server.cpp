@@ -96,12 +96,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 };
 
 void accept_next(tcp::acceptor& acceptor, const std::function<MetricsBody()>& render) {
-  acceptor.async_accept([&acceptor, &render](const boost::system::error_code& ec,
-                                             tcp::socket socket) {
-    if (ec == asio::error::operation_aborted) return;
-    if (!ec) std::make_shared<Connection>(std::move(socket), render)->start();
-    accept_next(acceptor, render);
-  });
+  acceptor.async_accept(
+      [&acceptor, &render](const boost::system::error_code& ec, tcp::socket socket) {
+        if (ec == asio::error::operation_aborted) return;
+        if (!ec) std::make_shared<Connection>(std::move(socket), render)->start();
+        accept_next(acceptor, render);
+      });
 }
 
 }  // namespace
@@ -109,8 +109,9 @@ void accept_next(tcp::acceptor& acceptor, const std::function<MetricsBody()>& re
 Result<ListenAddress> parse_listen_address(const std::string& text) {
   const size_t colon = text.rfind(':');
   if (colon == std::string::npos)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("--serve '{}': expected ADDRESS:PORT, e.g. 127.0.0.1:9400", text));
+    return make_error(
+        Errc::kInvalidArgument,
+        fmt::format("--serve '{}': expected ADDRESS:PORT, e.g. 127.0.0.1:9400", text));
   ListenAddress a;
   a.host = text.substr(0, colon);
   if (a.host.size() >= 2 && a.host.front() == '[' && a.host.back() == ']')

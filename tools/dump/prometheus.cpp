@@ -100,7 +100,8 @@ void write_process_metrics(Writer& w, const std::string& prefix,
     const Unit u = unit_of(unit);
     const std::string name = fmt::format("kvrelay_{}_{}_{}", prefix, name_part(label), u.suffix);
     w.family(name, "histogram",
-             fmt::format("kvrelay {} histogram '{}' (of {}, exported at powers of two)", prefix, label, unit));
+             fmt::format("kvrelay {} histogram '{}' (of {}, exported at powers of two)", prefix,
+                         label, unit));
     for (const Process& p : processes) {
       for (const HistogramSnapshot& h : p.counters.histograms) {
         if (h.label != label || h.unit != unit) continue;

@@ -110,11 +110,11 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
   out += "\npools\n";
   for (const WorkerView& w : v.workers) {
     for (const PoolEntryView& p : w.pools)
-      out += fmt::format("  rank {} {:<6} {:<12} {}{}{}\n", w.rank, p.tier,
-                         p.location.empty() ? "none" : p.location, p.name,
-                         p.bytes != 0 ? fmt::format(" ({})", bytes(p.bytes)) : "",
-                         p.location.rfind("cuda", 0) == 0 ? fmt::format(" on GPU {}", p.device_id)
-                                                          : "");
+      out += fmt::format(
+          "  rank {} {:<6} {:<12} {}{}{}\n", w.rank, p.tier,
+          p.location.empty() ? "none" : p.location, p.name,
+          p.bytes != 0 ? fmt::format(" ({})", bytes(p.bytes)) : "",
+          p.location.rfind("cuda", 0) == 0 ? fmt::format(" on GPU {}", p.device_id) : "");
     if (w.device_signal_word != 0)
       out += fmt::format("  rank {} GPU-signalled layers: {}\n", w.rank, w.device_signal_word);
   }
@@ -154,7 +154,7 @@ nlohmann::json counters_json(const CountersView& c) {
     counters[label] = value;
   nlohmann::json hist = nlohmann::json::object();
   for (const auto& [label, h] : c.histograms)
-    hist[label] = {{"unit", h.unit}, {"count", h.count}, {"p50", h.p50},  {"p90", h.p90},
+    hist[label] = {{"unit", h.unit}, {"count", h.count}, {"p50", h.p50}, {"p90", h.p90},
                    {"p99", h.p99},   {"p99.9", h.p999},  {"max", h.max}};
   return {{"counters", counters}, {"histograms", hist}};
 }
