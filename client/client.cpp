@@ -349,12 +349,8 @@ Status Client::wait_layer(std::string_view request_id, uint32_t layer, Deadline 
   SwapProgressTable& table = impl_->control.swap_progress();
   if (rank && *rank >= impl_->config.tp_size)
     return make_error(Errc::kInvalidArgument, fmt::format("rank {} out of range", *rank));
-  Result<SwapProgressView> load = impl_->find_load(request_id, deadline);
+  Result<SwapProgressView> load = impl_->find_load(request_id, layer, deadline);
   if (!load) return load.error();
-  if (layer < load->first_layer || layer >= load->first_layer + load->layer_count)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("load '{}' covers layers [{}, {}), not layer {}", request_id,
-                                  load->first_layer, load->first_layer + load->layer_count, layer));
   const uint32_t need = layer - load->first_layer + 1;
   bool moved_on = false;
   auto ready = [&] {

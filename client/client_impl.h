@@ -171,13 +171,21 @@ struct Client::Impl {
     return {};
   }
 
-  // The load with request tag `tag` (it may not have been dispatched yet:
-  // waits for it until `deadline`).
-  Result<SwapProgressView> find_load(std::string_view request_id, Deadline deadline) {
+  // The load `request_id`, which must cover `layer` (it may not have been
+  // dispatched yet: waits for it until `deadline`).
+  Result<SwapProgressView> find_load(std::string_view request_id, uint32_t layer,
+                                     Deadline deadline) {
     const uint32_t tag = records::request_tag(request_id);
     SwapProgressTable& table = control.swap_progress();
     for (;;) {
-      if (std::optional<SwapProgressView> load = swap_progress::find(table, tag)) return *load;
+      if (std::optional<SwapProgressView> load = swap_progress::find(table, tag)) {
+        if (layer < load->first_layer || layer >= load->first_layer + load->layer_count)
+          return make_error(
+              Errc::kInvalidArgument,
+              fmt::format("load '{}' covers layers [{}, {}), not layer {}", request_id,
+                          load->first_layer, load->first_layer + load->layer_count, layer));
+        return *load;
+      }
       if (Status a = alive(); !a) return a.error();
       if (deadline.passed())
         return make_error(Errc::kTimeout,

@@ -80,12 +80,8 @@ Status Client::stream_wait_layer(std::string_view request_id, uint32_t layer, vo
       impl_->device_waits_used.store(true, std::memory_order_release);
     }
   }
-  Result<SwapProgressView> load = impl_->find_load(request_id, deadline);
+  Result<SwapProgressView> load = impl_->find_load(request_id, layer, deadline);
   if (!load) return load.error();
-  if (layer < load->first_layer || layer >= load->first_layer + load->layer_count)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("load '{}' covers layers [{}, {}), not layer {}", request_id,
-                                  load->first_layer, load->first_layer + load->layer_count, layer));
   // Each rank's count is generation << 32 | layers: a later load's
   // generation is larger and ends the wait too, as a failure's release does.
   const uint64_t need = (uint64_t{load->generation} << 32) | (layer - load->first_layer + 1);

@@ -19,6 +19,17 @@ std::string fd_socket_name(std::string_view instance, uint32_t rank) {
   return name;
 }
 
+Result<FdSocketAddress> fd_socket_address(std::string_view instance, uint32_t rank) {
+  const std::string name = fd_socket_name(instance, rank);
+  FdSocketAddress a{};
+  a.addr.sun_family = AF_UNIX;
+  if (name.size() > sizeof(a.addr.sun_path))
+    return make_error(Errc::kInvalidArgument, "the instance name is too long for an fd socket");
+  std::memcpy(a.addr.sun_path, name.data(), name.size());
+  a.len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+  return a;
+}
+
 Status send_fd_message(int sock, std::span<const std::byte> bytes, std::span<const int> fds) {
   if (fds.size() > kMaxPassedFds)
     return make_error(
@@ -98,14 +109,9 @@ namespace {
 Result<UniqueFd> connect_to(std::string_view instance, uint32_t rank) {
   UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!sock.valid()) return system_error("socket(AF_UNIX)", errno);
-  const std::string name = fd_socket_name(instance, rank);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (name.size() > sizeof(addr.sun_path))
-    return make_error(Errc::kInvalidArgument, "the instance name is too long for an fd socket");
-  std::memcpy(addr.sun_path, name.data(), name.size());
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
-  if (connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0) {
+  Result<FdSocketAddress> a = fd_socket_address(instance, rank);
+  if (!a) return a.error();
+  if (connect(sock.get(), reinterpret_cast<const sockaddr*>(&a->addr), a->len) != 0) {
     if (errno == ECONNREFUSED || errno == ENOENT)
       return make_error(Errc::kNotFound,
                         fmt::format("rank {} of instance '{}' has no worker listening for file "

@@ -19,6 +19,9 @@
 // processes of its own user (SO_PEERCRED).
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/un.h>
+
 #include <chrono>
 #include <cstdint>
 #include <span>
@@ -64,6 +67,11 @@ struct FdReply {
 // The socket's address: an abstract name (leading NUL), so nothing is left
 // in the file system when a worker dies.
 std::string fd_socket_name(std::string_view instance, uint32_t rank);
+struct FdSocketAddress {
+  sockaddr_un addr;
+  socklen_t len;
+};
+Result<FdSocketAddress> fd_socket_address(std::string_view instance, uint32_t rank);
 
 // One message and the fds that came with it.
 struct FdMessage {

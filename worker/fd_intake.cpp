@@ -53,15 +53,11 @@ void reply(int connection, Errc code, std::string_view message, uint64_t ticket 
 Result<std::unique_ptr<FdIntake>> FdIntake::start(std::string_view instance, uint32_t rank) {
   UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!sock.valid()) return system_error("socket(AF_UNIX)", errno);
-  const std::string name = fd_socket_name(instance, rank);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (name.size() > sizeof(addr.sun_path))
-    return make_error(Errc::kInvalidArgument, "the instance name is too long for an fd socket");
-  std::memcpy(addr.sun_path, name.data(), name.size());
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
-  if (bind(sock.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0)
-    return system_error(fmt::format("binding rank {}'s fd socket @{}", rank, name.substr(1)),
+  Result<FdSocketAddress> a = fd_socket_address(instance, rank);
+  if (!a) return a.error();
+  if (bind(sock.get(), reinterpret_cast<const sockaddr*>(&a->addr), a->len) != 0)
+    return system_error(fmt::format("binding rank {}'s fd socket @{}", rank,
+                                    fd_socket_name(instance, rank).substr(1)),
                         errno);
   if (listen(sock.get(), 16) != 0) return system_error("listen on the fd socket", errno);
   UniqueFd stop(eventfd(0, EFD_CLOEXEC));
