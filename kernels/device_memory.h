@@ -55,8 +55,9 @@ class ImportedDeviceMemory {
   enum class Kind : uint8_t { kNone, kIpc, kVmm };
   void release();
 
-  Kind kind_ = Kind::kNone;
-  int device_ = 0;
+  // [[maybe_unused]]: a build without CUDA (no_cuda.cpp) never reads them.
+  [[maybe_unused]] Kind kind_ = Kind::kNone;
+  [[maybe_unused]] int device_ = 0;
   std::byte* base_ = nullptr;
   uint64_t bytes_ = 0;
   struct Mapped {
@@ -65,7 +66,7 @@ class ImportedDeviceMemory {
     uint64_t bytes;
   };
   std::vector<Mapped> vmm_;  // imported and mapped, in order
-  bool reserved_ = false;
+  [[maybe_unused]] bool reserved_ = false;
 };
 
 }  // namespace kvrelay::kernels
