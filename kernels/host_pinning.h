@@ -33,7 +33,7 @@ class PinnedHostRange {
  private:
   void release();
   void* base_ = nullptr;  // page-aligned start of what was registered
-  size_t bytes_ = 0;
+  [[maybe_unused]] size_t bytes_ = 0;  // unread in a build without CUDA
   uint64_t device_base_ = 0;
 };
 
