@@ -28,11 +28,14 @@ class PinnedHostRange {
 
   bool pinned() const { return base_ != nullptr; }
   // The device address of host address `address` inside the range (mapped only).
-  uint64_t device_address(const void* address) const;
+  uint64_t device_address(const void* address) const {
+    return device_base_ +
+           (reinterpret_cast<uintptr_t>(address) - reinterpret_cast<uintptr_t>(base_));
+  }
 
  private:
   void release();
-  void* base_ = nullptr;  // page-aligned start of what was registered
+  void* base_ = nullptr;               // page-aligned start of what was registered
   [[maybe_unused]] size_t bytes_ = 0;  // unread in a build without CUDA
   uint64_t device_base_ = 0;
 };

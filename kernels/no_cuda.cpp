@@ -38,9 +38,6 @@ PinnedHostRange& PinnedHostRange::operator=(PinnedHostRange&&) noexcept {
 }
 PinnedHostRange::~PinnedHostRange() = default;
 void PinnedHostRange::release() {}
-uint64_t PinnedHostRange::device_address(const void*) const {
-  return 0;
-}
 
 }  // namespace kvrelay::kernels
 

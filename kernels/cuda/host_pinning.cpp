@@ -65,8 +65,4 @@ void PinnedHostRange::release() {
   base_ = nullptr;
 }
 
-uint64_t PinnedHostRange::device_address(const void* address) const {
-  return device_base_ + (reinterpret_cast<uintptr_t>(address) - reinterpret_cast<uintptr_t>(base_));
-}
-
 }  // namespace kvrelay::kernels
