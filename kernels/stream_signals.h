@@ -45,11 +45,11 @@ class LayerSignalWriter {
 
  private:
   LayerSignalWriter() = default;
+  // [[maybe_unused]]: a build without CUDA (no_cuda.cpp) never reads them.
   PinnedHostRange pinned_;
-  std::atomic<uint64_t>* word_ = nullptr;
-  uint64_t* device_word_ = nullptr;  // the host word's device address
-  uint64_t* step_base_ = nullptr;    // device memory: the current step's base
-  int device_ = 0;
+  [[maybe_unused]] uint64_t* device_word_ = nullptr;  // the host word's device address
+  [[maybe_unused]] uint64_t* step_base_ = nullptr;    // device memory: the current step's base
+  [[maybe_unused]] int device_ = 0;
 };
 
 // Enqueues on `stream` a wait until the 64-bit word at `word` (inside

@@ -31,7 +31,6 @@ Result<std::unique_ptr<LayerSignalWriter>> LayerSignalWriter::open(std::atomic<u
   Result<PinnedHostRange> pinned = PinnedHostRange::pin(word, sizeof(*word), /*mapped=*/true);
   if (!pinned) return pinned.error();
   w->pinned_ = std::move(pinned).value();
-  w->word_ = word;
   w->device_word_ = reinterpret_cast<uint64_t*>(w->pinned_.device_address(word));
   void* base = nullptr;
   if (Status s = cuda::check(cudaMalloc(&base, sizeof(uint64_t)), "cudaMalloc of a step base"); !s)
