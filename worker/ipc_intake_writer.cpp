@@ -9,6 +9,7 @@
 
 #include "schemas/codec.h"
 #include "shm/clock.h"
+#include "shm/futex.h"
 
 namespace kvrelay::worker {
 
@@ -40,9 +41,44 @@ IpcIntakeWriter::~IpcIntakeWriter() {
   view_.set_announcement(0);
 }
 
+namespace {
+
+// What the claims say of a write of `runs` by the key found as `mine`: 0 when
+// it may go ahead, else the first block that refuses it.
+struct Verdict {
+  bool ok = true;
+  bool undeclared = false;  // mine is open but the block is not claimed by it
+  uint32_t block = 0;
+};
+
+Verdict judge(const IntakeWriterView& view, const IntakeLookup& mine,
+              std::span<const BlockRun> runs) {
+  for (const BlockRun& r : runs) {
+    for (uint32_t b = r.dst_block; b < r.dst_block + r.count; ++b) {
+      const uint32_t claim = view.claim_of(b);
+      if (mine.state == IntakeState::kOpen && claim != mine.entry + 1)
+        return Verdict{false, true, b};
+      if (mine.state == IntakeState::kFree && claim != 0) return Verdict{false, false, b};
+    }
+  }
+  return {};
+}
+
+// The owner opens a claim by publishing its entry, then the claims of its
+// blocks one by one (shm/intake_table.h), so a writer can look at the table
+// in the middle of its own request's opening: its entry not yet published
+// while a block's claim is (the entry has changed by the time it looks
+// again), or the entry published and a claim still on its way. A refusal
+// is trusted only once the entry reads the same after the blocks as before,
+// and, for a block its open entry does not claim, once this long has passed
+// (long enough for an owner preempted in the middle of an opening; only a
+// misbehaving engine's write waits it out, once, before its request fails).
+constexpr uint64_t kOpeningSettleNs = 20'000'000;
+
+}  // namespace
+
 Status IpcIntakeWriter::admit(uint64_t key, uint32_t layer, std::span<const BlockRun> runs) {
   const uint64_t epoch = view_.announce(writes_.empty() ? 0 : writes_.front());
-  const IntakeLookup mine = view_.lookup(key, mono_now_ns());
   auto refuse = [&](std::string why, bool tell) -> Status {
     announce_oldest();
     if (tell) {
@@ -51,25 +87,31 @@ Status IpcIntakeWriter::admit(uint64_t key, uint32_t layer, std::span<const Bloc
     }
     return make_error(Errc::kInvalidArgument, std::move(why));
   };
-  if (mine.state == IntakeState::kClosed)
-    return refuse(fmt::format("the request has already arrived at decode rank {} or was "
-                              "withdrawn there",
-                              rank_),
-                  false);
-  for (const BlockRun& r : runs) {
-    for (uint32_t b = r.dst_block; b < r.dst_block + r.count; ++b) {
-      const uint32_t claim = view_.claim_of(b);
-      if (mine.state == IntakeState::kOpen && claim != mine.entry + 1)
-        return refuse(fmt::format("a write of the request goes to destination block {} of decode "
-                                  "rank {}, which it did not declare",
-                                  b, rank_),
-                      true);
-      if (mine.state == IntakeState::kFree && claim != 0)
-        return refuse(fmt::format("destination block {} of decode rank {} is declared by another "
-                                  "request (ExpectArrival)",
-                                  b, rank_),
-                      false);
+  const uint64_t settle_by = mono_now_ns() + kOpeningSettleNs;
+  for (;;) {
+    const IntakeLookup mine = view_.lookup(key, mono_now_ns());
+    if (mine.state == IntakeState::kClosed)
+      return refuse(fmt::format("the request has already arrived at decode rank {} or was "
+                                "withdrawn there",
+                                rank_),
+                    false);
+    const Verdict v = judge(view_, mine, runs);
+    if (v.ok) break;
+    const IntakeLookup again = view_.lookup(key, mono_now_ns());
+    const bool moved = again.state != mine.state || again.entry != mine.entry;
+    if (moved || (v.undeclared && mono_now_ns() < settle_by)) {
+      cpu_relax();
+      continue;
     }
+    if (v.undeclared)
+      return refuse(fmt::format("a write of the request goes to destination block {} of decode "
+                                "rank {}, which it did not declare",
+                                v.block, rank_),
+                    true);
+    return refuse(fmt::format("destination block {} of decode rank {} is declared by another "
+                              "request (ExpectArrival)",
+                              v.block, rank_),
+                  false);
   }
   writes_.push_back(epoch);
   return {};

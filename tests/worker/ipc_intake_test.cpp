@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "support/processes.h"
@@ -63,6 +65,33 @@ class IpcIntakeTest : public ::testing::Test {
   std::unique_ptr<IpcIntake> intake_;
   std::shared_ptr<IpcIntakeWriter> writer_;
 };
+
+// The rank opens a claim by publishing its entry, then its blocks' claims:
+// a writer that looks in between (here: the claims held back by hand for
+// 1 ms) must not refuse its own request's write as undeclared.
+TEST_F(IpcIntakeTest, AWriteThatLooksWhileItsRequestsClaimIsBeingOpenedIsAdmitted) {
+  expect(1, "opening", {20, 21, 22});
+  auto* claims = reinterpret_cast<std::atomic<uint32_t>*>(control_->intake_table(0).data() +
+                                                          sizeof(IntakeTableHeader));
+  const uint32_t entry = claims[20].load();
+  ASSERT_NE(entry, 0u);
+  for (uint32_t b : {20u, 21u, 22u})
+    claims[b].store(0);  // the entry is out, its claims are not
+  std::thread owner([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (uint32_t b : {20u, 21u, 22u})
+      claims[b].store(entry, std::memory_order_release);
+  });
+  const Status s = write("opening", 0, {{0, 20, 3}});
+  owner.join();
+  EXPECT_TRUE(s) << s.error().message;
+  // A write to a block the open request really did not declare is still refused.
+  const Status stray = write("opening", 1, {{0, 40, 1}});
+  ASSERT_FALSE(stray);
+  EXPECT_EQ(stray.error().message,
+            "a write of the request goes to destination block 40 of decode rank 0, which it did "
+            "not declare");
+}
 
 TEST_F(IpcIntakeTest, WritersSkipTheClaimsUntilTheDecodeEngineDeclaresARequest) {
   EXPECT_FALSE(writer_->in_use()) << "nobody declared anything: nothing to check or tell";
