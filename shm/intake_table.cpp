@@ -73,8 +73,12 @@ IntakeLookup IntakeWriterView::lookup(uint64_t key, uint64_t now_ns) const {
       if (k != key) break;
       if (state == static_cast<uint32_t>(IntakeState::kOpen))
         return IntakeLookup{IntakeState::kOpen, e};
+      // A writer reads its clock before it looks, so an owner that closes in
+      // between stamps a time after now_ns: that close is recent, not one
+      // that wrapped round to long ago (the key would read as free, and with
+      // its claims cleared every block would admit its write).
       if (state == static_cast<uint32_t>(IntakeState::kClosed) &&
-          now_ns - closed_at < kIntakeRememberNs)
+          (closed_at >= now_ns || now_ns - closed_at < kIntakeRememberNs))
         return IntakeLookup{IntakeState::kClosed, e};
       break;
     }
@@ -140,7 +144,8 @@ Status IntakeOwner::open(uint64_t key, std::span<const uint32_t> blocks, uint64_
   for (uint32_t i = 0; i < kIntakeProbe && chosen == kIntakeEntries; ++i) {
     const uint32_t e = place(home, i);
     const bool forgotten =
-        entry_closed_ns_[e] != 0 && now_ns - entry_closed_ns_[e] >= kIntakeRememberNs;
+        entry_closed_ns_[e] != 0 && now_ns > entry_closed_ns_[e] &&
+        now_ns - entry_closed_ns_[e] >= kIntakeRememberNs;
     if (entry_key_[e] == 0 || forgotten) chosen = e;
   }
   uint64_t oldest = UINT64_MAX;

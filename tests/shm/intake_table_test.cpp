@@ -79,6 +79,15 @@ TEST_F(IntakeTableTest, AClosedKeyIsRefusedForAMinuteAndItsBlocksAreFreeAtOnce) 
   EXPECT_EQ(w.lookup(5, 300).state, IntakeState::kOpen);
 }
 
+// A writer takes its clock, then looks; the owner may close the key in
+// between, stamping a later time. That close is a moment ago, not a minute.
+TEST_F(IntakeTableTest, AKeyClosedAfterTheWriterReadItsClockReadsClosed) {
+  ASSERT_TRUE(owner_->open(5, std::vector<uint32_t>{10, 11}, 10));
+  ASSERT_NE(owner_->close(5, 1000), 0u);
+  EXPECT_EQ(writer(0).lookup(5, 999).state, IntakeState::kClosed);
+  EXPECT_EQ(writer(0).lookup(5, 1000).state, IntakeState::kClosed);
+}
+
 TEST_F(IntakeTableTest, ACloseWaitsForAWriterThatAnnouncedBeforeItAndNotForOneAfter) {
   ASSERT_TRUE(owner_->open(9, std::vector<uint32_t>{1}, 10));
   IntakeWriterView early = writer(3);
