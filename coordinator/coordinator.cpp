@@ -84,7 +84,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
     table_options.withdraw_timeout = std::chrono::milliseconds(config_.peer_timeout_ms);
     table_options.own_instance = control_.instance();
     table_options.own_tp_size = config_.tp_size;
-    table_options.peer_info = [this](const std::string& peer) { return peer_info(peer); };
+    table_options.peer_info = [this](std::string_view peer) { return peer_info(peer); };
     table_ = std::make_unique<TaskTable>(messages::Limits::from(config_), std::move(table_options),
                                          *this);
     std::vector<std::string_view> labels(std::begin(kCoordinatorCounterLabels),
@@ -319,7 +319,7 @@ class Coordinator : public Sink, public RankHealth::Listener {
 
   // What the coordinator knows of a peer instance on this host, for
   // validating ipc destinations; nullopt when it cannot be attached.
-  std::optional<PeerInfo> peer_info(const std::string& peer) {
+  std::optional<PeerInfo> peer_info(std::string_view peer) {
     Result<const ControlSegment*> c = peers_.get(peer);
     if (!c) return std::nullopt;
     const InstanceConfig& pc = (*c)->config();

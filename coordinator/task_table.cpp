@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bitset>
 #include <map>
 
 namespace kvrelay::coordinator {
@@ -42,6 +43,11 @@ std::string text(capnp::Text::Reader t) {
   return std::string(t.cStr(), t.size());
 }
 
+// A view of a message's text, valid while the message is.
+std::string_view view(capnp::Text::Reader t) {
+  return {t.cStr(), t.size()};
+}
+
 Nanos deadline_of(uint32_t deadline_ms, Nanos default_deadline) {
   return deadline_ms != 0 ? Nanos(std::chrono::milliseconds(deadline_ms)) : default_deadline;
 }
@@ -50,17 +56,24 @@ Nanos deadline_of(uint32_t deadline_ms, Nanos default_deadline) {
 // (validated and forwarded, never the shared bytes) and its root.
 template <class T>
 struct Owned {
-  std::unique_ptr<capnp::MallocMessageBuilder> message;
+  MessageCopies::Copy copy;
   typename T::Reader root;
 
-  explicit Owned(typename T::Reader shared) {
-    const auto words = shared.totalSize().wordCount + 1;
-    message = std::make_unique<capnp::MallocMessageBuilder>(
-        static_cast<unsigned>(std::min<uint64_t>(words, 1U << 20)));
-    message->setRoot(shared);
-    root = message->getRoot<T>().asReader();  // stays valid: the builder does not move
-  }
+  Owned(typename T::Reader shared, MessageCopies& copies)
+      : copy(copies.copy(shared)),
+        root(copy.message().getRoot<T>().asReader()) {}  // stays valid: the buffer does not move
 };
+
+// Copies kept for reuse, and the largest kept (words): at most 16 MiB idle.
+constexpr size_t kSpareCopies = 512;
+constexpr size_t kSpareCopyWords = 4096;
+// Requests (with their map and timer nodes) kept for reuse.
+constexpr size_t kSpareRequests = 4096;
+// First segments of the messages the table sends (words): a WorkerTask
+// carries a CacheTask or CacheDest whole; a completion's message is cut to
+// kMaxCompletionMessageBytes.
+constexpr size_t kTaskScratchWords = 8192;
+constexpr size_t kCompletionScratchWords = 512;
 
 }  // namespace
 
@@ -125,34 +138,56 @@ TaskTable::TaskTable(const messages::Limits& limits, TableOptions options, Sink&
       options_(std::move(options)),
       sink_(sink),
       down_(limits.tp_size),
+      copies_(kSpareCopies, kSpareCopyWords),
+      task_space_(kTaskScratchWords),
+      completion_space_(kCompletionScratchWords),
+      spare_requests_(kSpareRequests),
+      spare_ids_(kSpareRequests),
+      spare_timers_(kSpareRequests),
       tombstones_(options_.max_tombstones) {}
 
 TaskTable::~TaskTable() = default;
 
-TaskTable::Request* TaskTable::find_live(const std::string& id) {
+TaskTable::Request* TaskTable::find_live(std::string_view id) {
   auto it = by_id_.find(id);
   return it == by_id_.end() ? nullptr : it->second;
 }
 
-TaskTable::Request& TaskTable::create(const std::string& id, CompletionKind kind, uint64_t now_ns,
+TaskTable::Request& TaskTable::create(std::string_view id, CompletionKind kind, uint64_t now_ns,
                                       uint32_t deadline_ms, uint32_t session) {
-  auto r = std::make_unique<Request>();
-  r->id = id;
-  r->handle = next_handle_++;
+  const uint64_t handle = next_handle_++;
+  Request* r = nullptr;
+  if (HandleMap::node_type node = spare_requests_.take(); !node.empty()) {
+    // A retired request's node: every field back to its default, but the
+    // id's and the ranks' storage kept.
+    r = node.mapped().get();
+    std::string kept_id = std::move(r->id);
+    std::vector<RankState> kept_ranks = std::move(r->ranks);
+    std::string kept_message = std::move(r->outcome.message);
+    *r = Request{};
+    r->id = std::move(kept_id);
+    r->ranks = std::move(kept_ranks);
+    r->outcome.message = std::move(kept_message);
+    r->outcome.message.clear();
+    node.key() = handle;
+    by_handle_.insert(std::move(node));
+  } else {
+    r = by_handle_.emplace(handle, std::make_unique<Request>()).first->second.get();
+  }
+  r->id.assign(id);
+  r->handle = handle;
   r->kind = kind;
   r->session = session;
   r->submitted_ns = now_ns;
   r->deadline = deadline_of(deadline_ms, options_.default_deadline);
   r->ranks.assign(limits_.tp_size, RankState::kIdle);
-  r->timer = timers_.emplace(r->deadline_ns(), r->handle);
-  Request& ref = *r;
-  by_id_[id] = &ref;
-  by_handle_[ref.handle] = std::move(r);
+  arm_new_timer(*r, r->deadline_ns());
+  spare_ids_.put(by_id_, id, r);
   ++counters_.submitted;
-  return ref;
+  return *r;
 }
 
-bool TaskTable::has_room(const std::string& id, CompletionKind kind, uint64_t now_ns,
+bool TaskTable::has_room(std::string_view id, CompletionKind kind, uint64_t now_ns,
                          uint32_t session) {
   if (draining_) {
     complete_unknown(id, kind, CompletionStatus::ERROR,
@@ -195,7 +230,7 @@ std::variant<TaskTable::Request*, TaskTable::Answered> TaskTable::admit_half(
                      s.error().message, now_ns, session);
     return Answered{};
   }
-  const std::string id = text(id_text);
+  const std::string_view id = view(id_text);
   Request* live = find_live(id);
   if (live != nullptr) {
     const bool has_half = half == Half::kTask ? live->task.has_value() : live->dest.has_value();
@@ -230,7 +265,7 @@ std::variant<TaskTable::Request*, TaskTable::Answered> TaskTable::admit_half(
   return static_cast<Request*>(nullptr);
 }
 
-void TaskTable::refuse_half(Request* joined, Half half, const std::string& id,
+void TaskTable::refuse_half(Request* joined, Half half, std::string_view id,
                             const std::string& error, uint64_t now_ns, uint32_t session) {
   if (joined != nullptr) {
     finish(*joined, CompletionStatus::ERROR, -1, error, now_ns);
@@ -240,26 +275,26 @@ void TaskTable::refuse_half(Request* joined, Half half, const std::string& id,
   remember(id, Tombstones::Halves{half == Half::kTask, half == Half::kDest}, Nanos(0), now_ns);
 }
 
-std::optional<std::string> TaskTable::admit_single(capnp::Text::Reader id_text, CompletionKind kind,
-                                                   const char* what, uint64_t now_ns,
-                                                   uint32_t session) {
+std::optional<std::string_view> TaskTable::admit_single(capnp::Text::Reader id_text,
+                                                        CompletionKind kind, const char* what,
+                                                        uint64_t now_ns, uint32_t session) {
   if (Status s = messages::validate_request_id(what, id_text); !s) {
     complete_unknown(printable_id(id_text), kind, CompletionStatus::REJECTED, s.error().message,
                      now_ns, session);
     return std::nullopt;
   }
-  std::string id = text(id_text);
+  const std::string_view id = view(id_text);
   if (!admit_single(id, kind, what, false, now_ns, session)) return std::nullopt;
   return id;
 }
 
-void TaskTable::refuse_single(const std::string& id, CompletionKind kind, const std::string& error,
+void TaskTable::refuse_single(std::string_view id, CompletionKind kind, const std::string& error,
                               uint64_t now_ns, uint32_t session) {
   complete_unknown(id, kind, CompletionStatus::ERROR, error, now_ns, session);
   remember(id, Tombstones::Halves{true, true}, Nanos(0), now_ns);
 }
 
-bool TaskTable::admit_single(const std::string& id, CompletionKind kind, const char* what,
+bool TaskTable::admit_single(std::string_view id, CompletionKind kind, const char* what,
                              bool reusable_id, uint64_t now_ns, uint32_t session) {
   if (find_live(id) != nullptr || (!reusable_id && tombstones_.find(id, now_ns))) {
     complete_unknown(id, kind, CompletionStatus::REJECTED,
@@ -273,11 +308,11 @@ bool TaskTable::admit_single(const std::string& id, CompletionKind kind, const c
 
 void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns, uint32_t session) {
   time_submission(shared.getClientSubmitNs(), now_ns);
-  Owned<schema::CacheTask> task(shared);
+  Owned<schema::CacheTask> task(shared, copies_);
   const auto admitted = admit_half(Half::kTask, task.root.getRequestId(), now_ns, session);
   if (std::holds_alternative<Answered>(admitted)) return reap();
   Request* joined = std::get<Request*>(admitted);
-  const std::string id = text(task.root.getRequestId());
+  const std::string_view id = view(task.root.getRequestId());  // lives as long as the copy
   const uint32_t deadline_ms = task.root.getDeadlineMs();
   if (Status s = messages::validate(task.root, limits_); !s) {
     if (joined != nullptr) joined->task = std::move(task);
@@ -307,13 +342,14 @@ void TaskTable::on_cache_task(schema::CacheTask::Reader shared, uint64_t now_ns,
 std::optional<std::string> TaskTable::check_peer(schema::CacheDest::Reader dest,
                                                  std::optional<uint32_t>& peer_blocks) {
   if (dest.getProtocol() != schema::TransferProtocol::IPC) return std::nullopt;
-  const std::string id = printable_id(dest.getRequestId());
-  const std::string peer = text(dest.getPeerInstance());
+  // Nothing here allocates unless it refuses (the dispatch path).
+  const auto id = [&] { return printable_id(dest.getRequestId()); };
+  const std::string_view peer = view(dest.getPeerInstance());
   if (!options_.own_instance.empty() && peer == options_.own_instance)
     return fmt::format(
         "CacheDest '{}': peer_instance '{}' is this instance itself; a transfer "
         "goes to another (decode) instance",
-        id, peer);
+        id(), peer);
   if (!options_.peer_info) return std::nullopt;
   const std::optional<PeerInfo> info = options_.peer_info(peer);
   if (!info) return std::nullopt;  // unknown here: the worker checks when it attaches
@@ -321,25 +357,25 @@ std::optional<std::string> TaskTable::check_peer(schema::CacheDest::Reader dest,
     return fmt::format(
         "CacheDest '{}': peer_instance '{}' has role {}; only a decode instance "
         "accepts transfers",
-        id, peer, role_name(info->role));
+        id(), peer, role_name(info->role));
   peer_blocks = info->num_blocks;
   // Heterogeneous TP: the workers write where the head split says
   // (instance/head_layout.h); device_ids is not consulted.
   if (options_.own_tp_size != 0 && info->tp_size != options_.own_tp_size) return std::nullopt;
   const auto devices = dest.getDeviceIds();
-  std::vector<bool> used(info->tp_size, false);
+  std::bitset<kMaxTpSize> used;
   for (uint32_t i = 0; i < devices.size(); ++i) {
     const uint32_t d = devices[i];
-    if (d >= info->tp_size)
+    if (d >= info->tp_size || d >= kMaxTpSize)
       return fmt::format(
           "CacheDest '{}': device_ids[{}] = {} is out of range: decode instance "
           "'{}' has {} ranks",
-          id, i, d, peer, info->tp_size);
+          id(), i, d, peer, info->tp_size);
     if (used[d])
       return fmt::format(
           "CacheDest '{}': device_ids names decode rank {} twice; each rank's "
           "blocks go to a rank of their own",
-          id, d);
+          id(), d);
     used[d] = true;
   }
   return std::nullopt;
@@ -347,11 +383,11 @@ std::optional<std::string> TaskTable::check_peer(schema::CacheDest::Reader dest,
 
 void TaskTable::on_cache_dest(schema::CacheDest::Reader shared, uint64_t now_ns, uint32_t session) {
   time_submission(shared.getClientSubmitNs(), now_ns);
-  Owned<schema::CacheDest> dest(shared);
+  Owned<schema::CacheDest> dest(shared, copies_);
   const auto admitted = admit_half(Half::kDest, dest.root.getRequestId(), now_ns, session);
   if (std::holds_alternative<Answered>(admitted)) return reap();
   Request* joined = std::get<Request*>(admitted);
-  const std::string id = text(dest.root.getRequestId());
+  const std::string_view id = view(dest.root.getRequestId());  // lives as long as the copy
   std::string error;
   std::optional<uint32_t> peer_blocks;
   if (dest.root.getErrorMessage().size() > 0) {
@@ -390,11 +426,11 @@ void TaskTable::maybe_dispatch_dest(Request& r, uint64_t now_ns) {
 }
 
 void TaskTable::on_swap(schema::SwapTask::Reader shared, uint64_t now_ns, uint32_t session) {
-  Owned<schema::SwapTask> swap(shared);
-  const std::optional<std::string> admitted =
+  Owned<schema::SwapTask> swap(shared, copies_);
+  const std::optional<std::string_view> admitted =
       admit_single(swap.root.getRequestId(), CompletionKind::SWAP, "SwapTask", now_ns, session);
   if (!admitted) return;
-  const std::string& id = *admitted;
+  const std::string_view id = *admitted;
   if (Status s = messages::validate(swap.root, limits_); !s)
     return refuse_single(id, CompletionKind::SWAP, s.error().message, now_ns, session);
   Request& r = create(id, CompletionKind::SWAP, now_ns, swap.root.getDeadlineMs(), session);
@@ -402,7 +438,8 @@ void TaskTable::on_swap(schema::SwapTask::Reader shared, uint64_t now_ns, uint32
     const uint32_t first = swap.root.getFirstLayer();
     const uint32_t count =
         swap.root.getLayerCount() != 0 ? swap.root.getLayerCount() : limits_.total_layers() - first;
-    r.progress_slot = sink_.begin_load_progress(r.handle, id, first, count, r.progress_generation);
+    r.progress_slot =
+        sink_.begin_load_progress(r.handle, r.id, first, count, r.progress_generation);
   }
   send_to_ranks(
       r,
@@ -419,11 +456,11 @@ void TaskTable::on_swap(schema::SwapTask::Reader shared, uint64_t now_ns, uint32
 // into these blocks: every rank tracks it, and its completion (kind
 // arrived) comes when every rank has every byte.
 void TaskTable::on_expect(schema::ExpectArrival::Reader shared, uint64_t now_ns, uint32_t session) {
-  Owned<schema::ExpectArrival> expect(shared);
-  const std::optional<std::string> admitted = admit_single(
+  Owned<schema::ExpectArrival> expect(shared, copies_);
+  const std::optional<std::string_view> admitted = admit_single(
       expect.root.getRequestId(), CompletionKind::ARRIVED, "ExpectArrival", now_ns, session);
   if (!admitted) return;
-  const std::string& id = *admitted;
+  const std::string_view id = *admitted;
   if (Status s = messages::validate(expect.root, limits_); !s)
     return refuse_single(id, CompletionKind::ARRIVED, s.error().message, now_ns, session);
   Request& r = create(id, CompletionKind::ARRIVED, now_ns, expect.root.getDeadlineMs(), session);
@@ -433,7 +470,7 @@ void TaskTable::on_expect(schema::ExpectArrival::Reader shared, uint64_t now_ns,
 }
 
 void TaskTable::on_connect(schema::ConnectTask::Reader shared, uint64_t now_ns, uint32_t session) {
-  Owned<schema::ConnectTask> connect(shared);
+  Owned<schema::ConnectTask> connect(shared, copies_);
   const std::string id = fmt::format("connect-{}", connect.root.getTaskId());
   // Connect ids may be reused once done.
   if (!admit_single(id, CompletionKind::CONNECT, "ConnectTask", true, now_ns, session)) return;
@@ -451,7 +488,7 @@ void TaskTable::on_connect(schema::ConnectTask::Reader shared, uint64_t now_ns, 
 
 void TaskTable::on_register_pool(schema::RegisterPool::Reader shared, uint64_t now_ns,
                                  uint32_t session) {
-  Owned<schema::RegisterPool> reg(shared);
+  Owned<schema::RegisterPool> reg(shared, copies_);
   if (Status s = messages::validate(reg.root, limits_); !s) {
     complete_unknown("register-pool", CompletionKind::REGISTER_POOL, CompletionStatus::ERROR,
                      s.error().message, now_ns, session);
@@ -472,12 +509,12 @@ void TaskTable::on_register_pool(schema::RegisterPool::Reader shared, uint64_t n
   Request& r = create(id, CompletionKind::REGISTER_POOL, now_ns, 0, session);
   // Only the pool's own rank takes part.
   r.ranks[pool.getRank()] = RankState::kPending;
-  capnp::MallocMessageBuilder msg(256);
-  auto w = msg.initRoot<schema::WorkerTask>();
+  ScratchMessage msg(task_space_);
+  auto w = msg->initRoot<schema::WorkerTask>();
   w.setHandle(r.handle);
   w.setRequestId(id);
   w.setRegisterPool(pool);
-  sink_.to_worker(pool.getRank(), msg);
+  sink_.to_worker(pool.getRank(), *msg);
 }
 
 void TaskTable::on_cancel(schema::Cancel::Reader shared, uint64_t now_ns, uint32_t session) {
@@ -594,7 +631,7 @@ void TaskTable::on_session_ended(uint32_t session, uint64_t now_ns) {
     if (r.session != session || r.silent || r.phase == Phase::kRetired) continue;
     r.silent = true;
     if (r.owns_id) {
-      by_id_.erase(r.id);
+      if (auto it = by_id_.find(r.id); it != by_id_.end()) spare_ids_.erase(by_id_, it);
       r.owns_id = false;
     }
     ++counters_.session_withdrawals;
@@ -615,7 +652,7 @@ uint64_t TaskTable::tick(uint64_t now_ns) {
   while (!timers_.empty() && timers_.begin()->first <= now_ns) {
     auto it = by_handle_.find(timers_.begin()->second);
     if (it == by_handle_.end() || it->second->phase == Phase::kRetired) {
-      timers_.erase(timers_.begin());  // not expected: retiring erases the timer
+      spare_timers_.erase(timers_, timers_.begin());  // not expected: retiring erases the timer
       continue;
     }
     on_timer(*it->second, now_ns);  // re-arms or retires: the entry moves or goes
@@ -687,9 +724,8 @@ std::optional<std::string> TaskTable::down_reason(uint32_t rank) const {
       rank, *down_[rank]);
 }
 
-bool TaskTable::send_to_ranks(Request& r,
-                              const std::function<void(schema::WorkerTask::Builder)>& fill,
-                              uint64_t now_ns) {
+template <class Fill>
+bool TaskTable::send_to_ranks(Request& r, Fill&& fill, uint64_t now_ns) {
   for (uint32_t rank = 0; rank < limits_.tp_size; ++rank) {
     if (auto why = down_reason(rank)) {
       finish(r, CompletionStatus::ERROR, static_cast<int32_t>(rank),
@@ -698,8 +734,8 @@ bool TaskTable::send_to_ranks(Request& r,
     }
   }
   // Encoded once: every rank gets the same task.
-  capnp::MallocMessageBuilder msg(512);
-  auto w = msg.initRoot<schema::WorkerTask>();
+  ScratchMessage msg(task_space_);
+  auto w = msg->initRoot<schema::WorkerTask>();
   w.setHandle(r.handle);
   w.setRequestId(r.id);
   fill(w);
@@ -707,7 +743,7 @@ bool TaskTable::send_to_ranks(Request& r,
   w.setWrittenNs(written_ns);
   if (written_ns >= now_ns) sink_.observe_hop(kReadToTaskWrittenNs, written_ns - now_ns);
   for (uint32_t rank = 0; rank < limits_.tp_size; ++rank) {
-    sink_.to_worker(rank, msg);
+    sink_.to_worker(rank, *msg);
     r.ranks[rank] = RankState::kPending;
   }
   return true;
@@ -720,13 +756,13 @@ void TaskTable::time_submission(uint64_t client_submit_ns, uint64_t now_ns) {
 }
 
 void TaskTable::send_cancel(Request& r) {
-  capnp::MallocMessageBuilder msg(64);
-  auto w = msg.initRoot<schema::WorkerTask>();
+  ScratchMessage msg(task_space_);
+  auto w = msg->initRoot<schema::WorkerTask>();
   w.setHandle(r.handle);
   w.setRequestId(r.id);
   w.setCancel();
   for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
-    if (r.ranks[rank] == RankState::kPending) sink_.to_worker(rank, msg);
+    if (r.ranks[rank] == RankState::kPending) sink_.to_worker(rank, *msg);
   }
 }
 
@@ -748,8 +784,16 @@ void TaskTable::finish(Request& r, CompletionStatus status, int32_t error_rank,
 }
 
 void TaskTable::arm_timer(Request& r, uint64_t at_ns) {
-  timers_.erase(r.timer);
-  r.timer = timers_.emplace(at_ns, r.handle);
+  disarm_timer(r);
+  arm_new_timer(r, at_ns);
+}
+
+void TaskTable::arm_new_timer(Request& r, uint64_t at_ns) {
+  r.timer = spare_timers_.put_multi(timers_, at_ns, r.handle);
+}
+
+void TaskTable::disarm_timer(Request& r) {
+  spare_timers_.erase(timers_, r.timer);
 }
 
 bool TaskTable::writers_settled(const Request& r) const {
@@ -763,8 +807,8 @@ void TaskTable::emit(Request& r, uint64_t now_ns) {
   if (r.progress_slot != Sink::kNoProgressSlot)
     sink_.end_load_progress(r.progress_slot, r.outcome.status == CompletionStatus::FINISHED);
   if (!r.silent) {
-    capnp::MallocMessageBuilder msg(256);
-    auto c = msg.initRoot<schema::Completion>();
+    ScratchMessage msg(completion_space_);
+    auto c = msg->initRoot<schema::Completion>();
     c.setRequestId(r.id);
     c.setKind(r.kind);
     c.setStatus(r.outcome.status);
@@ -784,7 +828,7 @@ void TaskTable::emit(Request& r, uint64_t now_ns) {
       case CompletionStatus::TIMEOUT: ++counters_.timeouts; break;
       case CompletionStatus::REJECTED: ++counters_.rejected; break;
     }
-    sink_.complete(msg);
+    sink_.complete(*msg);
     if (r.outcome.status != CompletionStatus::FINISHED)
       spdlog::info("'{}' {}: {}", r.id,
                    r.outcome.status == CompletionStatus::ERROR ? "failed" : "ended",
@@ -794,26 +838,32 @@ void TaskTable::emit(Request& r, uint64_t now_ns) {
     const bool single = r.kind != CompletionKind::CACHE;
     remember(r.id, Tombstones::Halves{single || r.task.has_value(), single || r.dest.has_value()},
              r.deadline, now_ns);
-    by_id_.erase(r.id);
+    if (auto it = by_id_.find(r.id); it != by_id_.end()) spare_ids_.erase(by_id_, it);
     r.owns_id = false;
   }
-  timers_.erase(r.timer);
+  disarm_timer(r);
   r.phase = Phase::kRetired;
   retired_.push_back(r.handle);
 }
 
 void TaskTable::reap() {
-  for (uint64_t handle : retired_)
-    by_handle_.erase(handle);
+  for (uint64_t handle : retired_) {
+    auto it = by_handle_.find(handle);
+    if (it == by_handle_.end()) continue;
+    // Its copies go back now, not when the node is next reused.
+    it->second->task.reset();
+    it->second->dest.reset();
+    spare_requests_.erase(by_handle_, it);
+  }
   retired_.clear();
 }
 
-void TaskTable::complete_unknown(const std::string& id, CompletionKind kind,
+void TaskTable::complete_unknown(std::string_view id, CompletionKind kind,
                                  CompletionStatus status, const std::string& message,
                                  uint64_t now_ns, uint32_t session) {
-  capnp::MallocMessageBuilder msg(256);
-  auto c = msg.initRoot<schema::Completion>();
-  c.setRequestId(id);
+  ScratchMessage msg(completion_space_);
+  auto c = msg->initRoot<schema::Completion>();
+  c.setRequestId(capnp::Text::Reader(id.data(), id.size()));
   c.setKind(kind);
   c.setStatus(status);
   c.setErrorRank(-1);
@@ -823,7 +873,7 @@ void TaskTable::complete_unknown(const std::string& id, CompletionKind kind,
   c.setSession(session);
   c.setBlocksReusable(true);  // nothing was started for it
   ++(status == CompletionStatus::REJECTED ? counters_.rejected : counters_.errors);
-  sink_.complete(msg);
+  sink_.complete(*msg);
   if (status == CompletionStatus::REJECTED) {
     spdlog::debug("rejected: {}", message);  // the live request of that id is not affected
   } else {
@@ -833,7 +883,7 @@ void TaskTable::complete_unknown(const std::string& id, CompletionKind kind,
 
 // `deadline`: how long the request had (its partner may come that long
 // after its first half).
-void TaskTable::remember(const std::string& id, Tombstones::Halves halves, Nanos deadline,
+void TaskTable::remember(std::string_view id, Tombstones::Halves halves, Nanos deadline,
                          uint64_t now_ns) {
   const Nanos lifetime = std::max(deadline, options_.default_deadline) + options_.tombstone_margin;
   if (!tombstones_.remember(id, halves, now_ns + ns_of(lifetime), now_ns))

@@ -49,17 +49,20 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <variant>
 #include <vector>
 
 #include "coordinator/coordinator_counters.h"
+#include "coordinator/reuse.h"
 #include "coordinator/tombstones.h"
 #include "instance/instance_config.h"
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
 #include "shm/clock.h"
+#include "shm/string_key.h"
 
 namespace kvrelay::coordinator {
 
@@ -124,7 +127,7 @@ struct TableOptions {
   uint32_t own_tp_size = 0;
   // Optional: what is known of a peer (decode) instance for ipc
   // destinations, by name (looked up by the coordinator; nullopt: unknown).
-  std::function<std::optional<PeerInfo>(const std::string& peer_instance)> peer_info;
+  std::function<std::optional<PeerInfo>(std::string_view peer_instance)> peer_info;
 };
 
 struct TableCounters {
@@ -197,8 +200,12 @@ class TaskTable {
   // What an entry point found already answered: nothing more to do.
   struct Answered {};
 
-  Request* find_live(const std::string& id);
-  Request& create(const std::string& id, CompletionKind kind, uint64_t now_ns, uint32_t deadline_ms,
+  using HandleMap = std::unordered_map<uint64_t, std::unique_ptr<Request>>;
+  using IdMap = StringKeyMap<Request*>;
+  using Timers = std::multimap<uint64_t, uint64_t>;
+
+  Request* find_live(std::string_view id);
+  Request& create(std::string_view id, CompletionKind kind, uint64_t now_ns, uint32_t deadline_ms,
                   uint32_t session);
 
   // ---- admission: the checks a submission passes before its request exists ----
@@ -210,30 +217,31 @@ class TaskTable {
                                               uint32_t session);
   // A half that failed validation: it fails the request it joined, or, alone,
   // gets its error completion and its id is remembered.
-  void refuse_half(Request* joined, Half half, const std::string& id, const std::string& error,
+  void refuse_half(Request* joined, Half half, std::string_view id, const std::string& error,
                    uint64_t now_ns, uint32_t session);
   // A single-part request (swap, expect, connect, register-pool): not a
   // duplicate of a live one (nor, unless `reusable_id`, of one that recently
   // ended), and room for it. False when it was answered.
-  bool admit_single(const std::string& id, CompletionKind kind, const char* what, bool reusable_id,
+  bool admit_single(std::string_view id, CompletionKind kind, const char* what, bool reusable_id,
                     uint64_t now_ns, uint32_t session);
   // The same for a request whose id the engine chose: the id must be well
-  // formed, and is never reused while remembered. Returns the id, or nullopt
-  // when the request was answered.
-  std::optional<std::string> admit_single(capnp::Text::Reader id, CompletionKind kind,
-                                          const char* what, uint64_t now_ns, uint32_t session);
+  // formed, and is never reused while remembered. Returns the id (a view of
+  // `id`), or nullopt when the request was answered.
+  std::optional<std::string_view> admit_single(capnp::Text::Reader id, CompletionKind kind,
+                                               const char* what, uint64_t now_ns,
+                                               uint32_t session);
   // A single-part request that failed validation: its error completion, and
   // its id is remembered.
-  void refuse_single(const std::string& id, CompletionKind kind, const std::string& error,
+  void refuse_single(std::string_view id, CompletionKind kind, const std::string& error,
                      uint64_t now_ns, uint32_t session);
   // Room for one more request (draining, capacity); false when refused (and answered).
-  bool has_room(const std::string& id, CompletionKind kind, uint64_t now_ns, uint32_t session);
+  bool has_room(std::string_view id, CompletionKind kind, uint64_t now_ns, uint32_t session);
 
   void maybe_dispatch_dest(Request& r, uint64_t now_ns);
   // Sends a part of `r` to every rank. When a rank is down it sends nothing,
   // ends `r` with an error naming the rank, and returns false.
-  bool send_to_ranks(Request& r, const std::function<void(schema::WorkerTask::Builder)>& fill,
-                     uint64_t now_ns);
+  template <class Fill>
+  bool send_to_ranks(Request& r, Fill&& fill, uint64_t now_ns);
   std::optional<std::string> down_reason(uint32_t rank) const;
   void time_submission(uint64_t client_submit_ns, uint64_t now_ns);
   void send_cancel(Request& r);
@@ -250,9 +258,11 @@ class TaskTable {
   void emit(Request& r, uint64_t now_ns);
   void reap();
   bool writers_settled(const Request& r) const;
-  void complete_unknown(const std::string& id, CompletionKind kind, CompletionStatus status,
+  void complete_unknown(std::string_view id, CompletionKind kind, CompletionStatus status,
                         const std::string& message, uint64_t now_ns, uint32_t session);
-  void remember(const std::string& id, Tombstones::Halves halves, Nanos deadline, uint64_t now_ns);
+  void remember(std::string_view id, Tombstones::Halves halves, Nanos deadline, uint64_t now_ns);
+  void arm_new_timer(Request& r, uint64_t at_ns);
+  void disarm_timer(Request& r);
   std::optional<std::string> check_peer(schema::CacheDest::Reader dest,
                                         std::optional<uint32_t>& peer_blocks);
 
@@ -262,10 +272,19 @@ class TaskTable {
   uint64_t next_handle_ = 1;
   bool draining_ = false;
   std::vector<std::optional<std::string>> down_;  // per rank: why it is down
-  std::unordered_map<uint64_t, std::unique_ptr<Request>> by_handle_;
-  std::unordered_map<std::string, Request*> by_id_;  // live requests that own their id
-  std::multimap<uint64_t, uint64_t> timers_;         // (due, handle) of live requests
-  std::vector<uint64_t> retired_;                    // emitted, freed by reap()
+  // Declared before the maps: their requests' copies go back to it.
+  MessageCopies copies_;
+  ScratchMessage::Space task_space_;        // WorkerTasks being sent
+  ScratchMessage::Space completion_space_;  // completions being sent
+  HandleMap by_handle_;
+  IdMap by_id_;      // live requests that own their id
+  Timers timers_;    // (due, handle) of live requests
+  std::vector<uint64_t> retired_;  // emitted, freed by reap()
+  // Nodes of requests that ended, kept for the next ones: a request node
+  // keeps its Request (and its id's capacity).
+  NodePool<HandleMap> spare_requests_;
+  NodePool<IdMap> spare_ids_;
+  NodePool<Timers> spare_timers_;
   Tombstones tombstones_;
   TableCounters counters_;
 };

@@ -4,13 +4,13 @@
 
 namespace kvrelay {
 
-Result<const ControlSegment*> PeerInstances::get(const std::string& instance) {
+Result<const ControlSegment*> PeerInstances::get(std::string_view instance) {
   Result<std::shared_ptr<const ControlSegment>> shared = share(instance);
   if (!shared) return shared.error();
   return shared->get();
 }
 
-Result<std::shared_ptr<const ControlSegment>> PeerInstances::share(const std::string& instance) {
+Result<std::shared_ptr<const ControlSegment>> PeerInstances::share(std::string_view instance) {
   auto it = peers_.find(instance);
   if (it != peers_.end()) {
     if (it->second.judge->lock_state() != LockState::kFree) return it->second.control;
@@ -22,7 +22,7 @@ Result<std::shared_ptr<const ControlSegment>> PeerInstances::share(const std::st
   peer.control = std::make_shared<const ControlSegment>(std::move(c).value());
   peer.judge = std::make_unique<CachedPeerJudge>(peer.control->locks());
   std::shared_ptr<const ControlSegment> out = peer.control;
-  peers_[instance] = std::move(peer);
+  peers_.insert_or_assign(std::string(instance), std::move(peer));
   return out;
 }
 

@@ -11,27 +11,31 @@
 
 #include <memory>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 
 #include "instance/control_segment.h"
 #include "shm/liveness.h"
+#include "shm/string_key.h"
 
 namespace kvrelay {
 
 class PeerInstances {
  public:
-  // The peer's control segment, or why not.
-  Result<const ControlSegment*> get(const std::string& instance);
+  // The peer's control segment, or why not. A peer already attached is
+  // found without allocating (the coordinator's dispatch path).
+  Result<const ControlSegment*> get(std::string_view instance);
   // The same mapping, for a holder that may outlive this cache's entry.
-  Result<std::shared_ptr<const ControlSegment>> share(const std::string& instance);
-  void forget(const std::string& instance) { peers_.erase(instance); }
+  Result<std::shared_ptr<const ControlSegment>> share(std::string_view instance);
+  void forget(std::string_view instance) {
+    if (auto it = peers_.find(instance); it != peers_.end()) peers_.erase(it);
+  }
 
  private:
   struct Peer {
     std::shared_ptr<const ControlSegment> control;
     std::unique_ptr<CachedPeerJudge> judge;
   };
-  std::unordered_map<std::string, Peer> peers_;
+  StringKeyMap<Peer> peers_;
 };
 
 }  // namespace kvrelay

@@ -10,20 +10,45 @@
 #include "instance/instance_config.h"
 #include "instance/names.h"
 
+namespace kvrelay::messages::detail {
+
+// "CacheTask 'req-17'": formatted only into an error, so that validating a
+// good message allocates nothing (the coordinator's dispatch path). The id
+// is shown only once it is known to be printable (validate_request_id runs
+// first).
+struct Who {
+  std::string_view message;
+  capnp::Text::Reader id;
+  bool numbered = false;  // a ConnectTask: named by its task id, a number
+  uint64_t number = 0;
+};
+
+}  // namespace kvrelay::messages::detail
+
+template <>
+struct fmt::formatter<kvrelay::messages::detail::Who> : fmt::formatter<std::string_view> {
+  template <class FormatContext>
+  auto format(const kvrelay::messages::detail::Who& w, FormatContext& ctx) const
+      -> decltype(ctx.out()) {
+    if (w.numbered) return fmt::format_to(ctx.out(), "{} {}", w.message, w.number);
+    return fmt::format_to(ctx.out(), "{} '{}'", w.message,
+                          std::string_view(w.id.cStr(), w.id.size()));
+  }
+};
+
 namespace kvrelay::messages {
 
 namespace {
 
+using detail::Who;
 using schema::TransferProtocol;
 
 Error invalid(std::string text) {
   return make_error(Errc::kInvalidArgument, std::move(text));
 }
 
-// "CacheTask 'req-17'" - the request id is shown only once it is known to be
-// printable (validate_request_id runs first).
-std::string who(std::string_view message, capnp::Text::Reader id) {
-  return fmt::format("{} '{}'", message, std::string_view(id.cStr(), id.size()));
+Who who(std::string_view message, capnp::Text::Reader id) {
+  return Who{message, id};
 }
 
 const char* protocol_name(TransferProtocol p) {
@@ -39,7 +64,7 @@ bool protocol_known(TransferProtocol p) {
   return static_cast<uint16_t>(p) <= 2;
 }
 
-Status check_protocol_enabled(const std::string& who, TransferProtocol p, const Limits& limits) {
+Status check_protocol_enabled(const Who& who, TransferProtocol p, const Limits& limits) {
   if ((limits.protocols & (1U << static_cast<uint16_t>(p))) != 0) return {};
   return invalid(fmt::format("{}: protocol {} is not enabled on this instance (see --protocol)",
                              who, protocol_name(p)));
@@ -50,7 +75,7 @@ std::string entries(size_t n) {
 }
 
 // Each id below `limit`; at most `limit` ids in all; optionally no id twice.
-Status check_block_list(const std::string& who, std::string_view field,
+Status check_block_list(const Who& who, std::string_view field,
                         capnp::List<uint32_t>::Reader ids, uint32_t limit, std::string_view pool,
                         bool unique) {
   if (ids.size() > limit)
@@ -62,8 +87,9 @@ Status check_block_list(const std::string& who, std::string_view field,
                                  field, i, ids[i], pool, limit));
   }
   if (unique) {
-    std::vector<std::pair<uint32_t, uint32_t>> sorted;  // (id, position)
-    sorted.reserve(ids.size());
+    // Kept between calls: no allocation once it has held the longest list.
+    thread_local std::vector<std::pair<uint32_t, uint32_t>> sorted;  // (id, position)
+    sorted.clear();
     for (uint32_t i = 0; i < ids.size(); ++i)
       sorted.emplace_back(ids[i], i);
     std::sort(sorted.begin(), sorted.end());
@@ -79,7 +105,7 @@ Status check_block_list(const std::string& who, std::string_view field,
 // One port per rank, none zero. `per_decode_rank` (tcp, rdma): one per rank
 // of the decode instance, whose TP size may differ from this one's
 // (heterogeneous TP: the count is that size).
-Status check_ports(const std::string& who, std::string_view field,
+Status check_ports(const Who& who, std::string_view field,
                    capnp::List<uint16_t>::Reader ports, uint32_t tp_size,
                    bool per_decode_rank = false) {
   if (per_decode_rank && (ports.size() == 0 || ports.size() > kMaxTpSize))
@@ -94,7 +120,7 @@ Status check_ports(const std::string& who, std::string_view field,
   return {};
 }
 
-Status check_address(const std::string& who, capnp::Text::Reader address, TransferProtocol p) {
+Status check_address(const Who& who, capnp::Text::Reader address, TransferProtocol p) {
   if (address.size() == 0)
     return invalid(fmt::format("{}: protocol {} needs peer_address", who, protocol_name(p)));
   if (address.size() > kMaxAddressBytes)
@@ -107,7 +133,7 @@ Status check_address(const std::string& who, capnp::Text::Reader address, Transf
   return {};
 }
 
-Status check_peer_instance(const std::string& who, capnp::Text::Reader instance) {
+Status check_peer_instance(const Who& who, capnp::Text::Reader instance) {
   if (instance.size() == 0)
     return invalid(fmt::format("{}: protocol ipc needs peer_instance", who));
   if (Status s = validate_instance_name(std::string_view(instance.cStr(), instance.size())); !s)
@@ -145,7 +171,7 @@ Status validate_request_id(std::string_view message, capnp::Text::Reader id) {
 
 Status validate(schema::CacheTask::Reader task, const Limits& limits) {
   if (Status s = validate_request_id("CacheTask", task.getRequestId()); !s) return s;
-  const std::string w = who("CacheTask", task.getRequestId());
+  const Who w = who("CacheTask", task.getRequestId());
   const auto src = task.getSrcBlockIds();
   if (src.size() == 0) return invalid(fmt::format("{}: src_block_ids is empty", w));
   if (Status s = check_block_list(w, "src_block_ids", src, limits.pool.num_blocks, "pool", false);
@@ -175,7 +201,7 @@ Status validate(schema::CacheTask::Reader task, const Limits& limits) {
 Status validate(schema::CacheDest::Reader dest, const Limits& limits,
                 std::optional<uint32_t> peer_num_blocks) {
   if (Status s = validate_request_id("CacheDest", dest.getRequestId()); !s) return s;
-  const std::string w = who("CacheDest", dest.getRequestId());
+  const Who w = who("CacheDest", dest.getRequestId());
   if (dest.getErrorMessage().size() > 0) return {};  // the decode side refused: nothing to check
   const TransferProtocol p = dest.getProtocol();
   if (!protocol_known(p))
@@ -219,7 +245,7 @@ Status validate_pair(schema::CacheTask::Reader task, schema::CacheDest::Reader d
 
 Status validate(schema::SwapTask::Reader swap, const Limits& limits) {
   if (Status s = validate_request_id("SwapTask", swap.getRequestId()); !s) return s;
-  const std::string w = who("SwapTask", swap.getRequestId());
+  const Who w = who("SwapTask", swap.getRequestId());
   const auto dir = static_cast<uint16_t>(swap.getDirection());
   if (dir > 1)
     return invalid(fmt::format("{}: direction {} is unknown (expected evict or load)", w, dir));
@@ -252,7 +278,7 @@ Status validate(schema::SwapTask::Reader swap, const Limits& limits) {
 
 Status validate(schema::ExpectArrival::Reader expect, const Limits& limits) {
   if (Status s = validate_request_id("ExpectArrival", expect.getRequestId()); !s) return s;
-  const std::string w = who("ExpectArrival", expect.getRequestId());
+  const Who w = who("ExpectArrival", expect.getRequestId());
   if (limits.role != static_cast<uint32_t>(Role::kDecode))
     return invalid(
         fmt::format("{}: this is a {} instance; declare an expected request to the "
@@ -269,7 +295,7 @@ Status validate(schema::ExpectArrival::Reader expect, const Limits& limits) {
 }
 
 Status validate(schema::ConnectTask::Reader connect, const Limits& limits) {
-  const std::string w = fmt::format("ConnectTask {}", connect.getTaskId());
+  const Who w{"ConnectTask", {}, true, connect.getTaskId()};
   const TransferProtocol p = connect.getProtocol();
   if (!protocol_known(p))
     return invalid(fmt::format("{}: protocol {} is unknown (expected ipc, tcp or rdma)", w,

@@ -587,7 +587,7 @@ class PeerTable : public ::testing::Test {
   std::unique_ptr<TaskTable> table = [this] {
     TableOptions o;
     o.own_instance = "prefill0";
-    o.peer_info = [this](const std::string&) { return peer; };
+    o.peer_info = [this](std::string_view) { return peer; };
     return std::make_unique<TaskTable>(testing::example_limits(), o, sink);
   }();
   std::string refuse(const std::string& peer_name, std::vector<uint32_t> devices) {

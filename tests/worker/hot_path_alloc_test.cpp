@@ -5,59 +5,16 @@
 // are applied and their copies complete. Binding a request (its CacheTask and
 // CacheDest) may allocate; its signals may not.
 //
-// A binary of its own: it replaces the global operator new.
+// A binary of its own: it replaces the global operator new
+// (support/allocation_counter.cpp).
 #include <capnp/message.h>
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
 #include "instance/control_segment.h"
 #include "instance/pool_segment.h"
+#include "support/allocation_counter.h"
 #include "support/processes.h"
 #include "worker/data_plane.h"
-
-namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<uint64_t> g_allocations{0};
-
-void* counted(std::size_t n) {
-  if (g_counting.load(std::memory_order_relaxed))
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-void* counted_aligned(std::size_t n, std::align_val_t a) {
-  if (g_counting.load(std::memory_order_relaxed))
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
-  const auto align = static_cast<std::size_t>(a);
-  void* p = std::aligned_alloc(align, (n + align - 1) / align * align);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-}  // namespace
-
-void* operator new(std::size_t n) { return counted(n); }
-void* operator new[](std::size_t n) { return counted(n); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new(std::size_t n, std::align_val_t a) { return counted_aligned(n, a); }
-void* operator new[](std::size_t n, std::align_val_t a) { return counted_aligned(n, a); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace kvrelay::worker {
 namespace {
@@ -66,16 +23,7 @@ using records::LayerSignal;
 using records::ReportKind;
 using records::SignalKind;
 
-// Counts the allocations of what runs inside it.
-class AllocationWindow {
- public:
-  AllocationWindow() {
-    g_allocations.store(0);
-    g_counting.store(true);
-  }
-  ~AllocationWindow() { g_counting.store(false); }
-  uint64_t count() const { return g_allocations.load(); }
-};
+using testing::AllocationWindow;
 
 class HotPathAllocations : public ::testing::Test {
  protected:
