@@ -175,8 +175,8 @@ class MessageCopies {
   std::vector<std::unique_ptr<Buffer>> spare_;
 };
 
-// A message to send, built in `buffer` unless another ScratchMessage holds
-// it (then in a buffer of its own).
+// A message to send, built in its space's buffer unless another
+// ScratchMessage holds it (then in a zeroed buffer of its own).
 class ScratchMessage {
  public:
   struct Space {
@@ -184,26 +184,27 @@ class ScratchMessage {
     SegmentBuffer buffer;
     bool busy = false;
   };
-  explicit ScratchMessage(Space& space) : space_(space.busy ? nullptr : &space) {
-    if (space_ != nullptr) {
-      space_->busy = true;
-      builder_.emplace(space_->buffer.segment());
-    } else {
-      builder_.emplace(static_cast<unsigned>(space.buffer.words()));
-    }
+  explicit ScratchMessage(Space& space)
+      : space_(space.busy ? nullptr : &space),
+        own_(space_ != nullptr ? nullptr : std::make_unique<uint64_t[]>(space.buffer.words())),
+        builder_(space_ != nullptr
+                     ? space.buffer.segment()
+                     : kj::arrayPtr(reinterpret_cast<capnp::word*>(own_.get()),
+                                    space.buffer.words())) {
+    if (space_ != nullptr) space_->busy = true;
   }
   ~ScratchMessage() {
-    builder_.reset();  // zeroes what the message used
     if (space_ != nullptr) space_->busy = false;
-  }
+  }  // builder_ goes first: it zeroes what the message used
   ScratchMessage(const ScratchMessage&) = delete;
   ScratchMessage& operator=(const ScratchMessage&) = delete;
-  capnp::MallocMessageBuilder& operator*() { return *builder_; }
-  capnp::MallocMessageBuilder* operator->() { return &*builder_; }
+  capnp::MallocMessageBuilder& operator*() { return builder_; }
+  capnp::MallocMessageBuilder* operator->() { return &builder_; }
 
  private:
   Space* space_;
-  std::optional<capnp::MallocMessageBuilder> builder_;
+  std::unique_ptr<uint64_t[]> own_;  // zeroed (value-initialized)
+  capnp::MallocMessageBuilder builder_;
 };
 
 }  // namespace kvrelay::coordinator
