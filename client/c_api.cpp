@@ -237,9 +237,11 @@ kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int 
   KVRELAY_NEED(client);
   KVRELAY_NEED(segment_name);
   KVRELAY_DEADLINE(deadline, timeout_ms);
-  return from(client->client.register_pool(
-      PoolSpec{rank, host_tier != 0 ? PoolTier::kHost : PoolTier::kDevice, segment_name},
-      deadline));
+  PoolSpec spec;
+  spec.rank = rank;
+  spec.tier = host_tier != 0 ? PoolTier::kHost : PoolTier::kDevice;
+  spec.segment_name = segment_name;
+  return from(client->client.register_pool(spec, deadline));
 }
 
 kvrelay_status kvrelay_register_cuda_pool(kvrelay_client* client, uint32_t rank, int host_tier,

@@ -265,6 +265,10 @@ void SendScheduler::on_signal(const records::LayerSignal& signal, uint64_t index
       poll_transfers();
       return;
     }
+    case SignalKind::kDeviceLayers:
+      // The worker follows these itself (device_signal_watch.h) and hands
+      // on only host-written records: one here is a bad record.
+      break;
   }
   ++counters_.bad_signals;
 }

@@ -258,10 +258,11 @@ void define_client(py::module_& m) {
           [](PyClient& c, uint32_t rank, const std::string& segment_name, bool host_tier,
              double timeout) {
             const Deadline d = to_deadline(timeout);
-            check(c.with_client([&](Client& cl) {
-              return cl.register_pool(
-                  PoolSpec{rank, host_tier ? PoolTier::kHost : PoolTier::kDevice, segment_name}, d);
-            }));
+            PoolSpec spec;
+            spec.rank = rank;
+            spec.tier = host_tier ? PoolTier::kHost : PoolTier::kDevice;
+            spec.segment_name = segment_name;
+            check(c.with_client([&](Client& cl) { return cl.register_pool(spec, d); }));
           },
           py::arg("rank"), py::arg("segment_name"), py::kw_only(), py::arg("host_tier") = false,
           py::arg("timeout") = 5.0)

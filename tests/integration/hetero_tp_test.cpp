@@ -80,9 +80,10 @@ TEST(HeteroTp, TwoToFourMovesEveryHeadAndNothingElse) {
     for (uint32_t l = 0; l < 2; ++l)
       for (uint32_t t = 0; t < 2; ++t)
         for (uint32_t b = 0; b < 32; ++b)
-          if (b != 9 && b != 10)
+          if (b != 9 && b != 10) {
             EXPECT_TRUE(sim::block_is_poisoned(env.dst_pool(rank), l, t, b))
                 << "decode rank " << rank << " block " << b << " was written";
+          }
   }
   // Each head once to each rank that holds it: 2 blocks x 2 layers x 2
   // tensors x 4 ranks x one head.

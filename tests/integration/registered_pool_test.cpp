@@ -44,8 +44,10 @@ TEST(RegisteredPools, TransfersAfterADecodeEngineRegistersItsOwnPoolsLandInThem)
         for (uint32_t b = 0; b < g.num_blocks; ++b)
           sim::poison_block(*mine.back(), l, t, b);
     replaced.push_back(env.dst_pool(rank).segment_name());
-    ASSERT_TRUE(
-        decode_engine.register_pool(PoolSpec{rank, PoolTier::kDevice, name}, Deadline::after(5s)));
+    PoolSpec spec;
+    spec.rank = rank;
+    spec.segment_name = name;  // a device-tier segment
+    ASSERT_TRUE(decode_engine.register_pool(spec, Deadline::after(5s)));
     Result<Completion> c = decode_engine.wait(Deadline::after(20s));
     ASSERT_TRUE(c) << c.error().message;
     EXPECT_EQ(c->kind, CompletionKind::kRegisterPool);

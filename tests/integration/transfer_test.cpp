@@ -390,9 +390,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::tuple{1u, 2u, 4u}, std::tuple{2u, 1u, 4u}, std::tuple{2u, 4u, 4u},
                       std::tuple{4u, 2u, 4u}, std::tuple{1u, 4u, 4u}, std::tuple{1u, 4u, 2u},
                       std::tuple{4u, 1u, 2u}),
-    [](const auto& info) {
-      return fmt::format("tp{}_to_tp{}_{}_heads", std::get<0>(info.param),
-                         std::get<1>(info.param), std::get<2>(info.param));
+    [](const auto& split) {
+      return fmt::format("tp{}_to_tp{}_{}_heads", std::get<0>(split.param),
+                         std::get<1>(split.param), std::get<2>(split.param));
     });
 
 // ---- specific cases ----

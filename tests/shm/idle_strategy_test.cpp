@@ -76,14 +76,17 @@ TEST_P(IdleStrategies, AWaiterWakesOnTheDataAndTimesOutWithoutIt) {
   const bool returned_early = mono_now_ns() < t0 + 20'000'000;
   EXPECT_FALSE(returned_early) << "not before its deadline";
   EXPECT_EQ(ev.waiters.load(), 0u) << "no waiter left announced";
-  if (GetParam() == IdleStrategy::kSpin)
+  if (GetParam() == IdleStrategy::kSpin) {
     EXPECT_EQ(ev.wake_calls.load(), 0u) << "a spinning waiter never parks: no wake syscall";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, IdleStrategies,
                          ::testing::Values(IdleStrategy::kPark, IdleStrategy::kBackoff,
                                            IdleStrategy::kSpin),
-                         [](const auto& info) { return std::string(idle_strategy_name(info.param)); });
+                         [](const auto& strategy) {
+                           return std::string(idle_strategy_name(strategy.param));
+                         });
 
 TEST(IdleStrategyNames, RoundTrip) {
   for (IdleStrategy s : {IdleStrategy::kPark, IdleStrategy::kBackoff, IdleStrategy::kSpin}) {

@@ -62,6 +62,10 @@ std::string render_signal(const records::LayerSignal& s) {
       return fmt::format("layer_done step {} layer {}", s.step, s.layer);
     case records::SignalKind::kLegacyLayerDone:
       return fmt::format("legacy_layer_done step {} layer {}", s.step, s.layer);
+    case records::SignalKind::kDeviceLayers:
+      return fmt::format("device_layers step {}: {} layers, done when the GPU's word reaches {} + "
+                         "layer + 1",
+                         s.step, s.count, s.device_base);
   }
   return fmt::format("<unknown signal kind {}>", s.kind);
 }
