@@ -84,6 +84,8 @@ TEST_F(CompletionPublisherTest, StampsThePublicationTimeAndRunsTheHookFirst) {
   const std::vector<Published> got = read_all();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].id, "a");
+  // An order on the monotonic clock, not a duration: the stamp is the
+  // publication's own (taken after `before`), not the caller's 1.
   EXPECT_GE(got[0].completed_ns, before);
   EXPECT_EQ(latency_samples(), 0u) << "only finished requests have a latency";
 }

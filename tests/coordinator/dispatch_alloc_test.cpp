@@ -208,28 +208,26 @@ class DispatchAllocations : public ::testing::Test {
     return r;
   }
 
-  // One request from submission to completion; returns the allocations
-  // counted inside the table's calls.
-  uint64_t run_cache_request(uint64_t n) {
-    const Submission s = cache_request(n);
-    submit(schema::MessageType::CACHE_TASK, s.first);
-    submit(schema::MessageType::CACHE_DEST, s.second);
+  // One request from submission to completion: its parts go into the
+  // submit ring, every rank is sent one task of `kind` and reports it
+  // finished, and its one completion names it. Returns the allocations
+  // counted inside the coordinator's calls.
+  uint64_t run(const Submission& s, schema::MessageType first, schema::WorkerTask::Which kind) {
+    submit(first, s.first);
+    if (s.second.size() != 0) submit(schema::MessageType::CACHE_DEST, s.second);
     uint64_t counted = 0;
     {
       AllocationWindow window;
       read_submissions();
       counted += window.stop();
     }
-    std::vector<std::vector<uint64_t>> handles;
-    for (uint32_t r = 0; r < kTp; ++r)
-      handles.push_back(drain_tasks(r, schema::WorkerTask::DEST));
-    for (uint32_t r = 0; r < kTp; ++r) {
-      EXPECT_EQ(handles[r].size(), 1u) << "rank " << r << " was sent request " << n << "'s dest";
-      if (handles[r].size() != 1) return counted;
-    }
     std::vector<records::WorkerReport> reports;
-    for (uint32_t r = 0; r < kTp; ++r)
-      reports.push_back(finished(handles[r][0], r));
+    for (uint32_t r = 0; r < kTp; ++r) {
+      const std::vector<uint64_t> handles = drain_tasks(r, kind);
+      EXPECT_EQ(handles.size(), 1u) << "rank " << r << " was sent " << s.id << "'s task";
+      if (handles.size() != 1) return counted;
+      reports.push_back(finished(handles[0], r));
+    }
     {
       AllocationWindow window;
       const uint64_t now = mono_now_ns();
@@ -245,36 +243,11 @@ class DispatchAllocations : public ::testing::Test {
     }
     return counted;
   }
+  uint64_t run_cache_request(uint64_t n) {
+    return run(cache_request(n), schema::MessageType::CACHE_TASK, schema::WorkerTask::DEST);
+  }
   uint64_t run_swap(uint64_t n) {
-    const Submission s = swap_request(n);
-    submit(schema::MessageType::SWAP_TASK, s.first);
-    uint64_t counted = 0;
-    {
-      AllocationWindow window;
-      read_submissions();
-      counted += window.stop();
-    }
-    std::vector<records::WorkerReport> reports;
-    for (uint32_t r = 0; r < kTp; ++r) {
-      const std::vector<uint64_t> h = drain_tasks(r, schema::WorkerTask::SWAP);
-      EXPECT_EQ(h.size(), 1u);
-      if (h.size() != 1) return counted;
-      reports.push_back(finished(h[0], r));
-    }
-    {
-      AllocationWindow window;
-      const uint64_t now = mono_now_ns();
-      for (const records::WorkerReport& rep : reports)
-        table_->on_report(rep, now);
-      (void)table_->tick(now);
-      counted += window.stop();
-    }
-    const auto done = drain_completions();
-    EXPECT_EQ(done.size(), 1u);
-    if (!done.empty()) {
-      EXPECT_EQ(done[0].first, s.id);
-    }
-    return counted;
+    return run(swap_request(n), schema::MessageType::SWAP_TASK, schema::WorkerTask::SWAP);
   }
 
   InstanceConfig config_{};

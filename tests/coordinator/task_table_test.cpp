@@ -152,7 +152,7 @@ TEST_F(TaskTableTest, DispatchHopsAreTimedFromSaneStampsOnlyAndTasksCarryOneWrit
   for (size_t i = 0; i + 1 < sink.tasks.size(); i += 2) {
     EXPECT_NE(sink.written_ns[i], 0u);
     EXPECT_EQ(sink.written_ns[i], sink.written_ns[i + 1]);
-    EXPECT_GE(sink.written_ns[i], now);
+    EXPECT_GE(sink.written_ns[i], now);  // an order on the monotonic clock: stamped at writing
   }
   size_t written_hops = 0;
   for (const auto& [hop, ns] : sink.hops)

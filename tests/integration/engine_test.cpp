@@ -137,7 +137,10 @@ TEST_F(Engines, ARestartedEngineReusingRequestIdsGetsItsOwnTransfersOnly) {
   const double seconds = (mono_now_ns() - t0) / 1e9;
   std::fprintf(stderr, "the new engine's %u requests finished %.2f s after its predecessor died\n",
                kRequests, seconds);
-  EXPECT_LT(seconds, 20.0) << "the old requests were withdrawn promptly, not at their deadline";
+  // Not a speed target: the old requests hold the blocks for their 60 s
+  // deadline unless the dead engine's session is withdrawn; half of it
+  // tells the two apart on any machine.
+  EXPECT_LT(seconds, 30.0) << "the old requests were withdrawn, not left to their 60 s deadline";
   EXPECT_EQ(fresh->wait(Deadline::after(300ms)).code(), Errc::kTimeout) << "nothing of the old";
   for (uint32_t i = 0; i < kRequests; ++i) {
     EXPECT_EQ(seen["req-" + std::to_string(i)], 1);
@@ -324,32 +327,37 @@ TEST(EngineProcesses, EveryClientCallReportsAGoneCoordinatorPromptly) {
   inst->kill9();
   usleep(150'000);  // its heartbeat is now older than the fresh-heartbeat window
   const std::vector<BatchSlot> batch = {{0, 0, 16, 0}};
+  // Each call could wait this long; that it answers well before (half of
+  // it, whatever the machine's load) shows it saw the coordinator gone
+  // rather than timing out.
+  constexpr auto kCallTimeout = 30s;
   const struct {
     const char* name;
     std::function<Errc()> call;
   } calls[] = {
       {"poll", [&] { return c.poll().code(); }},
-      {"wait", [&] { return c.wait(Deadline::after(5s)).code(); }},
+      {"wait", [&] { return c.wait(Deadline::after(kCallTimeout)).code(); }},
       {"submit",
        [&] {
          sim::RequestBlocks r{1, {1}, {1}};
-         return c.submit(task_of("after-death", r, 0), Deadline::after(5s)).code();
+         return c.submit(task_of("after-death", r, 0), Deadline::after(kCallTimeout)).code();
        }},
-      {"cancel", [&] { return c.cancel("x", Deadline::after(5s)).code(); }},
-      {"push_batch", [&] { return c.push_batch(0, 1, batch, Deadline::after(5s)).code(); }},
-      {"push_layer_done", [&] { return c.push_layer_done(0, 1, 0, Deadline::after(5s)).code(); }},
-      {"wait_layer", [&] { return c.wait_layer("nope", 0, Deadline::after(5s)).code(); }},
+      {"cancel", [&] { return c.cancel("x", Deadline::after(kCallTimeout)).code(); }},
+      {"push_batch", [&] { return c.push_batch(0, 1, batch, Deadline::after(kCallTimeout)).code(); }},
+      {"push_layer_done", [&] { return c.push_layer_done(0, 1, 0, Deadline::after(kCallTimeout)).code(); }},
+      {"wait_layer", [&] { return c.wait_layer("nope", 0, Deadline::after(kCallTimeout)).code(); }},
   };
   for (const auto& call : calls) {
     const uint64_t t0 = mono_now_ns();
     EXPECT_EQ(call.call(), Errc::kCoordinatorGone) << call.name;
-    EXPECT_LT(mono_now_ns() - t0, 1'000'000'000u) << call.name << " answered within a second";
+    EXPECT_LT(mono_now_ns() - t0, ns_of(kCallTimeout) / 2)
+        << call.name << " answered because the coordinator is gone, not at its timeout";
   }
   const uint64_t t0 = mono_now_ns();
   auto stale = Client::attach(a.instance, Deadline::after(30s));
   EXPECT_EQ(stale.code(), Errc::kCoordinatorGone);
   EXPECT_NE(stale.error().message.find("is stale"), std::string::npos) << stale.error().message;
-  EXPECT_LT(mono_now_ns() - t0, 2'000'000'000u) << "at once, not after the 30 s timeout";
+  EXPECT_LT(mono_now_ns() - t0, ns_of(30s) / 2) << "answered as stale, not after the 30 s timeout";
 }
 
 // Killing the simulator takes its instances (coordinators and workers) and
