@@ -630,10 +630,7 @@ void TaskTable::on_session_ended(uint32_t session, uint64_t now_ns) {
     Request& r = *owned;
     if (r.session != session || r.silent || r.phase == Phase::kRetired) continue;
     r.silent = true;
-    if (r.owns_id) {
-      if (auto it = by_id_.find(r.id); it != by_id_.end()) spare_ids_.erase(by_id_, it);
-      r.owns_id = false;
-    }
+    release_id(r);
     ++counters_.session_withdrawals;
     ++withdrawn;
     if (!r.ending()) finish(r, CompletionStatus::CANCELLED, -1, "its engine session ended", now_ns);
@@ -796,6 +793,12 @@ void TaskTable::disarm_timer(Request& r) {
   spare_timers_.erase(timers_, r.timer);
 }
 
+void TaskTable::release_id(Request& r) {
+  if (!r.owns_id) return;
+  if (auto it = by_id_.find(r.id); it != by_id_.end()) spare_ids_.erase(by_id_, it);
+  r.owns_id = false;
+}
+
 bool TaskTable::writers_settled(const Request& r) const {
   if (!r.can_write()) return true;
   return std::none_of(r.ranks.begin(), r.ranks.end(),
@@ -838,8 +841,7 @@ void TaskTable::emit(Request& r, uint64_t now_ns) {
     const bool single = r.kind != CompletionKind::CACHE;
     remember(r.id, Tombstones::Halves{single || r.task.has_value(), single || r.dest.has_value()},
              r.deadline, now_ns);
-    if (auto it = by_id_.find(r.id); it != by_id_.end()) spare_ids_.erase(by_id_, it);
-    r.owns_id = false;
+    release_id(r);
   }
   disarm_timer(r);
   r.phase = Phase::kRetired;

@@ -263,6 +263,8 @@ class TaskTable {
   void remember(std::string_view id, Tombstones::Halves halves, Nanos deadline, uint64_t now_ns);
   void arm_new_timer(Request& r, uint64_t at_ns);
   void disarm_timer(Request& r);
+  // r's id is free for a new request (it leaves by_id_).
+  void release_id(Request& r);
   std::optional<std::string> check_peer(schema::CacheDest::Reader dest,
                                         std::optional<uint32_t>& peer_blocks);
 
