@@ -3,6 +3,9 @@
 
 option(KVRELAY_WERROR "Treat compiler warnings as errors" OFF)
 option(KVRELAY_FUZZ "Build the libFuzzer targets (needs clang)" OFF)
+# The sanitizer presets leave the benchmarks out: they are measured in release
+# builds only, and skipping them shortens those builds (and CI) by minutes.
+option(KVRELAY_BENCHMARKS "Build the benchmarks (tools/bench)" ON)
 if(KVRELAY_FUZZ AND NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
   message(FATAL_ERROR "KVRELAY_FUZZ needs clang (use the fuzz preset)")
 endif()
@@ -83,6 +86,10 @@ if(NOT KVRELAY_PYTHON STREQUAL "OFF")
   endif()
 else()
   list(APPEND _kvrelay_summary "Python off (KVRELAY_PYTHON=OFF)")
+endif()
+
+if(NOT KVRELAY_BENCHMARKS)
+  list(APPEND _kvrelay_summary "benchmarks off (KVRELAY_BENCHMARKS=OFF)")
 endif()
 
 list(JOIN _kvrelay_summary ", " _kvrelay_summary)

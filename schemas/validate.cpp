@@ -9,6 +9,7 @@
 
 #include "instance/instance_config.h"
 #include "instance/names.h"
+#include "schemas/validate_text.h"
 
 namespace kvrelay::messages::detail {
 
@@ -40,12 +41,10 @@ namespace kvrelay::messages {
 
 namespace {
 
+using detail::entries;
+using detail::invalid;
 using detail::Who;
 using schema::TransferProtocol;
-
-Error invalid(std::string text) {
-  return make_error(Errc::kInvalidArgument, std::move(text));
-}
 
 Who who(std::string_view message, capnp::Text::Reader id) {
   return Who{message, id};
@@ -68,10 +67,6 @@ Status check_protocol_enabled(const Who& who, TransferProtocol p, const Limits& 
   if ((limits.protocols & (1U << static_cast<uint16_t>(p))) != 0) return {};
   return invalid(fmt::format("{}: protocol {} is not enabled on this instance (see --protocol)",
                              who, protocol_name(p)));
-}
-
-std::string entries(size_t n) {
-  return fmt::format("{} {}", n, n == 1 ? "entry" : "entries");
 }
 
 // Each id below `limit`; at most `limit` ids in all; optionally no id twice.

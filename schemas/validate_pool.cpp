@@ -11,6 +11,7 @@
 
 #include "schemas/pool_descriptor.h"
 #include "schemas/validate.h"
+#include "schemas/validate_text.h"
 
 namespace kvrelay::messages {
 
@@ -18,13 +19,8 @@ namespace {
 
 using Location = schema::PoolDescriptor::Location;
 
-Error invalid(std::string text) {
-  return make_error(Errc::kInvalidArgument, std::move(text));
-}
-
-std::string entries(size_t n) {
-  return fmt::format("{} {}", n, n == 1 ? "entry" : "entries");
-}
+using detail::entries;
+using detail::invalid;
 
 Status check_segment_name(const std::string& w, capnp::Text::Reader name) {
   const std::string_view n(name.cStr(), name.size());

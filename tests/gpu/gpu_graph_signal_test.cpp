@@ -13,7 +13,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr uint32_t kLayers = 4;
+constexpr uint32_t kGraphLayers = 4;
 
 TEST(GpuGraphSignals, AGraphCapturedForwardSignalsItsLayersFromTheDeviceForEveryReplay) {
   KVRELAY_REQUIRE_GPU();
@@ -38,13 +38,13 @@ TEST(GpuGraphSignals, AGraphCapturedForwardSignalsItsLayersFromTheDeviceForEvery
   const uint64_t block_bytes = g.block_bytes(PoolTensor::kKey);
   const uint64_t span = blocks.size() * block_bytes;
   std::byte* staging = nullptr;
-  KVRELAY_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&staging), span * kLayers * 2));
+  KVRELAY_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&staging), span * kGraphLayers * 2));
   cudaStream_t stream = nullptr;
   KVRELAY_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   ASSERT_TRUE(engine.own_device_signals(0));  // outside the capture: it allocates
   cudaGraph_t graph = nullptr;
   KVRELAY_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (uint32_t l = 0; l < kLayers; ++l) {
+  for (uint32_t l = 0; l < kGraphLayers; ++l) {
     for (uint32_t t = 0; t < 2; ++t)
       ASSERT_EQ(
           cudaMemcpyAsync(src.device_tensor(l * 2 + t) + blocks[0] * block_bytes,
@@ -65,7 +65,7 @@ TEST(GpuGraphSignals, AGraphCapturedForwardSignalsItsLayersFromTheDeviceForEvery
       r.dst.push_back(b + 40 * step);
     // What this step's forward computes: the request's pattern.
     sim::fill_request(src.host(), 0, r);
-    for (uint32_t l = 0; l < kLayers; ++l)
+    for (uint32_t l = 0; l < kGraphLayers; ++l)
       for (uint32_t t = 0; t < 2; ++t)
         KVRELAY_CUDA_OK(cudaMemcpy(staging + (l * 2 + t) * span,
                                    src.host().block(l, static_cast<PoolTensor>(t), blocks[0]), span,
@@ -74,7 +74,7 @@ TEST(GpuGraphSignals, AGraphCapturedForwardSignalsItsLayersFromTheDeviceForEvery
     ASSERT_TRUE(env.submit_task(id, r, tokens, step));
     ASSERT_TRUE(env.submit_dest(id, r));
     const std::vector<BatchSlot> batch = {{step, 0, tokens, Client::request_tag(id)}};
-    ASSERT_TRUE(engine.push_device_step(0, step, batch, kLayers, stream, Deadline::after(5s)));
+    ASSERT_TRUE(engine.push_device_step(0, step, batch, kGraphLayers, stream, Deadline::after(5s)));
     KVRELAY_CUDA_OK(cudaGraphLaunch(forward, stream));
     const Completion c = env.wait_for(id, 60s);
     ASSERT_EQ(c.status, CompletionStatus::kFinished) << c.message;

@@ -12,14 +12,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr uint32_t kLayers = 4;
+constexpr uint32_t kGpuSwapLayers = 4;
 
 TEST(GpuSwap, ALoadIsWaitedOnLayerByLayerOnTheHostAndOnTheStream) {
   KVRELAY_REQUIRE_GPU();
   InstanceArgs a;
   a.instance = unique_instance("gpuswap");
   a.tp = 1;
-  a.layers = kLayers;
+  a.layers = kGpuSwapLayers;
   a.blocks = 256;
   a.host_blocks = 256;
   a.head_dim = 128;
@@ -45,7 +45,7 @@ TEST(GpuSwap, ALoadIsWaitedOnLayerByLayerOnTheHostAndOnTheStream) {
   ASSERT_TRUE(out && out->status == CompletionStatus::kFinished) << (out ? out->message : "");
 
   // The blocks on the GPU are overwritten; the load must bring them back.
-  for (uint32_t l = 0; l < kLayers; ++l)
+  for (uint32_t l = 0; l < kGpuSwapLayers; ++l)
     for (uint32_t t = 0; t < 2; ++t)
       for (uint32_t b : dev)
         sim::poison_block(pool.host(), l, t, b);
@@ -63,7 +63,7 @@ TEST(GpuSwap, ALoadIsWaitedOnLayerByLayerOnTheHostAndOnTheStream) {
   KVRELAY_CUDA_OK(cudaMallocHost(&pinned, seen.size()));
   KVRELAY_CUDA_OK(cudaMemcpyAsync(pinned, pool.device_tensor(2 * 2) + 3 * seen.size(), seen.size(),
                                   cudaMemcpyDeviceToHost, stream));
-  for (uint32_t l = 0; l < kLayers; ++l)
+  for (uint32_t l = 0; l < kGpuSwapLayers; ++l)
     ASSERT_TRUE(engine.wait_layer("load", l, Deadline::after(30s))) << "layer " << l;
   KVRELAY_CUDA_OK(cudaStreamSynchronize(stream));
   std::memcpy(seen.data(), pinned, seen.size());

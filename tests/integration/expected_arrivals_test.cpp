@@ -25,9 +25,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t kLayers = RequestDriver::kLayers;
-constexpr uint32_t kBlockTokens = RequestDriver::kBlockTokens;
-
 InstanceArgs args() {
   return RequestDriver::small_pair();
 }
@@ -44,7 +41,7 @@ class ExpectedArrivals : public ::testing::TestWithParam<Protocol> {
     } else {
       env = std::make_unique<TwoInstances>(tag, args());
     }
-    driver = std::make_unique<RequestDriver>(*env, kLayers, kBlockTokens);
+    driver = std::make_unique<RequestDriver>(*env, RequestDriver::kLayers, RequestDriver::kBlockTokens);
   }
   void TearDown() override {
     driver.reset();
@@ -60,7 +57,7 @@ class ExpectedArrivals : public ::testing::TestWithParam<Protocol> {
   }
   uint64_t request_bytes(const sim::RequestBlocks& r) {
     const uint64_t block = env->dst_pool(0).geometry().block_bytes(PoolTensor::kKey);
-    return r.dst.size() * kLayers * 2 * block * env->tp();
+    return r.dst.size() * RequestDriver::kLayers * 2 * block * env->tp();
   }
   // Waits until every decode rank has taken the declaration of `blocks`
   // (its claims are visible in the rank's intake table): the rule that
@@ -83,7 +80,7 @@ class ExpectedArrivals : public ::testing::TestWithParam<Protocol> {
   }
   bool poisoned(const sim::RequestBlocks& r) {
     for (uint32_t rank = 0; rank < env->tp(); ++rank)
-      for (uint32_t l = 0; l < kLayers; ++l)
+      for (uint32_t l = 0; l < RequestDriver::kLayers; ++l)
         for (uint32_t b : r.dst)
           if (!sim::block_is_poisoned(env->dst_pool(rank), l, 0, b)) return false;
     return true;
@@ -99,7 +96,7 @@ TEST_P(ExpectedArrivals, TheDecodeEngineLearnsItsKvArrivedExactlyOnce) {
   Status s = decode_engine().submit(ExpectSpec{"arrive", r.dst, 20'000}, Deadline::after(5s));
   ASSERT_TRUE(s) << s.error().message;
   driver->submit("arrive", r, 0);
-  driver->layers_done(0, kLayers);
+  driver->layers_done(0, RequestDriver::kLayers);
   const Completion sent = env->wait_for("arrive");
   EXPECT_EQ(sent.status, CompletionStatus::kFinished) << sent.message;
   std::optional<Completion> here = decode_completion();
@@ -122,7 +119,7 @@ TEST_P(ExpectedArrivals, ManyExpectedRequestsEachArriveOnceWithTheirOwnBytes) {
   }
   for (int i = 0; i < 6; ++i) {
     driver->submit("many-" + std::to_string(i), all[i], 0);
-    driver->layers_done(0, kLayers);
+    driver->layers_done(0, RequestDriver::kLayers);
     EXPECT_EQ(env->wait_for("many-" + std::to_string(i)).status, CompletionStatus::kFinished);
   }
   std::map<std::string, int> seen;
@@ -149,7 +146,7 @@ TEST_P(ExpectedArrivals, AnExpectedRequestThatNeverComesTimesOutAndItsLateWrites
   EXPECT_EQ(here->status, CompletionStatus::kTimeout) << here->message;
   EXPECT_LT(Clock::now() - t0, 5s);
   driver->submit("never", r, 0);
-  driver->layers_done(0, kLayers);
+  driver->layers_done(0, RequestDriver::kLayers);
   const Completion late = env->wait_for("never");
   EXPECT_EQ(late.status, CompletionStatus::kError);
   EXPECT_NE(late.message.find("withdrawn"), std::string::npos) << late.message;
@@ -167,7 +164,7 @@ TEST_P(ExpectedArrivals, ACancelIsAnsweredOnceAndRefusesTheWritesThatFollow) {
   EXPECT_EQ(here->status, CompletionStatus::kCancelled) << here->message;
   EXPECT_FALSE(decode_completion(300ms)) << "exactly one completion";
   driver->submit("called-off", r, 0);
-  driver->layers_done(0, kLayers);
+  driver->layers_done(0, RequestDriver::kLayers);
   EXPECT_EQ(env->wait_for("called-off").status, CompletionStatus::kError);
   EXPECT_TRUE(poisoned(r));
   EXPECT_TRUE(driver->a_new_request_goes_through("after-cancel-"));
@@ -180,7 +177,7 @@ TEST_P(ExpectedArrivals, WritesIntoBlocksAnotherRequestDeclaredAreRefusedAndThat
   ASSERT_TRUE(decode_engine().submit(ExpectSpec{"owner", owner.dst, 20'000}, Deadline::after(5s)));
   wait_until_declared(owner.dst);
   driver->submit("intruder", intruder, 0);
-  driver->layers_done(0, kLayers);
+  driver->layers_done(0, RequestDriver::kLayers);
   const Completion refused = env->wait_for("intruder");
   EXPECT_EQ(refused.status, CompletionStatus::kError);
   const std::string why = GetParam() == Protocol::kTcp ? "which request 'owner' declared"
@@ -188,7 +185,7 @@ TEST_P(ExpectedArrivals, WritesIntoBlocksAnotherRequestDeclaredAreRefusedAndThat
   EXPECT_NE(refused.message.find(why), std::string::npos) << refused.message;
   EXPECT_TRUE(poisoned(owner)) << "nothing written";
   driver->submit("owner", owner, 1);
-  driver->layers_done(0, kLayers);
+  driver->layers_done(0, RequestDriver::kLayers);
   EXPECT_EQ(env->wait_for("owner").status, CompletionStatus::kFinished);
   std::optional<Completion> here = decode_completion();
   ASSERT_TRUE(here);
@@ -206,7 +203,7 @@ TEST_P(ExpectedArrivals, ADeclaredRequestWrittenOutsideItsBlocksFailsOnBothSides
   ASSERT_TRUE(decode_engine().submit(ExpectSpec{"astray", declared, 20'000}, Deadline::after(5s)));
   wait_until_declared(declared);
   driver->submit("astray", r, 0);
-  driver->layers_done(0, kLayers);
+  driver->layers_done(0, RequestDriver::kLayers);
   const Completion sent = env->wait_for("astray");
   EXPECT_EQ(sent.status, CompletionStatus::kError);
   // The rank that saw the stray write says so; another rank may be quicker

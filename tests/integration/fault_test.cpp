@@ -23,12 +23,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-uint32_t worker_pid(const std::string& instance, uint32_t rank) {
-  auto c = ControlSegment::attach(
-      instance, AttachOptions{.access = SegmentAccess::kReadOnly, .allow_stale = true});
-  return c ? read_slot(c->worker_slot(rank)).owner.pid : 0;
-}
-
 bool process_gone_within(uint32_t pid, std::chrono::milliseconds within) {
   const Deadline until = Deadline::after(within);
   while (!until.passed()) {

@@ -11,16 +11,16 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr uint32_t kLayers = 4;
-constexpr uint32_t kBlockTokens = 16;
+constexpr uint32_t kLifecycleLayers = 4;
+constexpr uint32_t kLifecycleBlockTokens = 16;
 
 class Lifecycle : public ::testing::TestWithParam<uint32_t> {
  protected:
   void SetUp() override {
     InstanceArgs a;
     a.tp = GetParam();
-    a.layers = kLayers;
-    a.block_size = kBlockTokens;
+    a.layers = kLifecycleLayers;
+    a.block_size = kLifecycleBlockTokens;
     env_ = std::make_unique<TwoInstances>(
         ::testing::UnitTest::GetInstance()->current_test_info()->name(), a);
   }
@@ -41,9 +41,9 @@ std::string name_of(const ::testing::TestParamInfo<uint32_t>& p) {
 TEST_P(Lifecycle, TaskThenDestMovesEveryByteAndFinishesOnce) {
   auto r = blocks(1);
   env_->fill(r);
-  ASSERT_TRUE(env_->submit_task("req-a", r, 3 * kBlockTokens, 0).ok());
+  ASSERT_TRUE(env_->submit_task("req-a", r, 3 * kLifecycleBlockTokens, 0).ok());
   ASSERT_TRUE(env_->submit_dest("req-a", r).ok());
-  env_->prefill_step(1, {{0, 0, 3 * kBlockTokens}}, kLayers);
+  env_->prefill_step(1, {{0, 0, 3 * kLifecycleBlockTokens}}, kLifecycleLayers);
   const Completion c = env_->wait_for("req-a");
   EXPECT_EQ(c.status, CompletionStatus::kFinished) << c.message;
   EXPECT_EQ(env_->wrong_words(r), 0u);
@@ -59,8 +59,8 @@ TEST_P(Lifecycle, DestThenTaskMovesEveryByteAndFinishesOnce) {
   auto r = blocks(2);
   env_->fill(r);
   ASSERT_TRUE(env_->submit_dest("req-b", r).ok());
-  ASSERT_TRUE(env_->submit_task("req-b", r, 3 * kBlockTokens, 1).ok());
-  env_->prefill_step(1, {{1, 0, 3 * kBlockTokens}}, kLayers);
+  ASSERT_TRUE(env_->submit_task("req-b", r, 3 * kLifecycleBlockTokens, 1).ok());
+  env_->prefill_step(1, {{1, 0, 3 * kLifecycleBlockTokens}}, kLifecycleLayers);
   const Completion c = env_->wait_for("req-b");
   EXPECT_EQ(c.status, CompletionStatus::kFinished) << c.message;
   EXPECT_EQ(env_->wrong_words(r), 0u);
@@ -69,13 +69,13 @@ TEST_P(Lifecycle, DestThenTaskMovesEveryByteAndFinishesOnce) {
 TEST_P(Lifecycle, DuplicateRequestIdIsRejectedAndTheFirstStillFinishes) {
   auto r = blocks(3);
   env_->fill(r);
-  ASSERT_TRUE(env_->submit_task("dup", r, 3 * kBlockTokens, 0).ok());
-  ASSERT_TRUE(env_->submit_task("dup", r, 3 * kBlockTokens, 0).ok());
+  ASSERT_TRUE(env_->submit_task("dup", r, 3 * kLifecycleBlockTokens, 0).ok());
+  ASSERT_TRUE(env_->submit_task("dup", r, 3 * kLifecycleBlockTokens, 0).ok());
   const Completion rejected = env_->wait_for("dup");
   EXPECT_EQ(rejected.status, CompletionStatus::kRejected);
   EXPECT_NE(rejected.message.find("duplicate"), std::string::npos);
   ASSERT_TRUE(env_->submit_dest("dup", r).ok());
-  env_->prefill_step(1, {{0, 0, 3 * kBlockTokens}}, kLayers);
+  env_->prefill_step(1, {{0, 0, 3 * kLifecycleBlockTokens}}, kLifecycleLayers);
   const Completion done = env_->wait_for("dup");
   EXPECT_EQ(done.status, CompletionStatus::kFinished) << done.message;
   EXPECT_EQ(env_->wrong_words(r), 0u);
@@ -83,7 +83,7 @@ TEST_P(Lifecycle, DuplicateRequestIdIsRejectedAndTheFirstStillFinishes) {
 
 TEST_P(Lifecycle, CancelBeforeMergeEndsTheRequestAtOnce) {
   auto r = blocks(4);
-  ASSERT_TRUE(env_->submit_task("c1", r, 3 * kBlockTokens, 0).ok());
+  ASSERT_TRUE(env_->submit_task("c1", r, 3 * kLifecycleBlockTokens, 0).ok());
   ASSERT_TRUE(env_->engine().cancel("c1", Deadline::after(5s)).ok());
   const Completion c = env_->wait_for("c1");
   EXPECT_EQ(c.status, CompletionStatus::kCancelled);
@@ -94,7 +94,7 @@ TEST_P(Lifecycle, CancelBeforeMergeEndsTheRequestAtOnce) {
 
 TEST_P(Lifecycle, CancelAfterMergeWithdrawsItFromEveryRank) {
   auto r = blocks(5);
-  ASSERT_TRUE(env_->submit_task("c2", r, 3 * kBlockTokens, 0).ok());
+  ASSERT_TRUE(env_->submit_task("c2", r, 3 * kLifecycleBlockTokens, 0).ok());
   ASSERT_TRUE(env_->submit_dest("c2", r).ok());
   ASSERT_TRUE(env_->engine().cancel("c2", Deadline::after(5s)).ok());
   const Completion c = env_->wait_for("c2");
@@ -102,16 +102,16 @@ TEST_P(Lifecycle, CancelAfterMergeWithdrawsItFromEveryRank) {
   // The slot is free again: a new request on it finishes.
   auto r2 = blocks(6);
   env_->fill(r2);
-  ASSERT_TRUE(env_->submit_task("after-cancel", r2, 3 * kBlockTokens, 0).ok());
+  ASSERT_TRUE(env_->submit_task("after-cancel", r2, 3 * kLifecycleBlockTokens, 0).ok());
   ASSERT_TRUE(env_->submit_dest("after-cancel", r2).ok());
-  env_->prefill_step(1, {{0, 0, 3 * kBlockTokens}}, kLayers);
+  env_->prefill_step(1, {{0, 0, 3 * kLifecycleBlockTokens}}, kLifecycleLayers);
   EXPECT_EQ(env_->wait_for("after-cancel").status, CompletionStatus::kFinished);
   EXPECT_EQ(env_->wrong_words(r2), 0u);
 }
 
 TEST_P(Lifecycle, DeadlineExpiryTimesTheRequestOut) {
   auto r = blocks(7);
-  ASSERT_TRUE(env_->submit_task("late", r, 3 * kBlockTokens, 0, 300).ok());
+  ASSERT_TRUE(env_->submit_task("late", r, 3 * kLifecycleBlockTokens, 0, 300).ok());
   ASSERT_TRUE(env_->submit_dest("late", r).ok());
   const Completion c = env_->wait_for("late");  // no signals: prefill never happens
   EXPECT_EQ(c.status, CompletionStatus::kTimeout);

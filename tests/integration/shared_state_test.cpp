@@ -29,12 +29,6 @@ namespace {
 using namespace std::chrono_literals;
 namespace hdr = mpsc_header;
 
-uint32_t worker_pid(const std::string& instance, uint32_t rank) {
-  auto c = ControlSegment::attach(
-      instance, AttachOptions{.access = SegmentAccess::kReadOnly, .allow_stale = true});
-  return c ? read_slot(c->worker_slot(rank)).owner.pid : 0;
-}
-
 std::atomic<uint64_t>& record_header(const MpscRing& ring, uint64_t position) {
   auto* base = const_cast<std::byte*>(reinterpret_cast<const std::byte*>(&ring.header())) +
                sizeof(MpscRingHeader);

@@ -16,14 +16,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr uint32_t kLayers = 4;
+constexpr uint32_t kSwapLayers = 4;
 
 class Swap : public ::testing::Test {
  protected:
   void SetUp() override {
     InstanceArgs a;
     a.tp = 2;
-    a.layers = kLayers;
+    a.layers = kSwapLayers;
     a.blocks = 64;
     a.host_blocks = 128;
     a.head_dim = 32;
@@ -46,7 +46,7 @@ class Swap : public ::testing::Test {
   }
   void poison_device(const std::vector<uint32_t>& blocks) {
     for (uint32_t rank = 0; rank < 2; ++rank)
-      for (uint32_t l = 0; l < kLayers; ++l)
+      for (uint32_t l = 0; l < kSwapLayers; ++l)
         for (uint32_t t = 0; t < 2; ++t)
           for (uint32_t b : blocks)
             sim::poison_block(device(rank), l, t, b);
@@ -81,12 +81,12 @@ TEST_F(Swap, EvictThenLoadLayerByLayerRestoresEveryByteWhileTheForwardWaitsOnEac
   const Completion e = env_->wait_for("evict-1");
   ASSERT_EQ(e.status, CompletionStatus::kFinished) << e.message;
   for (uint32_t rank = 0; rank < 2; ++rank)
-    for (uint32_t l = 0; l < kLayers; ++l)
+    for (uint32_t l = 0; l < kSwapLayers; ++l)
       EXPECT_EQ(wrong(*host_[rank], rank, 1, host, l), 0u) << "host copy";
 
   poison_device(dev);  // the device blocks are reused meanwhile
   ASSERT_TRUE(swap("load-1", true, dev, host).ok());
-  for (uint32_t l = 0; l < kLayers; ++l) {
+  for (uint32_t l = 0; l < kSwapLayers; ++l) {
     Status s = engine().wait_layer("load-1", l, Deadline::after(10s));
     ASSERT_TRUE(s.ok()) << s.error().message;
     for (uint32_t rank = 0; rank < 2; ++rank)
@@ -96,12 +96,12 @@ TEST_F(Swap, EvictThenLoadLayerByLayerRestoresEveryByteWhileTheForwardWaitsOnEac
   const Completion c = env_->wait_for("load-1");
   EXPECT_EQ(c.status, CompletionStatus::kFinished) << c.message;
   EXPECT_EQ(c.bytes_moved,
-            2u * kLayers * 2 * dev.size() * device(0).geometry().block_bytes(PoolTensor::kKey));
+            2u * kSwapLayers * 2 * dev.size() * device(0).geometry().block_bytes(PoolTensor::kKey));
   EXPECT_GE(c.first_copy_ns, c.submitted_ns);
   EXPECT_LE(c.first_copy_ns, c.completed_ns);
   // After completion, waits on any layer return at once; one rank can be named.
-  EXPECT_TRUE(engine().wait_layer("load-1", kLayers - 1, Deadline::now(), 1).ok());
-  EXPECT_EQ(engine().wait_layer("load-1", kLayers, Deadline::now()).code(), Errc::kInvalidArgument);
+  EXPECT_TRUE(engine().wait_layer("load-1", kSwapLayers - 1, Deadline::now(), 1).ok());
+  EXPECT_EQ(engine().wait_layer("load-1", kSwapLayers, Deadline::now()).code(), Errc::kInvalidArgument);
 }
 
 TEST_F(Swap, SwapsAndPrefillToDecodeSendsRunSideBySide) {
@@ -113,7 +113,7 @@ TEST_F(Swap, SwapsAndPrefillToDecodeSendsRunSideBySide) {
   ASSERT_TRUE(env_->submit_task("pd", pd, 32, 0).ok());
   ASSERT_TRUE(env_->submit_dest("pd", pd).ok());
   ASSERT_TRUE(swap("evict-2", false, dev, host).ok());
-  env_->prefill_step(1, {{0, 0, 32, Client::request_tag("pd")}}, kLayers);
+  env_->prefill_step(1, {{0, 0, 32, Client::request_tag("pd")}}, kSwapLayers);
   EXPECT_EQ(env_->wait_for("pd").status, CompletionStatus::kFinished);
   EXPECT_EQ(env_->wait_for("evict-2").status, CompletionStatus::kFinished);
   EXPECT_EQ(env_->wrong_words(pd), 0u);
@@ -123,12 +123,12 @@ TEST_F(Swap, SwapsAndPrefillToDecodeSendsRunSideBySide) {
   env_->fill(pd2);
   ASSERT_TRUE(env_->submit_task("pd2", pd2, 32, 1).ok());
   ASSERT_TRUE(env_->submit_dest("pd2", pd2).ok());
-  env_->prefill_step(2, {{1, 0, 32, Client::request_tag("pd2")}}, kLayers);
+  env_->prefill_step(2, {{1, 0, 32, Client::request_tag("pd2")}}, kSwapLayers);
   EXPECT_EQ(env_->wait_for("load-2").status, CompletionStatus::kFinished);
   EXPECT_EQ(env_->wait_for("pd2").status, CompletionStatus::kFinished);
   EXPECT_EQ(env_->wrong_words(pd2), 0u);
   for (uint32_t rank = 0; rank < 2; ++rank)
-    for (uint32_t l = 0; l < kLayers; ++l)
+    for (uint32_t l = 0; l < kSwapLayers; ++l)
       EXPECT_EQ(wrong(device(rank), rank, 2, dev, l), 0u);
 }
 
@@ -155,7 +155,7 @@ TEST_F(Swap, LoadCancelledMidwayEndsOnceAndItsLaterLayersAreNotAwaited) {
   EXPECT_TRUE(c.status == CompletionStatus::kCancelled || c.status == CompletionStatus::kFinished)
       << completion_status_name(c.status) << ": " << c.message;
   if (c.status == CompletionStatus::kCancelled) {
-    const Status s = engine().wait_layer("load-cancel", kLayers - 1, Deadline::after(5s));
+    const Status s = engine().wait_layer("load-cancel", kSwapLayers - 1, Deadline::after(5s));
     EXPECT_TRUE(s.ok() || s.code() == Errc::kAborted) << s.error().message;
   }
   EXPECT_EQ(engine().wait(Deadline::after(200ms)).code(), Errc::kTimeout)

@@ -22,8 +22,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t kLayers = RequestDriver::kLayers;
-constexpr uint32_t kBlockTokens = RequestDriver::kBlockTokens;
 
 InstanceArgs args() {
   return RequestDriver::small_pair();
@@ -36,7 +34,7 @@ class TcpFaults : public ::testing::Test {
         ::testing::UnitTest::GetInstance()->current_test_info()->name(), args(),
         hosts.placement(prefill_key));
     env->set_route(hosts.route());
-    driver = std::make_unique<RequestDriver>(*env, kLayers, kBlockTokens);
+    driver = std::make_unique<RequestDriver>(*env, RequestDriver::kLayers, RequestDriver::kBlockTokens);
   }
   void TearDown() override {
     driver.reset();
@@ -76,7 +74,7 @@ TEST_F(TcpFaults, AKilledDecodeWorkerFailsItsRequestOnceNamingThePeerAndTheNextO
   ASSERT_GT(pid, 0);
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
   const auto killed = Clock::now();
-  layers_done(1, kLayers);
+  layers_done(1, RequestDriver::kLayers);
   const Completion c = env->wait_for("victim", 20s);
   const auto noticed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed);
   std::cerr << "[ measured ] decode worker SIGKILLed -> error completion: " << noticed.count()
@@ -104,7 +102,7 @@ TEST_F(TcpFaults, APartitionIsNoticedWithinASecondAndTheLinkServesAgainOnceUp) {
   std::this_thread::sleep_for(100ms);
   ASSERT_TRUE(hosts.hosts().set_link(false));
   const auto cut = Clock::now();
-  layers_done(1, kLayers);
+  layers_done(1, RequestDriver::kLayers);
   const Completion c = env->wait_for("cut-off", 20s);
   const auto noticed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - cut);
   std::cerr << "[ measured ] link down -> error completion: " << noticed.count() << " ms\n";
@@ -122,12 +120,12 @@ TEST_F(TcpFaults, AWrongKeyIsRefusedAndNoDecodeByteChanges) {
   start(other.path());
   sim::RequestBlocks r = blocks(3);
   submit("wrong-key", r, 0);
-  layers_done(0, kLayers);
+  layers_done(0, RequestDriver::kLayers);
   const Completion c = env->wait_for("wrong-key", 20s);
   EXPECT_EQ(c.status, CompletionStatus::kError);
   EXPECT_NE(c.message.find("authentication failed"), std::string::npos) << c.message;
   for (uint32_t rank = 0; rank < env->tp(); ++rank)
-    for (uint32_t l = 0; l < kLayers; ++l)
+    for (uint32_t l = 0; l < RequestDriver::kLayers; ++l)
       for (uint32_t b : r.dst)
         EXPECT_TRUE(sim::block_is_poisoned(env->dst_pool(rank), l, 0, b));
   ConnectSpec connect;

@@ -24,8 +24,8 @@ using namespace std::chrono_literals;
 
 // A ring in file-backed shared memory: its producers' owner locks work, and
 // forked children can be producers of their own.
-struct TestRing {
-  explicit TestRing(uint64_t capacity) : mem(MpscRing::bytes_for(capacity)) {
+struct MpscTestRing {
+  explicit MpscTestRing(uint64_t capacity) : mem(MpscRing::bytes_for(capacity)) {
     EXPECT_TRUE(MpscRing::initialize(mem.data(), mem.size(), capacity,
                                      MpscRing::default_max_payload(capacity))
                     .ok());
@@ -86,7 +86,7 @@ std::vector<std::pair<uint32_t, uint32_t>> collect(MpscRing& ring, size_t want,
 }
 
 TEST(MpscRing, RecordsOfOddSizesComeOutInOrderAcrossWrapArounds) {
-  TestRing t(1024);
+  MpscTestRing t(1024);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   uint32_t next_write = 0;
@@ -127,7 +127,7 @@ TEST(MpscRing, RecordsOfOddSizesComeOutInOrderAcrossWrapArounds) {
 }
 
 TEST(MpscRing, FullRingRefusesTryWriteAndNeverOverwrites) {
-  TestRing t(256);
+  MpscTestRing t(256);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   uint32_t written = 0;
@@ -149,7 +149,7 @@ TEST(MpscRing, FullRingRefusesTryWriteAndNeverOverwrites) {
 // Regression: a producer's cached head more than a lap behind the tail made
 // the free space computation wrap around, and a full ring looked empty.
 TEST(MpscRing, HeadCacheALapBehindStillSeesAFullRing) {
-  TestRing t(256);
+  MpscTestRing t(256);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   for (uint32_t i = 0; i < 100; ++i) {  // go round the ring many times
@@ -172,7 +172,7 @@ TEST(MpscRing, HeadCacheALapBehindStillSeesAFullRing) {
 }
 
 TEST(MpscRing, BlockingWriteOnAFullRingWaitsThenTimesOut) {
-  TestRing t(256);
+  MpscTestRing t(256);
   MpscProducer producer = t.producer();
   while (producer.try_write(1, as_bytes(make_payload(0, 0, 24))).ok()) {
   }
@@ -181,7 +181,7 @@ TEST(MpscRing, BlockingWriteOnAFullRingWaitsThenTimesOut) {
 }
 
 TEST(MpscRing, BlockingWriteProceedsOnceTheConsumerMakesRoom) {
-  TestRing t(256);
+  MpscTestRing t(256);
   MpscProducer producer = t.producer();
   while (producer.try_write(1, as_bytes(make_payload(0, 0, 24))).ok()) {
   }
@@ -198,7 +198,7 @@ TEST(MpscRing, BlockingWriteProceedsOnceTheConsumerMakesRoom) {
 }
 
 TEST(MpscRing, OversizedRecordIsRefusedWithItsSizeAndTheLimit) {
-  TestRing t(1024);
+  MpscTestRing t(1024);
   MpscProducer producer = t.producer();
   std::vector<std::byte> big(producer.max_payload_bytes() + 1);
   Status s = producer.try_write(1, as_bytes(big));
@@ -209,7 +209,7 @@ TEST(MpscRing, OversizedRecordIsRefusedWithItsSizeAndTheLimit) {
 }
 
 TEST(MpscRing, RecordGivenUpWhileBeingWrittenBecomesPaddingAndLaterRecordsArrive) {
-  TestRing t(1024);
+  MpscTestRing t(1024);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   Status s = producer.write_with(
@@ -222,7 +222,7 @@ TEST(MpscRing, RecordGivenUpWhileBeingWrittenBecomesPaddingAndLaterRecordsArrive
 }
 
 TEST(MpscRing, AttachRefusesCorruptGeometry) {
-  TestRing t(1024);
+  MpscTestRing t(1024);
   t.header().capacity = 1000;
   EXPECT_EQ(MpscRing::attach(t.mem.data(), t.mem.size()).code(), Errc::kCorrupt);
   t.header().capacity = 4096;  // larger than the region
@@ -230,7 +230,7 @@ TEST(MpscRing, AttachRefusesCorruptGeometry) {
 }
 
 TEST(MpscRing, EveryLeaseIsItsOwnSlotAndAReleasedSlotIsReusedWithANewGeneration) {
-  TestRing t(1024);
+  MpscTestRing t(1024);
   MpscProducer a = t.producer();
   MpscProducer b = t.producer();
   EXPECT_NE(a.slot(), b.slot());
@@ -247,7 +247,7 @@ TEST(MpscRing, EveryLeaseIsItsOwnSlotAndAReleasedSlotIsReusedWithANewGeneration)
 }
 
 TEST(MpscRingProcesses, ASessionWhoseProcessDiedIsJudgedDeadByItsLock) {
-  TestRing t(1024);
+  MpscTestRing t(1024);
   testing::ReadyPipe leased;
   std::atomic<uint32_t>* shared = t.mem.as<std::atomic<uint32_t>>() + 8;  // scratch in reserved1
   const pid_t child = testing::fork_child([&] {
@@ -270,7 +270,7 @@ TEST(MpscRingProcesses, ASessionWhoseProcessDiedIsJudgedDeadByItsLock) {
 TEST(MpscRingProcesses, ManyProducersEveryRecordExactlyOncePerProducerOrderIntact) {
   constexpr uint32_t kProducers = 4;
   constexpr uint32_t kPerProducer = 50'000;
-  TestRing t(16384);
+  MpscTestRing t(16384);
   std::vector<pid_t> producers;
   for (uint32_t p = 0; p < kProducers; ++p) {
     producers.push_back(testing::fork_child([&, p] {
@@ -330,7 +330,7 @@ class MpscDyingProducer : public ::testing::TestWithParam<StopAt> {};
 // before the commit): the consumer gives the claim up once the producer's
 // lock is free, and every other record arrives exactly once, in order.
 TEST_P(MpscDyingProducer, KilledMidRecordCostsOnlyItsOwnRecord) {
-  TestRing t(4096);
+  MpscTestRing t(4096);
   MpscRing ring = t.attach();
   ring.set_stall_timeout(50ms);
   MpscProducer mine = t.producer();
@@ -357,7 +357,7 @@ TEST_P(MpscDyingProducer, KilledMidRecordCostsOnlyItsOwnRecord) {
 // cgroup freezer would): its record is not given up, nothing is corrupted,
 // and once it resumes every record arrives exactly once, in order.
 TEST_P(MpscDyingProducer, PausedMidRecordLosesNothing) {
-  TestRing t(4096);
+  MpscTestRing t(4096);
   MpscRing ring = t.attach();
   ring.set_stall_timeout(20ms);
   MpscProducer mine = t.producer();
@@ -406,7 +406,7 @@ INSTANTIATE_TEST_SUITE_P(Points, MpscDyingProducer,
                          });
 
 TEST(MpscRing, ACommitAfterTheRecordWasGivenUpIsAnErrorNotASuccess) {
-  TestRing t(1024);
+  MpscTestRing t(1024);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   auto claim = producer.claim_for_test(24);
@@ -429,7 +429,7 @@ TEST(MpscRing, ACommitAfterTheRecordWasGivenUpIsAnErrorNotASuccess) {
 // ---- shared state written behind the ring's back ----
 
 TEST(MpscRingScribbled, ARecordLongerThanTheLimitButWithinItsBoundsCostsOnlyItself) {
-  TestRing t(4096);
+  MpscTestRing t(4096);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   ASSERT_TRUE(producer.try_write(1, as_bytes(make_payload(0, 0, 16))).ok());
@@ -457,7 +457,7 @@ TEST(MpscRingScribbled, ARecordLongerThanTheLimitButWithinItsBoundsCostsOnlyItse
 }
 
 TEST(MpscRingScribbled, ALengthReachingPastTheTailStopsTheConsumerThereAndMarksTheRingCorrupt) {
-  TestRing t(4096);
+  MpscTestRing t(4096);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   ASSERT_TRUE(producer.try_write(1, as_bytes(make_payload(0, 0, 16))).ok());
@@ -475,7 +475,7 @@ TEST(MpscRingScribbled, ALengthReachingPastTheTailStopsTheConsumerThereAndMarksT
 }
 
 TEST(MpscRingScribbled, AHeaderLeftAtTheHeadOfAnEmptyRingIsNotReadAndNotSpunOn) {
-  TestRing t(4096);
+  MpscTestRing t(4096);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   ASSERT_TRUE(producer.try_write(1, as_bytes(make_payload(0, 0, 16))).ok());
@@ -500,7 +500,7 @@ TEST(MpscRingScribbled, AHeaderLeftAtTheHeadOfAnEmptyRingIsNotReadAndNotSpunOn) 
 // and its in-progress header: the consumer must not take the stray header
 // for that record (it did under TSan's timing, and then lost the record).
 TEST(MpscRingScribbled, AStrayHeaderIsClearedBeforeAClaimCoversIt) {
-  TestRing t(4096);
+  MpscTestRing t(4096);
   MpscRing ring = t.attach();
   ring.set_stall_timeout(20ms);
   MpscProducer mine = t.producer();
@@ -532,7 +532,7 @@ TEST(MpscRingScribbled, AStrayHeaderIsClearedBeforeAClaimCoversIt) {
 
 TEST(MpscRingScribbled, AnImpossibleTailIsRebuiltFromTheRecordsAndNothingIsLost) {
   for (uint64_t bad : {uint64_t{3}, uint64_t{1} << 40}) {  // misaligned; far ahead
-    TestRing t(4096);
+    MpscTestRing t(4096);
     MpscRing ring = t.attach();
     MpscProducer producer = t.producer();
     for (uint32_t i = 0; i < 3; ++i)
@@ -556,7 +556,7 @@ TEST(MpscRingScribbled, AnImpossibleTailIsRebuiltFromTheRecordsAndNothingIsLost)
 }
 
 TEST(MpscRingScribbled, AnOverwrittenHeadIsPutBackByTheConsumer) {
-  TestRing t(4096);
+  MpscTestRing t(4096);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   ASSERT_TRUE(producer.try_write(1, as_bytes(make_payload(0, 0, 16))).ok());
@@ -575,7 +575,7 @@ TEST(MpscRingScribbled, AnOverwrittenHeadIsPutBackByTheConsumer) {
 }
 
 TEST(MpscRingScribbled, ASoleProducerPutsItsTailBack) {
-  TestRing t(4096);
+  MpscTestRing t(4096);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   producer.set_sole_producer();
@@ -594,7 +594,7 @@ TEST(MpscRingScribbled, ASoleProducerPutsItsTailBack) {
 }
 
 TEST(MpscRing, ResetDropsEverythingAndTheRingWorksAfterwards) {
-  TestRing t(4096);
+  MpscTestRing t(4096);
   MpscRing ring = t.attach();
   MpscProducer producer = t.producer();
   producer.set_sole_producer();

@@ -33,8 +33,8 @@ bool intact(const Record& r) {
   return r.payload == r.seq * 0x9E3779B97F4A7C15ULL && r.check == ~r.seq;
 }
 
-struct TestRing {
-  explicit TestRing(uint32_t capacity) : mem(SpscRing<Record>::bytes_for(capacity)) {
+struct SpscTestRing {
+  explicit SpscTestRing(uint32_t capacity) : mem(SpscRing<Record>::bytes_for(capacity)) {
     EXPECT_TRUE(SpscRing<Record>::initialize(mem.data(), mem.size(), capacity).ok());
   }
   SpscRing<Record> attach() {
@@ -50,7 +50,7 @@ struct TestRing {
 };
 
 TEST(SpscRing, PopsWhatWasPushedInOrderAcrossManyWrapArounds) {
-  TestRing t(8);
+  SpscTestRing t(8);
   auto ring = t.attach();
   auto producer = t.producer();
   uint64_t next_push = 0;
@@ -77,7 +77,7 @@ TEST(SpscRing, PopsWhatWasPushedInOrderAcrossManyWrapArounds) {
 }
 
 TEST(SpscRing, TryPushFailsWhenFullAndCountsTheEvent) {
-  TestRing t(4);
+  SpscTestRing t(4);
   auto ring = t.attach();
   auto producer = t.producer();
   for (uint64_t i = 0; i < 4; ++i)
@@ -94,7 +94,7 @@ TEST(SpscRing, TryPushFailsWhenFullAndCountsTheEvent) {
 }
 
 TEST(SpscRing, BlockingPushOnAFullRingTimesOut) {
-  TestRing t(2);
+  SpscTestRing t(2);
   auto ring = t.attach();
   auto producer = t.producer();
   ASSERT_TRUE(producer.try_push(make_record(0)));
@@ -105,14 +105,14 @@ TEST(SpscRing, BlockingPushOnAFullRingTimesOut) {
 }
 
 TEST(SpscRing, BlockingPopOnAnEmptyRingTimesOut) {
-  TestRing t(2);
+  SpscTestRing t(2);
   auto ring = t.attach();
   Record r{};
   EXPECT_EQ(ring.pop(r, Deadline::after(20ms)).code(), Errc::kTimeout);
 }
 
 TEST(SpscRing, NoWakeSyscallWhenNobodyIsParked) {
-  TestRing t(16);
+  SpscTestRing t(16);
   auto ring = t.attach();
   auto producer = t.producer();
   Record r{};
@@ -125,7 +125,7 @@ TEST(SpscRing, NoWakeSyscallWhenNobodyIsParked) {
 }
 
 TEST(SpscRing, AttachRefusesAWrongRecordSizeAndABadCapacity) {
-  TestRing t(8);
+  SpscTestRing t(8);
   auto wrong = SpscRing<uint64_t>::attach(t.mem.data(), t.mem.size());
   ASSERT_FALSE(wrong.ok());
   EXPECT_EQ(wrong.code(), Errc::kLayoutMismatch);
@@ -141,13 +141,13 @@ TEST(SpscRing, AttachRefusesAWrongRecordSizeAndABadCapacity) {
 }
 
 TEST(SpscRing, InitializeRefusesACapacityThatIsNotAPowerOfTwo) {
-  TestRing t(8);
+  SpscTestRing t(8);
   EXPECT_EQ(SpscRing<Record>::initialize(t.mem.data(), t.mem.size(), 6).code(),
             Errc::kInvalidArgument);
 }
 
 TEST(SpscRing, OverwrittenMirrorsChangeNothingAndAreRestored) {
-  TestRing t(8);
+  SpscTestRing t(8);
   auto ring = t.attach();
   auto producer = t.producer();
   Record r{};
@@ -166,7 +166,7 @@ TEST(SpscRing, OverwrittenMirrorsChangeNothingAndAreRestored) {
 }
 
 TEST(SpscRingProcesses, ASecondProducerProcessIsRefused) {
-  TestRing t(8);
+  SpscTestRing t(8);
   auto mine = t.producer();
   const pid_t other = testing::fork_child([&] {
     auto p = t.attach().lease_producer();
@@ -183,7 +183,7 @@ TEST(SpscRingProcesses, ASecondProducerProcessIsRefused) {
 TEST(SpscRing, ThreadsOfOneProcessPushConcurrentlyWithoutLosingOrTearingRecords) {
   constexpr uint64_t kPerThread = 200'000;
   constexpr int kThreads = 3;
-  TestRing t(64);
+  SpscTestRing t(64);
   auto ring = t.attach();
   auto producer = t.producer();
   std::vector<std::thread> threads;
@@ -220,7 +220,7 @@ TEST(SpscRing, ThreadsOfOneProcessPushConcurrentlyWithoutLosingOrTearingRecords)
 // calls on both sides: every record arrives exactly once, in order, intact.
 TEST(SpscRingProcesses, ProducerAndConsumerProcessesExchangeAMillionRecordsExactlyOnceInOrder) {
   constexpr uint64_t kCount = 1'000'000;
-  TestRing t(64);
+  SpscTestRing t(64);
   auto ring = t.attach();
   const pid_t producer = testing::fork_child([&] {
     auto p = t.producer();
@@ -252,7 +252,7 @@ TEST(SpscRingProcesses, ProducerAndConsumerProcessesExchangeAMillionRecordsExact
 // again). A new producer process takes over: every record published before
 // arrives once, in order, and the new producer's records follow.
 TEST(SpscRingProcesses, ProducerKilledMidPushDoesNotWedgeTheRing) {
-  TestRing t(8);
+  SpscTestRing t(8);
   auto ring = t.attach();
   const pid_t dying = testing::fork_child([&] {
     auto p = t.producer();
@@ -290,7 +290,7 @@ TEST(SpscRingProcesses, ProducerKilledMidPushDoesNotWedgeTheRing) {
 // The consumer dies between freeing a slot and moving its index (the old
 // ring then saw "empty" forever while a waiter saw "not empty" and spun).
 TEST(SpscRingProcesses, ConsumerKilledMidPopDoesNotWedgeTheRing) {
-  TestRing t(8);
+  SpscTestRing t(8);
   auto producer = t.producer();
   for (uint64_t i = 0; i < 5; ++i)
     ASSERT_TRUE(producer.try_push(make_record(i)));

@@ -9,7 +9,9 @@
 #include <stdexcept>
 #include <thread>
 
+#include "instance/control_segment.h"
 #include "instance/names.h"
+#include "shm/liveness.h"
 #include "shm/spawn.h"
 #include "support/processes.h"
 
@@ -159,6 +161,12 @@ std::vector<std::string> Instance::leftover_segments() const {
     if (n == prefix || n.rfind(prefix + "-", 0) == 0) out.push_back(n);
   }
   return out;
+}
+
+uint32_t worker_pid(const std::string& instance, uint32_t rank) {
+  auto c = ControlSegment::attach(
+      instance, AttachOptions{.access = SegmentAccess::kReadOnly, .allow_stale = true});
+  return c ? read_slot(c->worker_slot(rank)).owner.pid : 0;
 }
 
 }  // namespace kvrelay::testing

@@ -66,4 +66,7 @@ int run_program(const std::vector<std::string>& argv, std::string* output,
 // Starts `program args...` in the background; returns its pid.
 pid_t spawn_program(const std::vector<std::string>& argv);
 
+// The pid in `instance`'s worker slot for `rank` (0 when the segment is gone).
+uint32_t worker_pid(const std::string& instance, uint32_t rank);
+
 }  // namespace kvrelay::testing

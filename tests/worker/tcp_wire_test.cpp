@@ -16,7 +16,7 @@
 namespace kvrelay::worker::tcp {
 namespace {
 
-PoolGeometry geometry() {
+PoolGeometry frame_geometry() {
   PoolGeometry g;
   g.num_layers = 4;
   g.num_blocks = 64;
@@ -87,11 +87,11 @@ TEST(TcpWire, FramesInsideThePoolInWholeBlocksAreAccepted) {
   f.tensor = 1;
   f.dst_offset = 62 * kBlock;
   f.bytes = 2 * kBlock;
-  EXPECT_TRUE(check_frame(f, geometry()));
+  EXPECT_TRUE(check_frame(f, frame_geometry()));
 }
 
 TEST(TcpWire, EveryFrameCheckNamesWhatIsWrong) {
-  const PoolGeometry g = geometry();
+  const PoolGeometry g = frame_geometry();
   FrameHeader f;
   f.bytes = kBlock;
   f.layer = 4;
@@ -132,42 +132,42 @@ TEST(TcpWire, AHelloOfAnotherTpSizeIsAcceptedWhenItServesTheSameModelHeads) {
   const HeadLayout here{2, 2, 4};
   Hello h;
   h.version = kWireVersion;
-  h.pool = geometry();
+  h.pool = frame_geometry();
   h.pool.kv_heads = 1;
   h.tp_size = 4;  // 4 x 1 heads: the same 4
-  EXPECT_TRUE(check_hello(h, "d0", geometry(), here));
-  EXPECT_FALSE(check_hello(h, "d0", geometry())) << "without a layout the pools must match";
+  EXPECT_TRUE(check_hello(h, "d0", frame_geometry(), here));
+  EXPECT_FALSE(check_hello(h, "d0", frame_geometry())) << "without a layout the pools must match";
   h.tp_size = 8;
   h.total_kv_heads = 8;
-  EXPECT_EQ(check_hello(h, "d0", geometry(), here).error().message,
+  EXPECT_EQ(check_hello(h, "d0", frame_geometry(), here).error().message,
             "pools differ in the model's KV heads: 4 here (tp 2), 8 at the peer (tp 8)");
   h.tp_size = 3;
   h.total_kv_heads = 2;
-  EXPECT_EQ(check_hello(h, "d0", geometry(), here).error().message,
+  EXPECT_EQ(check_hello(h, "d0", frame_geometry(), here).error().message,
             "the peer's heads: 2 KV heads in all cannot be spread over tp 3 with 1 heads per "
             "rank: kv_heads x tp_size must equal the total, or (fewer heads than ranks) kv_heads "
             "must be 1 and tp_size a multiple of the total");
   h.tp_size = 4;
   h.total_kv_heads = 0;
   h.pool.head_dim = 32;
-  EXPECT_EQ(check_hello(h, "d0", geometry(), here).error().message,
+  EXPECT_EQ(check_hello(h, "d0", frame_geometry(), here).error().message,
             "pools differ in head_dim: 64 here, 32 at the peer");
 }
 
 TEST(TcpWire, AHelloIsRefusedNamingTheFieldThatDiffers) {
   Hello h;
   h.version = kWireVersion;
-  h.pool = geometry();
-  EXPECT_TRUE(check_hello(h, "d0", geometry()));
+  h.pool = frame_geometry();
+  EXPECT_TRUE(check_hello(h, "d0", frame_geometry()));
   h.pool.head_dim = 128;
-  EXPECT_EQ(check_hello(h, "d0", geometry()).error().message,
+  EXPECT_EQ(check_hello(h, "d0", frame_geometry()).error().message,
             "pools differ in head_dim: 64 here, 128 at the peer");
-  h.pool = geometry();
+  h.pool = frame_geometry();
   h.expected_instance = "d1";
-  EXPECT_EQ(check_hello(h, "d0", geometry()).error().message, "this is instance 'd0', not 'd1'");
+  EXPECT_EQ(check_hello(h, "d0", frame_geometry()).error().message, "this is instance 'd0', not 'd1'");
   h.expected_instance.clear();
   h.version = kWireVersion + 1;
-  EXPECT_EQ(check_hello(h, "d0", geometry()).code(), Errc::kVersionMismatch);
+  EXPECT_EQ(check_hello(h, "d0", frame_geometry()).code(), Errc::kVersionMismatch);
 }
 
 class KeyFile : public ::testing::Test {
