@@ -244,6 +244,39 @@ kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int 
   return from(client->client.register_pool(spec, deadline));
 }
 
+kvrelay_status kvrelay_register_host_fd_pool(kvrelay_client* client, uint32_t rank, int host_tier,
+                                             const kvrelay_pool_memory* memories,
+                                             size_t n_memories,
+                                             const kvrelay_tensor_placement* tensors,
+                                             size_t n_tensors, int64_t timeout_ms) {
+  KVRELAY_NEED(client);
+  if (memories == nullptr && n_memories != 0)
+    return fail(KVRELAY_INVALID_ARGUMENT, "memories must not be NULL");
+  if (tensors == nullptr && n_tensors != 0)
+    return fail(KVRELAY_INVALID_ARGUMENT, "tensors must not be NULL");
+  KVRELAY_DEADLINE(deadline, timeout_ms);
+  PoolSpec spec;
+  spec.rank = rank;
+  spec.tier = host_tier != 0 ? PoolTier::kHost : PoolTier::kDevice;
+  spec.location = PoolLocation::kHostFd;
+  for (size_t m = 0; m < n_memories; ++m) {
+    if (memories[m].reserved != 0)
+      return fail(KVRELAY_INVALID_ARGUMENT,
+                  "memories[" + std::to_string(m) + "].reserved must be 0");
+    PoolMemorySpec memory;
+    memory.fd = memories[m].fd;
+    memory.bytes = memories[m].bytes;
+    spec.memories.push_back(memory);
+  }
+  for (size_t t = 0; t < n_tensors; ++t) {
+    if (tensors[t].reserved != 0)
+      return fail(KVRELAY_INVALID_ARGUMENT,
+                  "tensors[" + std::to_string(t) + "].reserved must be 0");
+    spec.tensors.push_back(TensorPlacement{tensors[t].memory, tensors[t].offset});
+  }
+  return from(client->client.register_pool(spec, deadline));
+}
+
 kvrelay_status kvrelay_register_cuda_pool(kvrelay_client* client, uint32_t rank, int host_tier,
                                           const uint64_t* tensor_addresses, size_t n_tensors,
                                           int64_t timeout_ms) {

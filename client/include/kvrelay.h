@@ -116,6 +116,22 @@ typedef struct kvrelay_pool_geometry {
   uint32_t tensors_per_layer; /* 2 (K, V) or 4 (K, V, K scale, V scale) */
 } kvrelay_pool_geometry;
 
+/* Host memory an engine brings by file descriptor (kvrelay_register_host_fd_pool):
+ * a memfd of `bytes` bytes, sealed with F_SEAL_SHRINK so it cannot shrink under
+ * a worker that maps it. The caller keeps its fd; the library passes a duplicate. */
+typedef struct kvrelay_pool_memory {
+  int32_t fd;
+  uint32_t reserved; /* 0 */
+  uint64_t bytes;
+} kvrelay_pool_memory;
+
+/* Where one tensor lies: `offset` bytes into memories[memory], 16-byte aligned. */
+typedef struct kvrelay_tensor_placement {
+  uint32_t memory;
+  uint32_t reserved; /* 0 */
+  uint64_t offset;
+} kvrelay_tensor_placement;
+
 typedef enum kvrelay_tensor {
   KVRELAY_KEY = 0,
   KVRELAY_VALUE = 1,
@@ -168,6 +184,15 @@ kvrelay_status kvrelay_connect(kvrelay_client* client, uint64_t task_id, kvrelay
 kvrelay_status kvrelay_cancel(kvrelay_client* client, const char* request_id, int64_t timeout_ms);
 kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int host_tier,
                                      const char* segment_name, int64_t timeout_ms);
+/* Host memory the engine allocated in memfds (see kvrelay_pool_memory): every
+ * tensor's place in them, layer-major (K, V[, K scale, V scale] per layer, extra
+ * layers included). The completion (KVRELAY_KIND_REGISTER_POOL) says whether
+ * the worker mapped it, or why not. */
+kvrelay_status kvrelay_register_host_fd_pool(kvrelay_client* client, uint32_t rank, int host_tier,
+                                             const kvrelay_pool_memory* memories,
+                                             size_t n_memories,
+                                             const kvrelay_tensor_placement* tensors,
+                                             size_t n_tensors, int64_t timeout_ms);
 /* GPU memory by the device address of each of the pool's n_tensors tensors,
  * layer-major (K, V[, K scale, V scale] per layer): the library shares each
  * allocation once (a legacy IPC handle for cudaMalloc memory, POSIX fds for

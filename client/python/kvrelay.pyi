@@ -245,6 +245,21 @@ class Client:
     def register_pool(
         self, rank: int, segment_name: str, *, host_tier: bool = False, timeout: float = 5.0
     ) -> None: ...
+    def register_host_fd_pool(
+        self,
+        rank: int,
+        memories: Iterable[Tuple[int, int]],
+        tensors: Iterable[Tuple[int, int]],
+        *,
+        host_tier: bool = False,
+        timeout: float = 5.0,
+    ) -> None:
+        """Registers host memory the engine allocated in memfds (os.memfd_create,
+        sealed with F_SEAL_SHRINK): `memories` is (fd, bytes) per memfd, and
+        `tensors` is (memory index, byte offset) per tensor, layer-major:
+        [layer 0 K, layer 0 V, (K scale, V scale,) layer 1 K, ...], each
+        16-byte aligned. The engine keeps its fds. The completion (kind
+        "register_pool") says whether the worker mapped it, or why not."""
     def register_cuda_pool(
         self, rank: int, tensors: Iterable[int], *, host_tier: bool = False, timeout: float = 5.0
     ) -> None:

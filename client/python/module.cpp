@@ -267,6 +267,28 @@ void define_client(py::module_& m) {
           py::arg("rank"), py::arg("segment_name"), py::kw_only(), py::arg("host_tier") = false,
           py::arg("timeout") = 5.0)
       .def(
+          "register_host_fd_pool",
+          [](PyClient& c, uint32_t rank, const std::vector<std::pair<int, uint64_t>>& memories,
+             const std::vector<std::pair<uint32_t, uint64_t>>& tensors, bool host_tier,
+             double timeout) {
+            const Deadline d = to_deadline(timeout);
+            PoolSpec spec;
+            spec.rank = rank;
+            spec.tier = host_tier ? PoolTier::kHost : PoolTier::kDevice;
+            spec.location = PoolLocation::kHostFd;
+            for (const auto& [fd, bytes] : memories) {
+              PoolMemorySpec memory;
+              memory.fd = fd;
+              memory.bytes = bytes;
+              spec.memories.push_back(memory);
+            }
+            for (const auto& [memory, offset] : tensors)
+              spec.tensors.push_back(TensorPlacement{memory, offset});
+            check(c.with_client([&](Client& cl) { return cl.register_pool(spec, d); }));
+          },
+          py::arg("rank"), py::arg("memories"), py::arg("tensors"), py::kw_only(),
+          py::arg("host_tier") = false, py::arg("timeout") = 5.0)
+      .def(
           "register_cuda_pool",
           [](PyClient& c, uint32_t rank, const std::vector<uint64_t>& tensors, bool host_tier,
              double timeout) {

@@ -7,16 +7,19 @@
  *
  * Covers every call of the header: a byte-verified prefill->decode transfer
  * driven by layer signals, an evict and a layer-by-layer load waited on with
- * kvrelay_wait_layer, connect, cancel, register_pool, the pool calls, and the
- * errors a caller gets for bad input. Exits 0 when every check passed; each
+ * kvrelay_wait_layer, connect, cancel, register_pool, a memfd pool registered by
+ * fd that a load lands in, the pool calls, and the errors a caller gets for bad
+ * input. Exits 0 when every check passed; each
  * failed check prints the line and the library's last error.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -330,6 +333,79 @@ int main(int argc, char** argv) {
   CHECK(done.kind == KVRELAY_KIND_REGISTER_POOL);
   CHECK(done.status != KVRELAY_FINISHED);
   CHECK(strstr(done.message, "capi-no-such-segment") != NULL);
+
+  /* ---- host memory the engine brings in memfds, registered by fd ---- */
+  {
+    /* Each rank's pool in one memfd, its tensors back to back, layer-major. */
+    kvrelay_pool_geometry g;
+    kvrelay_pool_get_geometry(src[0], &g);
+    void* block0 = NULL;
+    size_t block_bytes = 0;
+    REQUIRE(kvrelay_pool_block(src[0], 0, KVRELAY_KEY, 0, &block0, &block_bytes) == KVRELAY_OK);
+    const uint32_t n_tensors = (g.num_layers + g.extra_layers) * g.tensors_per_layer;
+    REQUIRE(g.extra_layers == 0 && g.tensors_per_layer == 2);
+    const uint64_t tensor_bytes = (uint64_t)g.num_blocks * block_bytes;
+    const uint64_t pool_bytes = n_tensors * tensor_bytes;
+    int fds[kTp] = {-1, -1};
+    unsigned char* memfd_pools[kTp] = {NULL, NULL};
+    kvrelay_tensor_placement placements[2 * kLayers];
+    for (uint32_t t = 0; t < n_tensors; ++t) {
+      placements[t].memory = 0;
+      placements[t].reserved = 0;
+      placements[t].offset = t * tensor_bytes;
+    }
+    for (uint32_t r = 0; r < kTp; ++r) {
+      fds[r] = memfd_create("capi-kv", MFD_ALLOW_SEALING);
+      REQUIRE(fds[r] >= 0 && ftruncate(fds[r], (off_t)pool_bytes) == 0);
+      REQUIRE(fcntl(fds[r], F_ADD_SEALS, F_SEAL_SHRINK) == 0);
+      memfd_pools[r] = mmap(NULL, pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[r], 0);
+      REQUIRE(memfd_pools[r] != MAP_FAILED);
+      const kvrelay_pool_memory memory = {fds[r], 0, pool_bytes};
+      CHECK(kvrelay_register_host_fd_pool(prefill, r, 0, &memory, 1, placements, n_tensors,
+                                          5000) == KVRELAY_OK);
+      REQUIRE(kvrelay_wait(prefill, 20000, &done) == KVRELAY_OK);
+      CHECK(done.kind == KVRELAY_KIND_REGISTER_POOL);
+      REQUIRE(done.status == KVRELAY_FINISHED);
+    }
+    /* A load from the host tier (still holding "c-evict"'s blocks) lands in
+     * the memfds, in the requested blocks only (a memfd starts zeroed). */
+    const uint32_t dev_blocks[3] = {10, 11, 25};
+    const uint32_t host_blocks[3] = {15, 0, 4};
+    CHECK(kvrelay_submit_swap(prefill, "c-load-memfd", 1, dev_blocks, host_blocks, 3, 0, 0, 0,
+                              5000) == KVRELAY_OK);
+    REQUIRE(wait_for(prefill, "c-load-memfd", &done));
+    CHECK(done.status == KVRELAY_FINISHED);
+    for (uint32_t r = 0; r < kTp; ++r)
+      for (uint32_t t = 0; t < n_tensors; ++t) {
+        const unsigned char* tensor = memfd_pools[r] + placements[t].offset;
+        for (uint32_t i = 0; i < 3; ++i) {
+          void* expected = NULL;
+          size_t bytes = 0;
+          CHECK(kvrelay_pool_block(host[r], t / 2, (kvrelay_tensor)(t % 2), host_blocks[i],
+                                   &expected, &bytes) == KVRELAY_OK);
+          CHECK(bytes == block_bytes &&
+                memcmp(tensor + dev_blocks[i] * block_bytes, expected, bytes) == 0);
+        }
+        const unsigned char* untouched = tensor + 12 * block_bytes;
+        CHECK(untouched[0] == 0 && memcmp(untouched, untouched + 1, block_bytes - 1) == 0);
+      }
+    /* Wrong input is refused at once, saying what is wrong: a reserved field
+     * set, no memories, a memfd too small for its tensors. */
+    const kvrelay_pool_memory bad_reserved = {fds[0], 7, pool_bytes};
+    CHECK(kvrelay_register_host_fd_pool(prefill, 0, 0, &bad_reserved, 1, placements, n_tensors,
+                                        5000) == KVRELAY_INVALID_ARGUMENT);
+    CHECK(strstr(kvrelay_last_error(), "reserved") != NULL);
+    CHECK(kvrelay_register_host_fd_pool(prefill, 0, 0, NULL, 1, placements, n_tensors, 5000) ==
+          KVRELAY_INVALID_ARGUMENT);
+    const kvrelay_pool_memory too_small = {fds[0], 0, pool_bytes / 2};
+    CHECK(kvrelay_register_host_fd_pool(prefill, 0, 0, &too_small, 1, placements, n_tensors,
+                                        5000) == KVRELAY_INVALID_ARGUMENT);
+    CHECK(strstr(kvrelay_last_error(), "tensors[4] (layer 2 K) needs bytes") != NULL);
+    for (uint32_t r = 0; r < kTp; ++r) {
+      munmap(memfd_pools[r], pool_bytes);
+      close(fds[r]);
+    }
+  }
 
   /* ---- bad input gets an error at once; nothing is submitted ---- */
   CHECK(kvrelay_push_layer_done(prefill, kTp, 0, 0, 0) == KVRELAY_INVALID_ARGUMENT);

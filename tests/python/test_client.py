@@ -3,7 +3,9 @@ processes: byte-verified transfers and swaps, errors, threads and the GIL."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -377,6 +379,63 @@ def test_threads_push_signals_concurrently_and_every_record_arrives_once(pair, e
     assert _worker_signals(pair[0], 0) == before + 2 * per_thread
     assert engine.session != 0
     assert engine.dropped_completions == 0
+
+
+def test_a_load_lands_in_the_memfds_an_engine_registered_by_fd_and_nowhere_else(lone_instance):
+    """An engine that allocates its own host KV memory in memfds registers it
+    by fd and tensor offsets; a swap load then lands in those memfds, in the
+    requested blocks only, and wrong input is refused at once."""
+    with kvrelay.Client(lone_instance.name, timeout=30) as client:
+        config = client.config
+        assert config["extra_layers"] == 0 and not config["has_scales"]
+        host = [client.open_pool(r, host_tier=True) for r in range(TP)]
+        block_bytes = client.open_pool(0).block_bytes(0)
+        tensor_bytes = config["num_blocks"] * block_bytes
+        n_tensors = 2 * LAYERS  # K, V per layer
+        pool_bytes = n_tensors * tensor_bytes
+        placements = [(0, t * tensor_bytes) for t in range(n_tensors)]
+        fds, maps, memfd_bytes = [], [], []
+        try:
+            for r in range(TP):
+                fd = os.memfd_create(f"py-kv-{r}", os.MFD_ALLOW_SEALING)
+                fds.append(fd)
+                os.ftruncate(fd, pool_bytes)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+                maps.append(mmap.mmap(fd, pool_bytes))
+                memfd_bytes.append(np.frombuffer(maps[-1], dtype=np.uint8))
+                memfd_bytes[-1][:] = POISON
+                client.register_host_fd_pool(r, [(fd, pool_bytes)], placements)
+                c = client.wait(timeout=20)
+                assert c.kind == "register_pool" and c.ok, c.message
+
+            dev_blocks, host_blocks = [5, 40, 41], [2, 9, 30]
+            for r in range(TP):
+                fill(host[r], 11, r, host_blocks)
+            client.submit_swap("py-memfd-load", "load", dev_blocks, host_blocks)
+            c = wait_for(client, "py-memfd-load")
+            assert c.ok, c.message
+
+            for r in range(TP):
+                written = np.zeros(pool_bytes, dtype=bool)
+                for layer in range(LAYERS):
+                    for t in range(2):
+                        base = (layer * 2 + t) * tensor_bytes
+                        for i, b in enumerate(dev_blocks):
+                            begin = base + b * block_bytes
+                            got = memfd_bytes[r][begin:begin + block_bytes]
+                            assert np.array_equal(got, pattern(11, r, layer, t, i, block_bytes)), \
+                                f"rank {r} layer {layer} tensor {t} block {b}"
+                            written[begin:begin + block_bytes] = True
+                assert (memfd_bytes[r][~written] == POISON).all(), f"rank {r}: a stray write"
+
+            with pytest.raises(kvrelay.InvalidArgument, match="needs bytes"):
+                client.register_host_fd_pool(0, [(fds[0], pool_bytes // 2)], placements)
+            with pytest.raises(kvrelay.InvalidArgument):
+                client.register_host_fd_pool(0, [(fds[0], pool_bytes)], placements[:3])
+            assert client.poll() is None
+        finally:
+            for fd in fds:  # the mappings go with the arrays that view them
+                os.close(fd)
 
 
 def test_gpu_calls_say_why_they_cannot_run_without_a_gpu(engine):
