@@ -257,8 +257,8 @@ void SendScheduler::on_signal(const records::LayerSignal& signal, uint64_t index
         legacy_step_ = signal.step;
         legacy_layer_ = signal.layer;
       }
-      const std::vector<uint64_t> handles = legacy_requests_;
-      for (uint64_t h : handles) {
+      legacy_walk_.assign(legacy_requests_.begin(), legacy_requests_.end());
+      for (uint64_t h : legacy_walk_) {
         auto it = requests_.find(h);
         if (it != requests_.end()) advance(*it->second, now);
       }

@@ -170,6 +170,9 @@ class SendScheduler {
   size_t pending_sessions_ = 0;
   uint64_t session_seq_ = 0;
   std::vector<uint64_t> legacy_requests_;  // handles
+  // A legacy signal walks a copy of legacy_requests_ (advancing a request may
+  // end it and erase its handle), kept here so the walk allocates nothing.
+  std::vector<uint64_t> legacy_walk_;
   // The current step's batch: (slot, tag, prefilled tokens after this chunk).
   struct BatchItem {
     uint32_t slot;

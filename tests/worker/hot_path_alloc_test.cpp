@@ -10,6 +10,8 @@
 #include <capnp/message.h>
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "instance/control_segment.h"
 #include "instance/pool_segment.h"
 #include "support/allocation_counter.h"
@@ -78,8 +80,9 @@ class HotPathAllocations : public ::testing::Test {
     return c;
   }
 
-  // Binds request `h` to slot 0 with both halves (allowed to allocate).
-  void bind(uint64_t h) {
+  // Binds request `h` with both halves (allowed to allocate): to slot 0, or
+  // in the original's legacy per-query mode to `legacy_step`.
+  void bind(uint64_t h, std::optional<uint64_t> legacy_step = std::nullopt) {
     const uint32_t first = static_cast<uint32_t>((h % 8) * kBlocksPerRequest);
     capnp::MallocMessageBuilder m;
     auto t = m.initRoot<schema::CacheTask>();
@@ -88,7 +91,10 @@ class HotPathAllocations : public ::testing::Test {
     for (uint32_t i = 0; i < kBlocksPerRequest; ++i)
       src.set(i, first + i);
     t.setNeedPrefillTokens(kBlocksPerRequest * 16);
-    t.setEngineSlot(0);
+    if (legacy_step)
+      t.setLegacyPrefillStep(*legacy_step);
+    else
+      t.setEngineSlot(0);
     prefill_->scheduler().on_bind(h, t.asReader());
     capnp::MallocMessageBuilder md;
     auto d = md.initRoot<schema::CacheDest>();
@@ -124,6 +130,30 @@ class HotPathAllocations : public ::testing::Test {
     }
   }
 
+  // Legacy per-query mode: the newest computed (step, layer), layer by layer.
+  void signal_legacy_layers(uint64_t step) {
+    SendScheduler& s = prefill_->scheduler();
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      LayerSignal layer{};
+      layer.kind = static_cast<uint32_t>(SignalKind::kLegacyLayerDone);
+      layer.step = step;
+      layer.layer = l;
+      s.on_signal(layer, index_++);
+      while (prefill_->transports().has_completions())
+        s.poll_transfers();
+    }
+  }
+
+  void expect_all_finished(size_t n) {
+    ASSERT_EQ(reports_.size(), n);
+    for (const Seen& r : reports_)
+      ASSERT_EQ(r.kind, ReportKind::kFinished) << "request " << r.handle;
+  }
+
+  uint64_t block_bytes() const {
+    return pool_geometry_of(prefill_config_, PoolTier::kDevice).block_bytes(PoolTensor::kKey);
+  }
+
   struct Seen {
     uint64_t handle;
     ReportKind kind;
@@ -142,9 +172,7 @@ TEST_F(HotPathAllocations, LayerSignalsAndTheirCopiesAllocateNothingOnceWarm) {
     bind(h);
     signal_all_layers(h, ++step);
   }
-  ASSERT_EQ(reports_.size(), 16u);
-  for (const Seen& r : reports_)
-    ASSERT_EQ(r.kind, ReportKind::kFinished) << "request " << r.handle;
+  expect_all_finished(16);
   const uint64_t bytes_before = bytes_;
   uint64_t allocations = 0;
   for (uint64_t h = 17; h <= 216; ++h) {
@@ -153,15 +181,34 @@ TEST_F(HotPathAllocations, LayerSignalsAndTheirCopiesAllocateNothingOnceWarm) {
     signal_all_layers(h, ++step);
     allocations += window.count();
   }
-  ASSERT_EQ(reports_.size(), 216u);
-  for (const Seen& r : reports_)
-    ASSERT_EQ(r.kind, ReportKind::kFinished) << "request " << r.handle;
+  expect_all_finished(216);
   // The copies really ran: every layer's K and V of every block.
-  const uint64_t block_bytes = 
-      pool_geometry_of(prefill_config_, PoolTier::kDevice).block_bytes(PoolTensor::kKey);
-  EXPECT_EQ(bytes_ - bytes_before, 200u * kLayers * kBlocksPerRequest * 2 * block_bytes);
+  EXPECT_EQ(bytes_ - bytes_before, 200u * kLayers * kBlocksPerRequest * 2 * block_bytes());
   EXPECT_EQ(allocations, 0u) << "allocations while applying 200 requests' signals (" << kLayers
                              << " layers each) and completing their copies";
+}
+
+TEST_F(HotPathAllocations, LegacyLayerSignalsAndTheirCopiesAllocateNothingOnceWarm) {
+  // The original's per-query mode: a request is bound to the step its
+  // prefill runs in, and every signal names the newest computed layer.
+  uint64_t step = 0;
+  for (uint64_t h = 1; h <= 16; ++h) {
+    bind(h, ++step);
+    signal_legacy_layers(step);
+  }
+  expect_all_finished(16);
+  const uint64_t bytes_before = bytes_;
+  uint64_t allocations = 0;
+  for (uint64_t h = 17; h <= 216; ++h) {
+    bind(h, ++step);
+    AllocationWindow window;
+    signal_legacy_layers(step);
+    allocations += window.count();
+  }
+  expect_all_finished(216);
+  EXPECT_EQ(bytes_ - bytes_before, 200u * kLayers * kBlocksPerRequest * 2 * block_bytes());
+  EXPECT_EQ(allocations, 0u) << "allocations while applying 200 legacy requests' signals ("
+                             << kLayers << " layers each) and completing their copies";
 }
 
 TEST_F(HotPathAllocations, TheCounterSeesAnAllocation) {
