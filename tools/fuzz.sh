@@ -8,10 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-1200}
 cmake --preset fuzz > /dev/null
-cmake --build --preset fuzz --target decode_validate_fuzzer ring_consumer_fuzzer segment_header_fuzzer tcp_wire_fuzzer \
-  ipc_landed_fuzzer > /dev/null
+cmake --build --preset fuzz > /dev/null  # the preset builds the fuzzers only
 status=0
-for target in decode_validate ring_consumer segment_header tcp_wire ipc_landed; do
+for target in decode_validate ring_consumer segment_header tcp_wire ipc_landed rdma_endpoint; do
   work=$(mktemp -d)
   echo "== ${target}_fuzzer, ${seconds} s"
   if ./build/fuzz/bin/${target}_fuzzer -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
