@@ -11,8 +11,6 @@ namespace kvrelay::coordinator {
 
 namespace {
 
-enum class RankState : uint8_t { kIdle, kPending, kFinished, kCancelled, kFailed };
-
 // Text from another process as it may be shown back: printable ASCII, the
 // rest escaped, at most `max` bytes (marked when cut), so that any binding
 // can decode it and every completion fits its ring.
@@ -52,18 +50,6 @@ Nanos deadline_of(uint32_t deadline_ms, Nanos default_deadline) {
   return deadline_ms != 0 ? Nanos(std::chrono::milliseconds(deadline_ms)) : default_deadline;
 }
 
-// A submitted message, decoded once: the table's own exactly-sized copy
-// (validated and forwarded, never the shared bytes) and its root.
-template <class T>
-struct Owned {
-  MessageCopies::Copy copy;
-  typename T::Reader root;
-
-  Owned(typename T::Reader shared, MessageCopies& copies)
-      : copy(copies.copy(shared)),
-        root(copy.message().getRoot<T>().asReader()) {}  // stays valid: the buffer does not move
-};
-
 // Copies kept for reuse, and the largest kept (words): at most 16 MiB idle.
 constexpr size_t kSpareCopies = 512;
 constexpr size_t kSpareCopyWords = 4096;
@@ -76,6 +62,23 @@ constexpr size_t kTaskScratchWords = 8192;
 constexpr size_t kCompletionScratchWords = 512;
 
 }  // namespace
+
+// The types of TaskTable::Request's fields are outside the anonymous
+// namespace: a unity build includes this file into a batch, where GCC
+// warns about a named type with fields of anonymous types.
+enum class RankState : uint8_t { kIdle, kPending, kFinished, kCancelled, kFailed };
+
+// A submitted message, decoded once: the table's own exactly-sized copy
+// (validated and forwarded, never the shared bytes) and its root.
+template <class T>
+struct Owned {
+  MessageCopies::Copy copy;
+  typename T::Reader root;
+
+  Owned(typename T::Reader shared, MessageCopies& copies)
+      : copy(copies.copy(shared)),
+        root(copy.message().getRoot<T>().asReader()) {}  // stays valid: the buffer does not move
+};
 
 // Where a request is in its life: which of its timers runs, and what a
 // rank's answer means.
