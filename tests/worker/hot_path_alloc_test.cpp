@@ -117,25 +117,18 @@ class HotPathAllocations : public ::testing::Test {
     batch.count = 1;
     batch.entries[0] = records::BatchEntry{0, 0, kBlocksPerRequest * 16,
                                            records::request_tag("request-" + std::to_string(h))};
-    SendScheduler& s = prefill_->scheduler();
-    s.on_signal(batch, index_++);
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      LayerSignal layer{};
-      layer.kind = static_cast<uint32_t>(SignalKind::kLayerDone);
-      layer.step = step;
-      layer.layer = l;
-      s.on_signal(layer, index_++);
-      while (prefill_->transports().has_completions())
-        s.poll_transfers();
-    }
+    prefill_->scheduler().on_signal(batch, index_++);
+    signal_layers(SignalKind::kLayerDone, step);
   }
 
-  // Legacy per-query mode: the newest computed (step, layer), layer by layer.
-  void signal_legacy_layers(uint64_t step) {
+  // Every layer of `step` as signals of `kind` (kLayerDone after a batch;
+  // kLegacyLayerDone in legacy per-query mode: the newest computed (step,
+  // layer)), each layer's copies polled to completion.
+  void signal_layers(SignalKind kind, uint64_t step) {
     SendScheduler& s = prefill_->scheduler();
     for (uint32_t l = 0; l < kLayers; ++l) {
       LayerSignal layer{};
-      layer.kind = static_cast<uint32_t>(SignalKind::kLegacyLayerDone);
+      layer.kind = static_cast<uint32_t>(kind);
       layer.step = step;
       layer.layer = l;
       s.on_signal(layer, index_++);
@@ -194,7 +187,7 @@ TEST_F(HotPathAllocations, LegacyLayerSignalsAndTheirCopiesAllocateNothingOnceWa
   uint64_t step = 0;
   for (uint64_t h = 1; h <= 16; ++h) {
     bind(h, ++step);
-    signal_legacy_layers(step);
+    signal_layers(SignalKind::kLegacyLayerDone, step);
   }
   expect_all_finished(16);
   const uint64_t bytes_before = bytes_;
@@ -202,7 +195,7 @@ TEST_F(HotPathAllocations, LegacyLayerSignalsAndTheirCopiesAllocateNothingOnceWa
   for (uint64_t h = 17; h <= 216; ++h) {
     bind(h, ++step);
     AllocationWindow window;
-    signal_legacy_layers(step);
+    signal_layers(SignalKind::kLegacyLayerDone, step);
     allocations += window.count();
   }
   expect_all_finished(216);
