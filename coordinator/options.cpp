@@ -260,6 +260,12 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
                  "GPU pools: the most SMs a GPU-to-GPU copy's gather kernel takes from the model")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  uint32_t tcp_staging_mib = 8;
+  app.add_option("--tcp-staging-mib", tcp_staging_mib,
+                 "GPU pools over tcp: each connection stages payloads through two page-locked "
+                 "slots of this many MiB")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   RdmaFlags rdma;
   app.add_option("--rdma-devices", rdma.devices,
                  "rdma: the RDMA device of each rank, comma-separated (one for all ranks, or one "
@@ -381,7 +387,8 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   if (Status s = network_options(c, listen_address, auth_key_file, tcp_lanes, o.worker_args); !s)
     return s.error();
   if (Status s = rdma_options(c, rdma, o.worker_args); !s) return s.error();
-  o.worker_args.insert(o.worker_args.end(), {"--copy-max-sms", std::to_string(copy_max_sms)});
+  o.worker_args.insert(o.worker_args.end(), {"--copy-max-sms", std::to_string(copy_max_sms),
+                                             "--tcp-staging-mib", std::to_string(tcp_staging_mib)});
   if (Status s = apply_speculative(speculative, c); !s) return s.error();
   if (extra_layers_flag != 0) c.extra_layers = extra_layers_flag;
   if (extra_blocks_flag != 0) c.extra_layer_blocks = extra_blocks_flag;

@@ -49,6 +49,11 @@ int main(int argc, char** argv) {
                  "coordinator's flag)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  app.add_option("--tcp-staging-mib", o.network.staging_slot_mib,
+                 "GPU pools over tcp: MiB per staging slot, two per connection (the "
+                 "coordinator's flag)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   std::string idle = "park", cpu_list;
   app.add_option("--idle-strategy", idle, "park, backoff or spin (the coordinator's flag)")
       ->check(CLI::IsMember({"park", "backoff", "spin"}))

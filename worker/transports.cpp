@@ -54,6 +54,23 @@ Result<std::shared_ptr<rdma::Fabric>> open_fabric(const InstanceConfig& config, 
   return std::shared_ptr<rdma::Fabric>(std::move(f).value());
 }
 
+// Staging for a GPU pool's tcp payloads: a copy engine of the pool's GPU
+// (host<->device on the copy engines), or the test's.
+Result<std::shared_ptr<tcp::Stager>> make_stager(const LocalPool& local,
+                                                 const NetworkOptions& network) {
+  Result<std::unique_ptr<kernels::CopyEngine>> engine =
+      network.staging_engine
+          ? network.staging_engine()
+          : kernels::make_copy_engine(
+                local.memory_kind(), kernels::MemoryKind::kHost,
+                kernels::CudaCopyOptions{local.cuda_device(), network.copy_max_sms});
+  if (!engine) return engine.error();
+  tcp::Stager::Options o;
+  o.slot_bytes = uint64_t{network.staging_slot_mib} << 20;
+  o.pin = !network.staging_engine;
+  return std::make_shared<tcp::Stager>(std::move(engine).value(), local.memory_kind(), o);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& config, uint32_t rank,
@@ -83,22 +100,30 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   const uint16_t port = rank < kMaxTpSize ? config.tcp_ports[rank] : 0;
   const uint16_t rdma_port = rank < kMaxTpSize ? config.rdma_ports[rank] : 0;
   const bool listens = port != 0 && receives;
-  const bool wants_rdma = (config.protocols & 4U) != 0;
-  if (local.memory_kind() != kernels::MemoryKind::kHost) {
-    // The network transports read and write the pool from their threads
-    // with the CPU: GPU memory needs staging through pinned buffers first.
-    t->no_tcp_ = fmt::format(
-        "rank {}'s pool is {} GPU memory, which the tcp transport cannot "
-        "read or write yet: use ipc between instances of one host",
-        rank, kernels::memory_kind_name(local.memory_kind()));
+  // A pool in GPU memory goes over tcp through pinned staging slots, a
+  // stager (and its own stream) per direction. rdma cannot register it yet.
+  std::shared_ptr<tcp::Stager> send_stager, receive_stager;
+  const bool gpu_pool = local.memory_kind() != kernels::MemoryKind::kHost;
+  bool wants_rdma = (config.protocols & 4U) != 0;
+  if (gpu_pool) {
     t->no_rdma_ = fmt::format(
-        "rank {}'s pool is {} GPU memory, which the rdma transport cannot "
-        "register yet: use ipc between instances of one host",
+        "rank {}'s pool is {} GPU memory, which the rdma transport cannot register yet "
+        "(dmabuf registration): use tcp, or ipc between instances of one host",
         rank, kernels::memory_kind_name(local.memory_kind()));
-    if (listens || (rdma_port != 0 && receives))
-      spdlog::warn("rank {}: not listening on its {} port: {}", rank, listens ? "tcp" : "rdma",
-                   t->no_tcp_);
-    return t;
+    if (wants_rdma && rdma_port != 0 && receives)
+      spdlog::warn("rank {}: not listening on its rdma port: {}", rank, t->no_rdma_);
+    wants_rdma = false;
+    Result<std::shared_ptr<tcp::Stager>> sending = make_stager(local, network);
+    Result<std::shared_ptr<tcp::Stager>> receiving =
+        sending ? make_stager(local, network) : sending;
+    if (!sending || !receiving) {
+      t->no_tcp_ = fmt::format("rank {} cannot stage its GPU pool for tcp: {}", rank,
+                               (sending ? receiving : sending).error().message);
+      if (listens) spdlog::warn("rank {}: not listening on its tcp port: {}", rank, t->no_tcp_);
+      return t;
+    }
+    send_stager = std::move(sending).value();
+    receive_stager = std::move(receiving).value();
   }
   if (network.auth_key_file.empty()) {
     if (listens || (rdma_port != 0 && receives))
@@ -149,6 +174,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   sender.total_kv_heads = head_layout_of(config).total_heads;
   sender.lanes = std::clamp<uint32_t>(network.lanes, 1, 8);
   sender.timing = tcp_timing(config);
+  sender.stager = send_stager;
   t->tcp_ = std::make_unique<tcp::TcpTransport>(*t->net_, local, t->key_.get(), sender, doorbell);
   rdma::RdmaSenderOptions rdma_sender;
   rdma_sender.instance = sender.instance;
@@ -167,6 +193,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
     receiver.rank = rank;
     receiver.heads = head_layout_of(config);
     receiver.timing = sender.timing;
+    receiver.stager = receive_stager;
     receiver.arrivals =
         t->arrivals_ ? t->arrivals_ : std::make_shared<Arrivals>(local.geometry(), doorbell);
     if (t->fabric_)

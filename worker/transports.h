@@ -18,6 +18,7 @@
 // port, and on its tcp port as well.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,12 @@ struct NetworkOptions {
   // GPUs, swap within one) run their gather kernel on at most this many SMs
   // (--copy-max-sms).
   uint32_t copy_max_sms = 16;
+  // A GPU pool over tcp: each connection stages payloads through two
+  // page-locked slots of this many MiB (at least a block).
+  uint32_t staging_slot_mib = 8;
+  // Tests: the engine that stages a GPU pool instead of the CUDA one (its
+  // slots are then not page-locked).
+  std::function<Result<std::unique_ptr<kernels::CopyEngine>>()> staging_engine;
 };
 
 class Transports final : public Transport {

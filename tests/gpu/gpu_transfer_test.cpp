@@ -2,11 +2,14 @@
 // engines' GPU memory, registered by tensor address: cudaMalloc memory
 // (legacy IPC handles) and VMM memory in allocations of the device's
 // granularity that tensors straddle (POSIX fds, chunk by chunk). Every byte
-// of the request lands in the decode engine's GPU pool, nothing else moves.
+// of the request lands in the decode engine's GPU pool, nothing else moves:
+// over ipc (CUDA IPC, the gather kernel) and over tcp (staged through
+// pinned host slots on each side).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_pool.h"
 #include "integration/request_driver.h"
+#include "integration/tcp_hosts.h"
 
 namespace kvrelay::testing {
 namespace {
@@ -24,20 +27,32 @@ void register_gpu_pools(Client& engine, const std::vector<std::unique_ptr<GpuPoo
   }
 }
 
-class GpuTransfer : public ::testing::TestWithParam<GpuPool::Kind> {};
+enum class Over { kIpc, kTcp };
 
+struct GpuTransferCase {
+  GpuPool::Kind kind;
+  Over over;
+};
+
+class GpuTransfer : public ::testing::TestWithParam<GpuTransferCase> {};
+
+// Over tcp the decode instance listens on a second host (a network namespace,
+// or loopback), and each side stages its GPU pool through pinned slots.
 TEST_P(GpuTransfer, ATransferBetweenGpuPoolsLandsByteForByteAndNowhereElse) {
   KVRELAY_REQUIRE_GPU();
   InstanceArgs a = RequestDriver::small_pair();
   a.blocks = 1000;  // 2 MB tensors: VMM allocations of 2 MiB do not line up with them
-  TwoInstances env("gpuxfer", a);
+  const bool tcp = GetParam().over == Over::kTcp;
+  std::unique_ptr<TcpHosts> hosts = tcp ? std::make_unique<TcpHosts>("gtcp", a.tp) : nullptr;
+  TwoInstances env(tcp ? "gpuxfer-tcp" : "gpuxfer", a, hosts ? hosts->placement() : Placement{});
+  if (hosts) env.set_route(hosts->route());
   RequestDriver driver(env, RequestDriver::kLayers, RequestDriver::kBlockTokens);
   std::vector<std::unique_ptr<GpuPool>> src, dst;
   for (uint32_t rank = 0; rank < env.tp(); ++rank) {
-    src.push_back(
-        std::make_unique<GpuPool>(env.prefill().client().info().device_pool, GetParam(), rank));
+    src.push_back(std::make_unique<GpuPool>(env.prefill().client().info().device_pool,
+                                            GetParam().kind, rank));
     dst.push_back(
-        std::make_unique<GpuPool>(env.decode().client().info().device_pool, GetParam(), rank));
+        std::make_unique<GpuPool>(env.decode().client().info().device_pool, GetParam().kind, rank));
     ASSERT_TRUE(src.back()->ok() && dst.back()->ok()) << "GPU allocation failed";
   }
   sim::RequestBlocks r;
@@ -70,10 +85,14 @@ TEST_P(GpuTransfer, ATransferBetweenGpuPoolsLandsByteForByteAndNowhereElse) {
   env.stop_and_check_clean();
 }
 
-INSTANTIATE_TEST_SUITE_P(Allocators, GpuTransfer,
-                         ::testing::Values(GpuPool::Kind::kCudaMalloc, GpuPool::Kind::kVmm),
-                         [](const auto& kind) {
-                           return kind.param == GpuPool::Kind::kVmm ? "vmm" : "cudaMalloc";
+INSTANTIATE_TEST_SUITE_P(AllocatorsAndTransports, GpuTransfer,
+                         ::testing::Values(GpuTransferCase{GpuPool::Kind::kCudaMalloc, Over::kIpc},
+                                           GpuTransferCase{GpuPool::Kind::kVmm, Over::kIpc},
+                                           GpuTransferCase{GpuPool::Kind::kCudaMalloc, Over::kTcp}),
+                         [](const auto& c) {
+                           return std::string(c.param.kind == GpuPool::Kind::kVmm ? "vmm"
+                                                                                  : "cudaMalloc") +
+                                  (c.param.over == Over::kTcp ? "_tcp" : "_ipc");
                          });
 
 }  // namespace

@@ -202,4 +202,23 @@ void plan_frames(const LayerJob& job, const PoolGeometry& local, uint32_t peer_k
   if (!out.empty()) out.back().header.last = true;
 }
 
+void split_to_fit(const PlannedFrame& frame, const PoolGeometry& local, uint64_t limit,
+                  std::deque<PlannedFrame>& out) {
+  const uint64_t block = local.block_bytes(static_cast<PoolTensor>(frame.header.tensor));
+  if (frame.header.bytes <= limit || block == 0 || block > limit) {
+    out.push_back(frame);
+    return;
+  }
+  const uint64_t piece_max = limit / block * block;
+  for (uint64_t done = 0; done < frame.header.bytes;) {
+    PlannedFrame piece = frame;
+    piece.header.bytes = std::min(piece_max, frame.header.bytes - done);
+    piece.header.dst_offset += done;
+    piece.src_offset += done;
+    done += piece.header.bytes;
+    piece.header.last = frame.header.last && done == frame.header.bytes;
+    out.push_back(piece);
+  }
+}
+
 }  // namespace kvrelay::worker::tcp

@@ -9,17 +9,17 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <cstdint>
-#include <functional>
-#include <optional>
-#include <string>
-#include <vector>
-
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/post.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "instance/head_layout.h"
 #include "shm/result.h"
@@ -142,6 +142,13 @@ struct PlannedFrame {
 // transfer there). `scratch` keeps its capacity from job to job.
 void plan_frames(const LayerJob& job, const PoolGeometry& local, uint32_t peer_kv_heads,
                  std::vector<kernels::CopyRun>& scratch, std::vector<PlannedFrame>& out);
+
+// Appends `frame` to `out` as frames of at most `limit` payload bytes each
+// (a staging slot; at least one block of `local`), split at whole blocks:
+// what a receiver accepts. Only the final piece keeps `last`. A frame of a
+// head share lies within one block and is never split.
+void split_to_fit(const PlannedFrame& frame, const PoolGeometry& local, uint64_t limit,
+                  std::deque<PlannedFrame>& out);
 
 // Why a job must not go over a connection whose receiver answered `ack`, or
 // nothing: the receiver's layout is not the one the job was planned for.

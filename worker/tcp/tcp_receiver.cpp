@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <unordered_set>
 
@@ -152,7 +153,9 @@ class Connection final : public Channel {
       self->read_next();
     };
     if (refused_.count(f.transfer) != 0) return drop(f, after);
+    const bool staged = shared_->pool.memory_kind() != kernels::MemoryKind::kHost;
     Status ok = check_frame(f, shared_->pool.geometry());
+    if (ok && staged) ok = ensure_slots();
     std::byte* base =
         ok ? shared_->pool.tensor(f.layer, static_cast<PoolTensor>(f.tensor)) : nullptr;
     if (ok && base == nullptr)
@@ -171,12 +174,110 @@ class Connection final : public Channel {
     }
     ++shared_->stats->frames;
     shared_->stats->bytes += f.bytes;
+    if (staged) {
+      staged_.push_back(StagedFrame{f});
+      return read_staged(base + f.dst_offset, f.bytes);
+    }
     payload_in_progress_ = f;  // until it has landed: a close meanwhile abandons it
     read_payload(base + f.dst_offset, f.bytes, [self, f, after] {
       self->payload_in_progress_.reset();
       self->shared_->arrivals.landed(landed_write(f));
       after();
     });
+  }
+
+  // A GPU pool's connection: its staging slots, made with its first frame.
+  Status ensure_slots() {
+    if (slots_) return {};
+    const std::shared_ptr<Stager>& stager = shared_->options.stager;
+    if (!stager)
+      return make_error(Errc::kUnsupported,
+                        fmt::format("rank {}'s pool is {} GPU memory and its tcp listener has no "
+                                    "staging for it",
+                                    shared_->options.rank,
+                                    kernels::memory_kind_name(shared_->pool.memory_kind())));
+    Result<std::unique_ptr<StagingSlots>> slots =
+        stager->make_slots(largest_block_bytes(shared_->pool.geometry()));
+    if (!slots) return slots.error();
+    slots_ = std::move(slots).value();
+    return {};
+  }
+
+  // Reads the rest of the newest frame's payload (`left` bytes, bound for
+  // `dst` in GPU memory) a slot at a time, each slot copied host->device on
+  // the stager's thread; waits for a free slot when none is (the stream is
+  // not read meanwhile).
+  void read_staged(std::byte* dst, uint64_t left) {
+    const int slot = slots_->take();
+    if (slot < 0) {
+      resume_ = [this, dst, left] { read_staged(dst, left); };
+      return;
+    }
+    const uint64_t n = std::min(left, slots_->slot_bytes());
+    auto self = std::static_pointer_cast<Connection>(shared_from_this());
+    read_payload(slots_->slot(slot), n, [self, slot, dst, n, left] {
+      StagedFrame& newest = self->staged_.back();
+      ++newest.copies_in_flight;
+      newest.read = n == left;
+      self->shared_->options.stager->copy(
+          Stager::Direction::kToDevice, {StagedCopy{self->slots_->slot(slot), dst, n}},
+          [self, slot](Status copied) {
+            asio::post(self->executor(), [self, slot, copied = std::move(copied)] {
+              self->on_staged_copy(slot, copied);
+            });
+          });
+      if (n < left) return self->read_staged(dst + n, left - n);
+      self->read_next();
+    });
+  }
+
+  // A slot's host->device copy ended. Copies end in the order they were
+  // queued: it is the oldest frame's with copies in flight.
+  void on_staged_copy(int slot, const Status& copied) {
+    slots_->give_back(slot);
+    uint64_t transfer = 0;
+    for (StagedFrame& f : staged_) {
+      if (f.copies_in_flight == 0) continue;
+      --f.copies_in_flight;
+      if (!copied) f.failed = true;
+      transfer = f.header.transfer;
+      break;
+    }
+    // Sticky (a CUDA fault): the transfer hears why, then the connection
+    // closes (its other transfers fail) and nothing more lands through it.
+    if (!copied && !closed() && !refusing_) {
+      refusing_ = true;
+      spdlog::error("rank {}: {}; closing the connection from {}", shared_->options.rank,
+                    copied.error().message, peer_name());
+      refused_.insert(transfer);
+      Outgoing nack;
+      encode_ack(transfer, false, copied.error().message, nack.owned);
+      nack.written = [self = std::static_pointer_cast<Connection>(shared_from_this()),
+                      why = copied.error().message] { self->close(why); };
+      send(std::move(nack));
+    }
+    settle_staged();
+    if (resume_ && !closed() && !refusing_) std::exchange(resume_, nullptr)();
+  }
+
+  // Frames whose copies have all ended count, oldest first: landed (and a
+  // transfer's last one acks it), or, when a copy failed or the connection
+  // closed before the payload was all read, abandoned. Never while a copy
+  // of the frame may still write into the pool.
+  void settle_staged() {
+    while (!staged_.empty()) {
+      const StagedFrame& f = staged_.front();
+      if (f.copies_in_flight > 0 || (!f.read && !closed())) return;
+      const FrameHeader header = f.header;
+      const bool landed = f.read && !f.failed;
+      staged_.pop_front();
+      if (!landed) {
+        shared_->arrivals.abandoned(landed_write(header));
+        continue;
+      }
+      shared_->arrivals.landed(landed_write(header));
+      if (header.last && !closed()) finish_transfer(header.transfer);
+    }
   }
 
   void on_rdma_offer(const std::vector<rdma::QpEndpoint>& offer) {
@@ -263,6 +364,8 @@ class Connection final : public Channel {
     if (rdma_watch_) rdma_watch_->stop();
     rdma_.reset();  // its queue pairs first: then what it granted and did not land is abandoned
     if (payload_in_progress_) shared_->arrivals.abandoned(landed_write(*payload_in_progress_));
+    resume_ = nullptr;
+    settle_staged();  // what has no copy in flight; the rest as its copies end
     if (state_ == State::kServing) {
       spdlog::info("rank {}: tcp connection from {} closed: {}", shared_->options.rank, peer_name(),
                    reason);
@@ -281,6 +384,16 @@ class Connection final : public Channel {
   std::vector<uint8_t> peer_nonce_;
   std::unordered_set<uint64_t> refused_;            // transfers refused, until their last frame
   std::optional<FrameHeader> payload_in_progress_;  // admitted, its payload being read
+  // A GPU pool's: admitted frames not yet settled, oldest first.
+  struct StagedFrame {
+    FrameHeader header;
+    uint32_t copies_in_flight = 0;
+    bool read = false;    // all of its payload is in slots or on the device
+    bool failed = false;  // a copy of it failed
+  };
+  std::deque<StagedFrame> staged_;
+  std::unique_ptr<StagingSlots> slots_;
+  std::function<void()> resume_;                    // the read that waits for a free slot
   std::unique_ptr<rdma::RdmaSession> rdma_;         // once the peer offered one
   std::optional<rdma::CompletionWatch> rdma_watch_;
   std::vector<rdma::Ack> acks_;  // scratch
@@ -361,6 +474,8 @@ TcpReceiver::~TcpReceiver() {
     closed->done();
   });
   closed->wait();
+  // Copies into a GPU pool that were queued before the connections closed.
+  if (shared_->options.stager) shared_->options.stager->drain();
 }
 
 }  // namespace kvrelay::worker::tcp

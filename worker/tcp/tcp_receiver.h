@@ -2,6 +2,9 @@
 // its rank's port, authenticates each connection (auth_key.h), checks the
 // peer's hello against this rank's pool, then reads each frame's payload
 // straight into the pool and acks a transfer once its last payload is there.
+// A pool in GPU memory is written through staging slots instead (staging.h):
+// a payload is read into a slot, copied host->device, and counts (arrivals,
+// the transfer's ack) once the copy has ended.
 //
 // A frame that fails its checks (wire.h, check_frame) is not written: its
 // payload is read and dropped, its transfer is refused with the reason (the
@@ -26,6 +29,7 @@
 #include "worker/rdma/rdma_receiver.h"
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
+#include "worker/tcp/staging.h"
 
 namespace kvrelay::worker::tcp {
 
@@ -46,6 +50,9 @@ struct ReceiverOptions {
   // Sessions of the rdma transport on this listener's connections
   // (rdma_receiver.h); none: rdma offers are refused, saying so.
   std::shared_ptr<rdma::RdmaListener> rdma;
+  // A pool in GPU memory: payloads land in staging slots and are copied
+  // host->device before they count (staging.h). None: its frames are refused.
+  std::shared_ptr<Stager> stager;
 };
 
 struct ReceiverStats {

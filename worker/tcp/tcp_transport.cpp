@@ -190,6 +190,7 @@ class Lane final : public ClientChannel {
                                                            layer, t)));
     }
     plan_frames(job, g, ack().pool.kv_heads, byte_runs_, frames_);
+    if (pool.memory_kind() != kernels::MemoryKind::kHost) return write_staged(std::move(job));
     Outgoing out;
     std::vector<std::pair<size_t, size_t>> headers;  // (at, length) in out.owned
     headers.reserve(frames_.size());
@@ -213,7 +214,89 @@ class Lane final : public ClientChannel {
     send(std::move(out));
   }
 
+  // A GPU pool's job: its frames, split to fit a staging slot, queue for
+  // stage_next().
+  void write_staged(Job job) {
+    const LocalPool& pool = peer_.local();
+    if (!slots_) {
+      const std::shared_ptr<Stager>& stager = peer_.options().stager;
+      if (!stager)
+        return peer_.completed(
+            job, make_error(Errc::kUnsupported,
+                            fmt::format("the pool is {} GPU memory and this tcp transport "
+                                        "has no staging for it",
+                                        kernels::memory_kind_name(pool.memory_kind()))));
+      Result<std::unique_ptr<StagingSlots>> slots =
+          stager->make_slots(largest_block_bytes(pool.geometry()));
+      if (!slots) return peer_.completed(job, slots.error());
+      slots_ = std::move(slots).value();
+    }
+    for (const PlannedFrame& f : frames_) {
+      job.bytes += f.header.bytes;
+      split_to_fit(f, pool.geometry(), slots_->slot_bytes(), staged_frames_);
+    }
+    in_flight_.emplace(job.transfer, std::move(job));
+    stage_next();
+  }
+
+  // While a slot is free: fills it with the next frames' payloads
+  // (device->host on the stager's thread), then sends them from there; the
+  // slot is free again once they are written. Batches end in queue order,
+  // so frames go out in order.
+  void stage_next() {
+    const LocalPool& pool = peer_.local();
+    while (!staged_frames_.empty() && !closed()) {
+      const int slot = slots_->take();
+      if (slot < 0) return;  // written() calls again
+      std::byte* const base = slots_->slot(slot);
+      uint64_t used = 0;
+      std::vector<StagedCopy> copies;
+      Outgoing out;
+      std::vector<std::pair<size_t, size_t>> headers;  // (at, length) in out.owned
+      while (!staged_frames_.empty() &&
+             staged_frames_.front().header.bytes <= slots_->slot_bytes() - used) {
+        const PlannedFrame f = staged_frames_.front();
+        staged_frames_.pop_front();
+        const size_t at = out.owned.size();
+        encode_frame(f.header, out.owned);
+        headers.emplace_back(at, out.owned.size() - at);
+        copies.push_back(StagedCopy{
+            pool.tensor(f.header.layer, static_cast<PoolTensor>(f.header.tensor)) + f.src_offset,
+            base + used, f.header.bytes});
+        used += f.header.bytes;
+      }
+      if (copies.empty()) {  // cannot be: a slot holds the largest block (split_to_fit)
+        slots_->give_back(slot);
+        return close(fmt::format("a frame of {} bytes does not fit a staging slot of {}",
+                                 staged_frames_.front().header.bytes, slots_->slot_bytes()));
+      }
+      used = 0;
+      for (size_t i = 0; i < headers.size(); ++i) {
+        out.buffers.emplace_back(out.owned.data() + headers[i].first, headers[i].second);
+        out.buffers.emplace_back(base + used, copies[i].bytes);
+        used += copies[i].bytes;
+      }
+      auto self = std::static_pointer_cast<Lane>(shared_from_this());
+      out.written = [self, slot] {
+        self->slots_->give_back(slot);
+        self->stage_next();
+      };
+      peer_.options().stager->copy(Stager::Direction::kToHost, std::move(copies),
+                                   [self, out = std::move(out)](Status staged) mutable {
+                                     asio::post(self->executor(), [self, staged = std::move(staged),
+                                                                   out = std::move(out)]() mutable {
+                                       if (self->closed()) return;
+                                       // Sticky (a CUDA fault): this lane's transfers fail with it.
+                                       if (!staged) return self->close(staged.error().message);
+                                       self->send(std::move(out));
+                                     });
+                                   });
+    }
+  }
+
   Peer& peer_;
+  std::unique_ptr<StagingSlots> slots_;     // a GPU pool's, from its first job
+  std::deque<PlannedFrame> staged_frames_;  // waiting for a slot, in order
   std::string close_reason_;  // what transfers handed to it after it closed are told
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;
@@ -296,9 +379,10 @@ TcpTransport::TcpTransport(NetThread& net, const LocalPool& local, const AuthKey
       sink_(std::make_shared<CompletionSink>(doorbell)) {}
 
 TcpTransport::~TcpTransport() {
-  // After this no handler reads the local pool. Their transfers complete
-  // with an error (unread).
+  // After this no handler reads the local pool, and no staged copy either.
+  // Their transfers complete with an error (unread).
   close_peers(peers_);
+  if (options_.stager) options_.stager->drain();
 }
 
 Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const PeerAddress& at) {

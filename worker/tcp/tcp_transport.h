@@ -2,7 +2,8 @@
 // decode (address, port) it sends to, a Peer with `lanes` parallel
 // connections, each authenticated (auth_key.h) and handshaken (wire.h). A
 // layer's transfer goes whole on one lane, round-robin: its frames are
-// gather-written from the pool (no staging copy), and its completion comes
+// gather-written from the pool (no staging copy; from a GPU pool, from
+// staging slots it was copied into, staging.h), and its completion comes
 // when the receiver acks that its last payload is in the pool.
 //
 // Failure: a lane that resets (the peer died: noticed at once) or goes silent
@@ -30,6 +31,7 @@
 #include "worker/tcp/channel.h"
 #include "worker/tcp/net_thread.h"
 #include "worker/tcp/peer_link.h"
+#include "worker/tcp/staging.h"
 #include "worker/transport.h"
 
 namespace kvrelay::worker::tcp {
@@ -43,6 +45,9 @@ struct SenderOptions {
   uint32_t lanes = 2;
   Timing timing;
   std::chrono::milliseconds connect_timeout{2000};  // connect and handshake
+  // A pool in GPU memory: its payloads are copied device->host through
+  // staging slots here first (staging.h). None: such a pool is refused.
+  std::shared_ptr<Stager> stager;
 };
 
 // Completions on their way from the network thread to the worker's.

@@ -1,0 +1,256 @@
+// The tcp transport on pools in GPU memory, without a GPU: the pools are
+// FakeDevicePools (support/fake_device.h), whose addresses the CPU cannot
+// touch, so a payload that did not go through the stager's copy engine
+// crashes the test. What arrives byte for byte in every pairing of GPU and
+// host pools, with staging slots smaller than a frame, that a transfer is
+// acked only once its bytes are on the device, and what a copy fault or a
+// missing stager says.
+#include <capnp/message.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "support/fake_device.h"
+#include "support/pool_patterns.h"
+#include "worker/tcp/staging.h"
+#include "worker/tcp/tcp_receiver.h"
+#include "worker/tcp/tcp_transport.h"
+
+namespace kvrelay::worker::tcp {
+namespace {
+
+using namespace std::chrono_literals;
+using kvrelay::testing::FakeDeviceEngine;
+using kvrelay::testing::FakeDevicePool;
+using kvrelay::testing::FakeEngineControl;
+using kvrelay::testing::FlatPool;
+
+const PoolGeometry kStagedGeometry = kvrelay::testing::transport_geometry();
+const uint64_t kStagedBlock = kStagedGeometry.block_bytes(PoolTensor::kKey);  // 4 KiB
+
+// A host pool of the same layout, in ordinary memory.
+struct HostFlatPool {
+  std::vector<std::byte> bytes = std::vector<std::byte>(FlatPool::bytes_for(kStagedGeometry));
+  FlatPool pool{kStagedGeometry, bytes.data(), kernels::MemoryKind::kHost, "host"};
+};
+
+class TcpStagingTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    sender.reset();
+    receiver.reset();
+  }
+
+  static Timing staged_timing() {
+    Timing t;
+    t.heartbeat = 20ms;
+    t.peer_timeout = 2000ms;
+    return t;
+  }
+  static std::shared_ptr<Stager> stager_for(const FakeDevicePool& p,
+                                            const std::shared_ptr<FakeEngineControl>& control,
+                                            uint64_t slot_bytes = 8ull << 20) {
+    Stager::Options o;
+    o.slot_bytes = slot_bytes;
+    o.pin = false;
+    return std::make_shared<Stager>(std::make_unique<FakeDeviceEngine>(p.device(), control),
+                                    kernels::MemoryKind::kCuda, o);
+  }
+  void listen_on(const LocalPool& pool, std::shared_ptr<Stager> stager) {
+    ReceiverOptions o;
+    o.instance = "d";
+    o.timing = staged_timing();
+    o.stager = std::move(stager);
+    Result<std::unique_ptr<TcpReceiver>> r = TcpReceiver::start(net, pool, key, o);
+    ASSERT_TRUE(r) << r.error().message;
+    receiver = std::move(r).value();
+  }
+  void send_from(const LocalPool& pool, std::shared_ptr<Stager> stager) {
+    SenderOptions o;
+    o.instance = "p";
+    o.lanes = 2;
+    o.timing = staged_timing();
+    o.stager = std::move(stager);
+    sender = std::make_unique<TcpTransport>(net, pool, &key, o, nullptr);
+  }
+  std::shared_ptr<Destination> staged_destination() {
+    capnp::MallocMessageBuilder m;
+    auto d = m.initRoot<schema::CacheDest>();
+    d.setProtocol(schema::TransferProtocol::TCP);
+    d.setPeerAddress("127.0.0.1");
+    d.setPeerInstance("d");
+    d.initTcpPorts(1).set(0, receiver->port());
+    Result<std::shared_ptr<Destination>> dest = sender->resolve(d.asReader());
+    EXPECT_TRUE(dest) << dest.error().message;
+    return dest ? *dest : nullptr;
+  }
+  std::vector<TransferCompletion> send_layers(uint64_t handle, const std::vector<uint32_t>& src_ids,
+                                              const std::vector<uint32_t>& dst_ids) {
+    std::shared_ptr<Destination> dest = staged_destination();
+    if (!dest) return {};
+    return kvrelay::testing::send_all_layers(*sender, *dest, kStagedGeometry.total_layers(), handle,
+                                             src_ids, dst_ids);
+  }
+
+  AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
+  NetThread net;
+  std::unique_ptr<TcpReceiver> receiver;
+  std::unique_ptr<TcpTransport> sender;
+};
+
+const std::vector<uint32_t> kStagedSrc = {3, 4, 5, 9, 1, 20, 21, 22, 23};
+const std::vector<uint32_t> kStagedDst = {10, 11, 12, 2, 30, 13, 14, 15, 16};
+
+TEST_F(TcpStagingTest, GpuToGpuArrivesByteForByteAndIsOnTheDeviceWhenAcked) {
+  FakeDevicePool src(kStagedGeometry, "src"), dst(kStagedGeometry, "dst");
+  kvrelay::testing::fill(src.mirror());
+  auto out = std::make_shared<FakeEngineControl>();
+  auto in = std::make_shared<FakeEngineControl>();
+  in->delay = 20ms;  // an ack sent before the copy ended would find old bytes below
+  listen_on(dst.pool(), stager_for(dst, in));
+  send_from(src.pool(), stager_for(src, out));
+  const auto done = send_layers(1, kStagedSrc, kStagedDst);
+  // Checked at once: every completion means "on the device".
+  const uint64_t wrong = kvrelay::testing::wrong_bytes(dst.mirror(), kStagedSrc, kStagedDst);
+  ASSERT_EQ(done.size(), 3u);
+  const uint64_t layer_bytes = kStagedSrc.size() * 2 * kStagedBlock;
+  for (const TransferCompletion& c : done) {
+    ASSERT_TRUE(c.status) << c.status.error().message;
+    EXPECT_EQ(c.bytes, layer_bytes);
+  }
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(out->bytes_to_host.load(), 3 * layer_bytes) << "every byte sent was staged";
+  EXPECT_EQ(in->bytes_to_device.load(), 3 * layer_bytes) << "every byte received was staged";
+  EXPECT_EQ(receiver->stats().refused_frames.load(), 0u);
+}
+
+// Slots of one block: a sender splits its coalesced runs into a frame per
+// block, and a receiver reads a frame of many blocks (a host sender's) a
+// slot at a time, waiting for a slot to come back from the device.
+TEST_F(TcpStagingTest, SlotsSmallerThanAFrameInEveryPairingOfGpuAndHostPools) {
+  struct Case {
+    bool gpu_src, gpu_dst;
+  };
+  for (const Case c : {Case{true, true}, Case{false, true}, Case{true, false}}) {
+    SCOPED_TRACE(fmt::format("{} -> {}", c.gpu_src ? "gpu" : "host", c.gpu_dst ? "gpu" : "host"));
+    FakeDevicePool gsrc(kStagedGeometry, "src"), gdst(kStagedGeometry, "dst");
+    HostFlatPool hsrc, hdst;
+    const LocalPool& src = c.gpu_src ? gsrc.pool() : hsrc.pool;
+    const LocalPool& dst = c.gpu_dst ? gdst.pool() : hdst.pool;
+    const LocalPool& dst_view = c.gpu_dst ? gdst.mirror() : hdst.pool;
+    kvrelay::testing::fill(c.gpu_src ? gsrc.mirror() : hsrc.pool);
+    auto out = std::make_shared<FakeEngineControl>();
+    auto in = std::make_shared<FakeEngineControl>();
+    out->delay = in->delay = 200us;
+    listen_on(dst, c.gpu_dst ? stager_for(gdst, in, kStagedBlock) : nullptr);
+    send_from(src, c.gpu_src ? stager_for(gsrc, out, kStagedBlock) : nullptr);
+    const auto done = send_layers(2, kStagedSrc, kStagedDst);
+    ASSERT_EQ(done.size(), 3u);
+    for (const TransferCompletion& t : done)
+      ASSERT_TRUE(t.status) << t.status.error().message;
+    EXPECT_EQ(kvrelay::testing::wrong_bytes(dst_view, kStagedSrc, kStagedDst), 0u);
+    const uint64_t total = 3 * kStagedSrc.size() * 2 * kStagedBlock;
+    // A batch per slot: one block each.
+    if (c.gpu_src) {
+      EXPECT_EQ(out->batches.load(), total / kStagedBlock);
+    }
+    if (c.gpu_dst) {
+      EXPECT_EQ(in->batches.load(), total / kStagedBlock);
+    }
+    sender.reset();
+    receiver.reset();
+  }
+}
+
+TEST_F(TcpStagingTest, AFaultCopyingIntoTheDeviceFailsItsTransferSayingSo) {
+  FakeDevicePool dst(kStagedGeometry, "dst");
+  HostFlatPool src;
+  kvrelay::testing::fill(src.pool);
+  auto in = std::make_shared<FakeEngineControl>();
+  in->fail_from_batch = 1;
+  listen_on(dst.pool(), stager_for(dst, in));
+  send_from(src.pool, nullptr);
+  const auto done = send_layers(3, {1, 2}, {3, 4});
+  ASSERT_EQ(done.size(), 3u);
+  size_t named = 0;
+  for (const TransferCompletion& c : done) {
+    ASSERT_FALSE(c.status) << "nothing landed, nothing may be acked";
+    named += c.status.error().message.find(
+                 "staging into GPU memory on fake device failed: fake device: an injected copy "
+                 "fault") != std::string::npos;
+  }
+  EXPECT_GE(named, 1u) << done[0].status.error().message;
+}
+
+TEST_F(TcpStagingTest, AFaultCopyingFromTheDeviceFailsTheLanesTransfersSayingSo) {
+  FakeDevicePool src(kStagedGeometry, "src");
+  HostFlatPool dst;
+  kvrelay::testing::fill(src.mirror());
+  auto out = std::make_shared<FakeEngineControl>();
+  out->fail_from_batch = 1;
+  listen_on(dst.pool, nullptr);
+  send_from(src.pool(), stager_for(src, out));
+  const auto done = send_layers(4, {1, 2}, {3, 4});
+  ASSERT_EQ(done.size(), 3u);
+  for (const TransferCompletion& c : done) {
+    ASSERT_FALSE(c.status);
+    EXPECT_NE(c.status.error().message.find("staging from GPU memory on fake device failed"),
+              std::string::npos)
+        << c.status.error().message;
+  }
+  EXPECT_EQ(kvrelay::testing::wrong_bytes(dst.pool, {}, {}), 0u) << "nothing was written";
+}
+
+TEST_F(TcpStagingTest, AGpuPoolWithoutAStagerIsRefusedSayingSoOnEitherSide) {
+  FakeDevicePool gpu(kStagedGeometry, "gpu");
+  HostFlatPool host;
+  kvrelay::testing::fill(host.pool);
+  listen_on(host.pool, nullptr);
+  send_from(gpu.pool(), nullptr);
+  auto done = send_layers(5, {1}, {1});
+  ASSERT_EQ(done.size(), 3u);
+  ASSERT_FALSE(done[0].status);
+  EXPECT_NE(done[0].status.error().message.find("has no staging for it"), std::string::npos)
+      << done[0].status.error().message;
+  sender.reset();
+  receiver.reset();
+
+  listen_on(gpu.pool(), nullptr);
+  send_from(host.pool, nullptr);
+  done = send_layers(6, {1}, {1});
+  ASSERT_EQ(done.size(), 3u);
+  ASSERT_FALSE(done[0].status);
+  EXPECT_NE(done[0].status.error().message.find("its tcp listener has no staging for it"),
+            std::string::npos)
+      << done[0].status.error().message;
+  EXPECT_EQ(receiver->stats().refused_frames.load(), 3u);
+}
+
+TEST(SplitToFit, WholeBlocksUpToTheLimitAndOnlyTheFinalPieceIsLast) {
+  PlannedFrame f;
+  f.header.tensor = 1;
+  f.header.dst_offset = 4 * kStagedBlock;
+  f.header.bytes = 7 * kStagedBlock;
+  f.header.last = true;
+  f.src_offset = 10 * kStagedBlock;
+  std::deque<PlannedFrame> out;
+  split_to_fit(f, kStagedGeometry, 3 * kStagedBlock + 100, out);
+  ASSERT_EQ(out.size(), 3u);
+  const uint64_t sizes[] = {3, 3, 1};
+  uint64_t at = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_EQ(out[i].header.bytes, sizes[i] * kStagedBlock);
+    EXPECT_EQ(out[i].header.dst_offset, (4 + at) * kStagedBlock);
+    EXPECT_EQ(out[i].src_offset, (10 + at) * kStagedBlock);
+    EXPECT_EQ(out[i].header.last, i == 2);
+    EXPECT_TRUE(check_frame(out[i].header, kStagedGeometry)) << i;
+    at += sizes[i];
+  }
+  out.clear();
+  f.header.last = false;
+  split_to_fit(f, kStagedGeometry, 7 * kStagedBlock, out);
+  ASSERT_EQ(out.size(), 1u) << "a frame that fits stays whole";
+  EXPECT_FALSE(out[0].header.last);
+}
+
+}  // namespace
+}  // namespace kvrelay::worker::tcp
