@@ -12,11 +12,17 @@
 //   signal   a layer signal written by the GPU (signal_layer's kernel) until
 //            a host thread polling like the worker sees it, vs the same
 //            signal written by a host callback (cudaLaunchHostFunc): p50 <= 5 us
+//   tcp      the tcp transport over loopback between GPU pools (staged
+//            through pinned slots on both sides, worker/tcp/staging.h) vs
+//            the same transport between host pools of the same shape: what
+//            staging costs (reported; the issue sets no target)
 //
 // Without a GPU it says so and exits 0 (tools/bench/run skips it).
+#include <capnp/message.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -26,10 +32,16 @@
 #include <thread>
 #include <vector>
 
+#include "bench_pools.h"
 #include "bench_support.h"
 #include "kernels/copy_engine.h"
 #include "kernels/stream_signals.h"
 #include "shm/clock.h"
+#include "shm/wait_event.h"
+#include "worker/copy_plan.h"
+#include "worker/tcp/staging.h"
+#include "worker/tcp/tcp_receiver.h"
+#include "worker/tcp/tcp_transport.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -251,6 +263,127 @@ void signal_case(int samples) {
   munmap(pages, 3 * 4096);
 }
 
+// A pool in GPU memory: its tensors back to back in one cudaMalloc.
+class CudaFlatPool final : public worker::LocalPool {
+ public:
+  explicit CudaFlatPool(const PoolGeometry& g) : geometry_(g) {
+    bytes_ =
+        uint64_t{g.total_layers()} * g.tensors_per_layer() * g.tensor_bytes(0, PoolTensor::kKey);
+    check(cudaMalloc(&base_, bytes_), "cudaMalloc");
+    check(cudaMemset(base_, 0x5a, bytes_), "cudaMemset");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  ~CudaFlatPool() override { (void)cudaFree(base_); }
+  const PoolGeometry& geometry() const override { return geometry_; }
+  const std::string& name() const override { return name_; }
+  uint64_t bytes() const override { return bytes_; }
+  kernels::MemoryKind memory_kind() const override { return kernels::MemoryKind::kCuda; }
+  int cuda_device() const override { return 0; }
+  std::vector<std::span<std::byte>> host_memory() const override { return {}; }
+  std::byte* tensor(uint32_t layer, PoolTensor t) const override {
+    const uint64_t index =
+        uint64_t{layer} * geometry_.tensors_per_layer() + static_cast<uint32_t>(t);
+    return static_cast<std::byte*>(base_) + index * geometry_.tensor_bytes(0, PoolTensor::kKey);
+  }
+  Status check_intact() const override { return {}; }
+  bool truncated() const override { return false; }
+
+ private:
+  PoolGeometry geometry_;
+  std::string name_ = "bench GPU pool";
+  void* base_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+std::shared_ptr<worker::tcp::Stager> cuda_stager() {
+  auto engine = kernels::make_cuda_copy_engine({0, 16});
+  if (!engine) {
+    fmt::print(stderr, "{}\n", engine.error().message);
+    std::exit(1);
+  }
+  return std::make_shared<worker::tcp::Stager>(
+      std::move(engine).value(), kernels::MemoryKind::kCuda, worker::tcp::Stager::Options{});
+}
+
+// GB/s of each trial: every layer of scattered blocks from `src` to `dst`
+// over the tcp transport on loopback, after one pass to connect and warm up.
+std::vector<double> tcp_trials(const worker::LocalPool& src, const worker::LocalPool& dst,
+                               bool staged, int trials) {
+  const PoolGeometry& g = src.geometry();
+  const auto key = AuthKey::from_bytes(std::vector<uint8_t>(32, 42));
+  worker::tcp::NetThread net(4);
+  worker::tcp::ReceiverOptions ro;
+  ro.instance = "bench-decode";
+  if (staged) ro.stager = cuda_stager();
+  auto receiver = worker::tcp::TcpReceiver::start(net, dst, key, ro);
+  if (!receiver) {
+    fmt::print(stderr, "{}\n", receiver.error().message);
+    std::exit(1);
+  }
+  worker::tcp::SenderOptions so;
+  so.instance = "bench-prefill";
+  so.lanes = 2;
+  if (staged) so.stager = cuda_stager();
+  WaitEvent doorbell;
+  worker::tcp::TcpTransport transport(net, src, &key, so, &doorbell);
+  capnp::MallocMessageBuilder m;
+  auto d = m.initRoot<schema::CacheDest>();
+  d.setProtocol(schema::TransferProtocol::TCP);
+  d.setPeerAddress("127.0.0.1");
+  d.initTcpPorts(1).set(0, (*receiver)->port());
+  auto dest = transport.resolve(d.asReader());
+  if (!dest) {
+    fmt::print(stderr, "{}\n", dest.error().message);
+    std::exit(1);
+  }
+  std::vector<uint32_t> src_ids(g.num_blocks), dst_ids(g.num_blocks);
+  std::iota(src_ids.begin(), src_ids.end(), 0);
+  std::iota(dst_ids.begin(), dst_ids.end(), 0);
+  std::mt19937 rng(3);
+  std::shuffle(src_ids.begin(), src_ids.end(), rng);
+  std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
+  src_ids.resize(g.num_blocks / 2);  // half the blocks move, scattered
+  dst_ids.resize(g.num_blocks / 2);
+  const auto runs = worker::plan_block_runs(src_ids, dst_ids, g.num_blocks, g.num_blocks, 0, 0);
+  std::vector<double> out;
+  std::vector<worker::TransferCompletion> done;
+  for (int trial = -1; trial < trials; ++trial) {
+    const uint64_t t0 = mono_now_ns();
+    for (uint32_t l = 0; l < g.total_layers(); ++l) {
+      worker::TransferTicket t;
+      t.handle = static_cast<uint64_t>(trial + 2);
+      t.layer = l;
+      if (!(*dest)->submit_layer(t, l, *runs)) std::exit(1);
+    }
+    done.clear();
+    uint64_t moved = 0;
+    while (done.size() < g.total_layers()) {
+      transport.poll(done);
+      std::this_thread::yield();
+    }
+    for (const worker::TransferCompletion& c : done) {
+      if (!c.status) {
+        fmt::print(stderr, "tcp transfer failed: {}\n", c.status.error().message);
+        std::exit(1);
+      }
+      moved += c.bytes;
+    }
+    if (trial >= 0) out.push_back(gbps(moved, static_cast<double>(mono_now_ns() - t0) / 1e9));
+  }
+  return out;
+}
+
+void tcp_case(uint64_t buffer_mib, int trials) {
+  const PoolGeometry g = geometry_for(16 << 10, (buffer_mib << 20) / kLayers);
+  print_header("tcp over loopback, scattered 16 KiB blocks (GB/s)", "host pools");
+  CudaFlatPool gpu_src(g), gpu_dst(g);
+  auto host_src = make_pool(fmt::format("kvrelay-bench-gtcp-src-{}", getpid()), g);
+  auto host_dst = make_pool(fmt::format("kvrelay-bench-gtcp-dst-{}", getpid()), g);
+  const double staged = median(tcp_trials(gpu_src, gpu_dst, true, trials));
+  const double plain = median(tcp_trials(*host_src, *host_dst, false, trials));
+  print_row(Row{"GPU pools (staged) vs host pools", "GB/s", staged, plain});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -264,7 +397,7 @@ int main(int argc, char** argv) {
   app.add_option("--trials", trials, "trials per case; the median is reported")
       ->capture_default_str();
   app.add_option("--samples", samples, "signal samples")->capture_default_str();
-  app.add_option("--only", only, "swap, gather or signal");
+  app.add_option("--only", only, "swap, gather, signal or tcp");
   CLI11_PARSE(app, argc, argv);
   if (Status s = kernels::cuda_device_usable(0); !s) {
     fmt::print("kvrelay-bench-gpu: skipped: {}\n", s.error().message);
@@ -273,5 +406,6 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "swap") swap_case(buffer_mib, trials);
   if (only.empty() || only == "gather") gather_case(buffer_mib, trials);
   if (only.empty() || only == "signal") signal_case(samples);
+  if (only.empty() || only == "tcp") tcp_case(std::min<uint64_t>(buffer_mib, 512), trials);
   return 0;
 }
