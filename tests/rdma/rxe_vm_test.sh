@@ -7,8 +7,7 @@
 #
 #   rxe_vm_test.sh <project root> [<a kvrelay test binary>]
 #
-# (Without a binary, that last part is left out: sanitizer builds pass none,
-# their runtimes' address-space demands are not what this checks.)
+# (Without a binary, that last part is left out.)
 #
 # Exits 77 (ctest: skipped) saying why when the machine cannot run the VM
 # (tools/setup.sh installs what it needs; CI always can).
