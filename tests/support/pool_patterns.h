@@ -3,17 +3,17 @@
 // for what a transfer should have put there and for what it must not touch.
 #pragma once
 
+#include <capnp/message.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
-#include <vector>
-
-#include <chrono>
 #include <thread>
+#include <vector>
 
 #include "instance/pool_segment.h"
 #include "worker/copy_plan.h"
@@ -115,6 +115,23 @@ inline std::vector<worker::TransferCompletion> send_all_layers(
     EXPECT_TRUE(dest.submit_layer(t, l, *runs));
   }
   return wait_for_completions(transport, layers * dest.transfers_per_submit());
+}
+
+// The tcp destination of decode instance "d" on loopback, one port per
+// decode rank (several: heterogeneous TP), as `sender` resolves it.
+inline std::shared_ptr<worker::Destination> loopback_tcp_destination(
+    worker::Transport& sender, const std::vector<uint16_t>& ports) {
+  capnp::MallocMessageBuilder m;
+  auto d = m.initRoot<schema::CacheDest>();
+  d.setProtocol(schema::TransferProtocol::TCP);
+  d.setPeerAddress("127.0.0.1");
+  d.setPeerInstance("d");
+  auto list = d.initTcpPorts(static_cast<unsigned>(ports.size()));
+  for (size_t r = 0; r < ports.size(); ++r)
+    list.set(static_cast<unsigned>(r), ports[r]);
+  Result<std::shared_ptr<worker::Destination>> dest = sender.resolve(d.asReader());
+  EXPECT_TRUE(dest) << dest.error().message;
+  return dest ? *dest : nullptr;
 }
 
 // Heterogeneous TP: bytes of heads [dst_head, +heads) of each dst_ids[k]

@@ -5,7 +5,6 @@
 // host pools, with staging slots smaller than a frame, that a transfer is
 // acked only once its bytes are on the device, and what a copy fault or a
 // missing stager says.
-#include <capnp/message.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -72,20 +71,10 @@ class TcpStagingTest : public ::testing::Test {
     o.stager = std::move(stager);
     sender = std::make_unique<TcpTransport>(net, pool, &key, o, nullptr);
   }
-  std::shared_ptr<Destination> staged_destination() {
-    capnp::MallocMessageBuilder m;
-    auto d = m.initRoot<schema::CacheDest>();
-    d.setProtocol(schema::TransferProtocol::TCP);
-    d.setPeerAddress("127.0.0.1");
-    d.setPeerInstance("d");
-    d.initTcpPorts(1).set(0, receiver->port());
-    Result<std::shared_ptr<Destination>> dest = sender->resolve(d.asReader());
-    EXPECT_TRUE(dest) << dest.error().message;
-    return dest ? *dest : nullptr;
-  }
   std::vector<TransferCompletion> send_layers(uint64_t handle, const std::vector<uint32_t>& src_ids,
                                               const std::vector<uint32_t>& dst_ids) {
-    std::shared_ptr<Destination> dest = staged_destination();
+    std::shared_ptr<Destination> dest =
+        kvrelay::testing::loopback_tcp_destination(*sender, {receiver->port()});
     if (!dest) return {};
     return kvrelay::testing::send_all_layers(*sender, *dest, kStagedGeometry.total_layers(), handle,
                                              src_ids, dst_ids);
@@ -223,6 +212,56 @@ TEST_F(TcpStagingTest, AGpuPoolWithoutAStagerIsRefusedSayingSoOnEitherSide) {
             std::string::npos)
       << done[0].status.error().message;
   EXPECT_EQ(receiver->stats().refused_frames.load(), 3u);
+}
+
+// Heterogeneous TP (tp 1 with 2 heads -> tp 2 with 1 each) between GPU
+// pools: a frame per block and decode rank, each staged on both sides, and
+// every head on the device when its completion comes.
+TEST_F(TcpStagingTest, AHeadShareBetweenGpuPoolsIsOnTheDeviceAtItsCompletion) {
+  PoolGeometry half = kStagedGeometry;
+  half.kv_heads = 1;
+  FakeDevicePool src(kStagedGeometry, "src");
+  kvrelay::testing::fill(src.mirror());
+  std::vector<std::unique_ptr<FakeDevicePool>> decode;
+  std::vector<std::unique_ptr<TcpReceiver>> receivers;
+  auto in = std::make_shared<FakeEngineControl>();
+  in->delay = 1ms;
+  for (uint32_t r = 0; r < 2; ++r) {
+    decode.push_back(std::make_unique<FakeDevicePool>(half, fmt::format("half{}", r)));
+    ReceiverOptions o;
+    o.instance = "d";
+    o.rank = r;
+    o.heads = HeadLayout{2, 1, 2};
+    o.timing = staged_timing();
+    o.stager = stager_for(*decode.back(), in);
+    Result<std::unique_ptr<TcpReceiver>> started =
+        TcpReceiver::start(net, decode.back()->pool(), key, o);
+    ASSERT_TRUE(started) << started.error().message;
+    receivers.push_back(std::move(started).value());
+  }
+  send_from(src.pool(), stager_for(src, std::make_shared<FakeEngineControl>()));
+  std::shared_ptr<Destination> dest = kvrelay::testing::loopback_tcp_destination(
+      *sender, {receivers[0]->port(), receivers[1]->port()});
+  ASSERT_TRUE(dest);
+  ASSERT_EQ(dest->transfers_per_submit(), 2u);
+  std::vector<uint32_t> src_ids, dst_ids;
+  for (uint32_t b = 0; b < 12; ++b) {
+    src_ids.push_back(4 + b);
+    dst_ids.push_back(6 + b);
+  }
+  const auto done =
+      kvrelay::testing::send_all_layers(*sender, *dest, half.total_layers(), 7, src_ids, dst_ids);
+  std::vector<uint64_t> wrong;
+  for (uint32_t r = 0; r < 2; ++r)
+    wrong.push_back(kvrelay::testing::wrong_head_bytes(src.mirror(), r, decode[r]->mirror(), 0, 1,
+                                                       src_ids, dst_ids));
+  ASSERT_EQ(done.size(), 2u * 3u) << "a completion per layer and decode rank";
+  for (const TransferCompletion& c : done)
+    ASSERT_TRUE(c.status) << c.status.error().message;
+  for (uint32_t r = 0; r < 2; ++r)
+    EXPECT_EQ(wrong[r], 0u) << "decode rank " << r;
+  sender.reset();
+  receivers.clear();
 }
 
 TEST(SplitToFit, WholeBlocksUpToTheLimitAndOnlyTheFinalPieceIsLast) {

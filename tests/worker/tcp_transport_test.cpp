@@ -73,15 +73,7 @@ class TcpTransportTest : public ::testing::Test {
     sender = std::make_unique<TcpTransport>(net, *src, &k, o, nullptr);
   }
   std::shared_ptr<Destination> destination(uint16_t port) {
-    capnp::MallocMessageBuilder m;
-    auto d = m.initRoot<schema::CacheDest>();
-    d.setProtocol(schema::TransferProtocol::TCP);
-    d.setPeerAddress("127.0.0.1");
-    d.setPeerInstance("d");
-    d.initTcpPorts(1).set(0, port);
-    Result<std::shared_ptr<Destination>> dest = sender->resolve(d.asReader());
-    EXPECT_TRUE(dest) << dest.error().message;
-    return dest ? *dest : nullptr;
+    return kvrelay::testing::loopback_tcp_destination(*sender, {port});
   }
   std::vector<TransferCompletion> send_all_layers(Destination& dest, uint64_t handle,
                                                   const std::vector<uint32_t>& src_ids,
@@ -143,17 +135,10 @@ TEST_F(TcpTransportTest, AHeadShareIsCompleteAtItsCompletionWhateverItsFrameCoun
     receivers.push_back(std::move(started).value());
   }
   connect_with(key);
-  capnp::MallocMessageBuilder m;
-  auto d = m.initRoot<schema::CacheDest>();
-  d.setProtocol(schema::TransferProtocol::TCP);
-  d.setPeerAddress("127.0.0.1");
-  d.setPeerInstance("d");
-  auto ports = d.initTcpPorts(2);
-  for (uint32_t r = 0; r < 2; ++r)
-    ports.set(r, receivers[r]->port());
-  Result<std::shared_ptr<Destination>> dest = sender->resolve(d.asReader());
-  ASSERT_TRUE(dest) << dest.error().message;
-  ASSERT_EQ((*dest)->transfers_per_submit(), 2u);
+  std::shared_ptr<Destination> dest = kvrelay::testing::loopback_tcp_destination(
+      *sender, {receivers[0]->port(), receivers[1]->port()});
+  ASSERT_TRUE(dest);
+  ASSERT_EQ(dest->transfers_per_submit(), 2u);
   // One coalesced run of 24 blocks: 24 frames per tensor and decode rank.
   std::vector<uint32_t> src_ids, dst_ids;
   for (uint32_t b = 0; b < 24; ++b) {
@@ -167,7 +152,7 @@ TEST_F(TcpTransportTest, AHeadShareIsCompleteAtItsCompletionWhateverItsFrameCoun
           const auto tensor = static_cast<PoolTensor>(t);
           std::memset(p->tensor(l, tensor), 0, half.blocks_in_layer(l) * half.block_bytes(tensor));
         }
-    const auto done = send_all_layers(**dest, 1 + round, src_ids, dst_ids);
+    const auto done = send_all_layers(*dest, 1 + round, src_ids, dst_ids);
     ASSERT_EQ(done.size(), 2u * 3u) << "a completion per layer and decode rank";
     for (const TransferCompletion& c : done)
       ASSERT_TRUE(c.status) << c.status.error().message;

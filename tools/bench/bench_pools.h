@@ -3,6 +3,7 @@
 // shared-memory segments that are unlinked at once (gone with the process).
 #pragma once
 
+#include <capnp/message.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "instance/pool_segment.h"
 #include "worker/local_pool.h"
+#include "worker/transport.h"
 
 namespace kvrelay::bench {
 
@@ -38,6 +40,27 @@ inline std::unique_ptr<worker::HostSegmentPool> make_pool(const std::string& nam
   }
   (void)SharedSegment::unlink(name);  // gone with this process
   return std::make_unique<worker::HostSegmentPool>(std::move(pool).value());
+}
+
+// A loopback transport benchmark's destination: its receiver's `port` on
+// 127.0.0.1 over `protocol`, as `sender` resolves it; exits saying why not.
+inline std::shared_ptr<worker::Destination> loopback_destination(worker::Transport& sender,
+                                                                 schema::TransferProtocol protocol,
+                                                                 uint16_t port,
+                                                                 const std::string& instance = "") {
+  capnp::MallocMessageBuilder m;
+  auto d = m.initRoot<schema::CacheDest>();
+  d.setProtocol(protocol);
+  d.setPeerAddress("127.0.0.1");
+  d.setPeerInstance(instance);
+  (protocol == schema::TransferProtocol::RDMA ? d.initRdmaPorts(1) : d.initTcpPorts(1))
+      .set(0, port);
+  Result<std::shared_ptr<worker::Destination>> dest = sender.resolve(d.asReader());
+  if (!dest) {
+    fmt::print(stderr, "{}\n", dest.error().message);
+    std::exit(1);
+  }
+  return std::move(dest).value();
 }
 
 }  // namespace kvrelay::bench

@@ -326,16 +326,8 @@ std::vector<double> tcp_trials(const worker::LocalPool& src, const worker::Local
   if (staged) so.stager = cuda_stager();
   WaitEvent doorbell;
   worker::tcp::TcpTransport transport(net, src, &key, so, &doorbell);
-  capnp::MallocMessageBuilder m;
-  auto d = m.initRoot<schema::CacheDest>();
-  d.setProtocol(schema::TransferProtocol::TCP);
-  d.setPeerAddress("127.0.0.1");
-  d.initTcpPorts(1).set(0, (*receiver)->port());
-  auto dest = transport.resolve(d.asReader());
-  if (!dest) {
-    fmt::print(stderr, "{}\n", dest.error().message);
-    std::exit(1);
-  }
+  const std::shared_ptr<worker::Destination> dest =
+      loopback_destination(transport, schema::TransferProtocol::TCP, (*receiver)->port());
   std::vector<uint32_t> src_ids(g.num_blocks), dst_ids(g.num_blocks);
   std::iota(src_ids.begin(), src_ids.end(), 0);
   std::iota(dst_ids.begin(), dst_ids.end(), 0);
@@ -353,7 +345,7 @@ std::vector<double> tcp_trials(const worker::LocalPool& src, const worker::Local
       worker::TransferTicket t;
       t.handle = static_cast<uint64_t>(trial + 2);
       t.layer = l;
-      if (!(*dest)->submit_layer(t, l, *runs)) std::exit(1);
+      if (!dest->submit_layer(t, l, *runs)) std::exit(1);
     }
     done.clear();
     uint64_t moved = 0;

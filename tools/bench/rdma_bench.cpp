@@ -57,17 +57,8 @@ double kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes, uint64_t
   so.instance = "bench-p";
   so.queue_pairs = queue_pairs;
   worker::rdma::RdmaTransport sender(net, *src, &key, &fabric, "", so, nullptr);
-  capnp::MallocMessageBuilder m;
-  auto d = m.initRoot<schema::CacheDest>();
-  d.setProtocol(schema::TransferProtocol::RDMA);
-  d.setPeerAddress("127.0.0.1");
-  d.setPeerInstance("bench-d");
-  d.initRdmaPorts(1).set(0, (*receiver)->port());
-  auto dest = sender.resolve(d.asReader());
-  if (!dest) {
-    fmt::print(stderr, "{}\n", dest.error().message);
-    std::exit(1);
-  }
+  const std::shared_ptr<worker::Destination> dest =
+      loopback_destination(sender, schema::TransferProtocol::RDMA, (*receiver)->port(), "bench-d");
   // Scattered: a permutation, so no two blocks coalesce.
   std::vector<uint32_t> src_ids(g.num_blocks), dst_ids(g.num_blocks);
   std::iota(src_ids.begin(), src_ids.end(), 0);
@@ -85,7 +76,7 @@ double kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes, uint64_t
       worker::TransferTicket t;
       t.handle = i / kLayers + 1;
       t.layer = static_cast<uint32_t>(i % kLayers);
-      (void)(*dest)->submit_layer(t, t.layer, *runs);
+      (void)dest->submit_layer(t, t.layer, *runs);
     }
     const auto until = std::chrono::steady_clock::now() + 300s;
     while (done.size() < n && std::chrono::steady_clock::now() < until) {
