@@ -3,6 +3,7 @@
 #include "kernels/copy_engine.h"
 #include "kernels/device_export.h"
 #include "kernels/device_memory.h"
+#include "kernels/dmabuf.h"
 #include "kernels/host_pinning.h"
 #include "kernels/stream_signals.h"
 
@@ -22,6 +23,10 @@ Status cuda_device_usable(int) {
 }
 
 Result<std::unique_ptr<CopyEngine>> make_cuda_copy_engine(const CudaCopyOptions&) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+
+Result<DmabufSpan> export_dmabuf(const std::byte*) {
   return make_error(Errc::kUnsupported, kNoCuda);
 }
 

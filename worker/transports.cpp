@@ -101,18 +101,12 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   const uint16_t rdma_port = rank < kMaxTpSize ? config.rdma_ports[rank] : 0;
   const bool listens = port != 0 && receives;
   // A pool in GPU memory goes over tcp through pinned staging slots, a
-  // stager (and its own stream) per direction. rdma cannot register it yet.
+  // stager (and its own stream) per direction; over rdma, the NIC reaches it
+  // directly (GPUDirect RDMA: registered_pool.h).
   std::shared_ptr<tcp::Stager> send_stager, receive_stager;
   const bool gpu_pool = local.memory_kind() != kernels::MemoryKind::kHost;
-  bool wants_rdma = (config.protocols & 4U) != 0;
+  const bool wants_rdma = (config.protocols & 4U) != 0;
   if (gpu_pool) {
-    t->no_rdma_ = fmt::format(
-        "rank {}'s pool is {} GPU memory, which the rdma transport cannot register yet "
-        "(dmabuf registration): use tcp, or ipc between instances of one host",
-        rank, kernels::memory_kind_name(local.memory_kind()));
-    if (wants_rdma && rdma_port != 0 && receives)
-      spdlog::warn("rank {}: not listening on its rdma port: {}", rank, t->no_rdma_);
-    wants_rdma = false;
     Result<std::shared_ptr<tcp::Stager>> sending = make_stager(local, network);
     Result<std::shared_ptr<tcp::Stager>> receiving =
         sending ? make_stager(local, network) : sending;
@@ -156,8 +150,11 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
       } else {
         t->fabric_ = std::move(fabric).value();
         t->registered_pool_ = std::move(registered).value();
-        spdlog::info("rank {}: rdma on {}, pool registered ({} registrations)", rank,
-                     t->fabric_->name(), t->registered_pool_->registrations());
+        spdlog::info(
+            "rank {}: rdma on {}, pool registered ({} registrations, {} of them "
+            "dma-bufs of GPU memory)",
+            rank, t->fabric_->name(), t->registered_pool_->registrations(),
+            t->registered_pool_->dmabuf_registrations());
       }
     }
   } else {

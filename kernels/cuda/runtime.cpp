@@ -102,6 +102,8 @@ Loaded load() {
   resolve("cuMemGetAllocationGranularity", a.mem_get_allocation_granularity, missing);
   resolve("cuGetErrorName", a.get_error_name, missing);
   resolve("cuGetErrorString", a.get_error_string, missing);
+  std::string optional;  // the transport says why when it is missing
+  resolve("cuMemGetHandleForAddressRange", a.mem_get_handle_for_address_range, optional);
   if (!missing.empty())
     l.status = make_error(Errc::kUnsupported,
                           fmt::format("the CUDA driver lacks {} (a driver for CUDA 12.0 or "

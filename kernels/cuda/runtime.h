@@ -41,6 +41,8 @@ struct DriverApi {
   decltype(&::cuMemSetAccess) mem_set_access;
   decltype(&::cuMemRelease) mem_release;
   decltype(&::cuMemGetAddressRange) mem_get_address_range;
+  // Optional (null on a driver without it): dma-bufs for GPUDirect RDMA.
+  decltype(&::cuMemGetHandleForAddressRange) mem_get_handle_for_address_range;
   decltype(&::cuPointerGetAttribute) pointer_get_attribute;
   decltype(&::cuStreamWaitValue64) stream_wait_value_64;
   decltype(&::cuStreamWriteValue64) stream_write_value_64;

@@ -6,13 +6,16 @@
 // fault on real device memory) and keeps the bytes in a host mirror beside
 // it. FakeDevicePool is a pool of MemoryKind::kCuda at those addresses;
 // mirror() is the same pool seen through the host mirror, for filling and
-// checking it. FakeDeviceEngine is the copy engine that reaches it: it
+// checking it; dmabuf_exporter() exports it as an RDMA NIC would see it.
+// FakeDeviceEngine is the copy engine that reaches it: it
 // translates device addresses to the mirror, and runs a batch's copies only
 // when it is waited on, after a delay, so that whoever reads the
 // destination before the copy has ended sees the old bytes.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -23,21 +26,25 @@
 #include <vector>
 
 #include "kernels/copy_engine.h"
+#include "kernels/dmabuf.h"
 #include "worker/local_pool.h"
 
 namespace kvrelay::testing {
 
 class FakeDevice {
  public:
-  explicit FakeDevice(uint64_t bytes) : bytes_(bytes) {
+  explicit FakeDevice(uint64_t bytes)
+      : bytes_(bytes), fd_(::memfd_create("fake-device", MFD_CLOEXEC)) {
+    (void)!::ftruncate(fd_, static_cast<off_t>(bytes));
     device_ = static_cast<std::byte*>(
         ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
-    mirror_ = static_cast<std::byte*>(
-        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    mirror_ =
+        static_cast<std::byte*>(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
   }
   ~FakeDevice() {
     ::munmap(device_, bytes_);
     ::munmap(mirror_, bytes_);
+    ::close(fd_);
   }
   FakeDevice(const FakeDevice&) = delete;
   FakeDevice& operator=(const FakeDevice&) = delete;
@@ -49,8 +56,27 @@ class FakeDevice {
   }
   std::byte* to_mirror(const std::byte* p) const { return mirror_ + (p - device_); }
 
+  // A stand-in for kernels::export_dmabuf: the memory's memfd as the
+  // dma-buf, the device split into allocations of `allocation_bytes`
+  // (0: one), each of which a dma-buf covers to its end.
+  kernels::DmabufExporter dmabuf_exporter(uint64_t allocation_bytes = 0) const {
+    return [this, allocation_bytes](const std::byte* p) -> Result<kernels::DmabufSpan> {
+      if (!holds(p, 1)) return make_error(Errc::kUnsupported, "fake device: not device memory");
+      const auto offset = static_cast<uint64_t>(p - device_);
+      const uint64_t chunk = allocation_bytes == 0 ? bytes_ : allocation_bytes;
+      kernels::DmabufSpan span;
+      span.fd = UniqueFd(::fcntl(fd_, F_DUPFD_CLOEXEC, 0));
+      span.offset = offset;
+      span.bytes = std::min(bytes_, (offset / chunk + 1) * chunk) - offset;
+      ++exports;
+      return span;
+    };
+  }
+  mutable std::atomic<uint64_t> exports{0};
+
  private:
   uint64_t bytes_;
+  int fd_;
   std::byte* device_;
   std::byte* mirror_;
 };

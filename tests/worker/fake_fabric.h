@@ -9,10 +9,13 @@
 // Faults, as RC reports them: the n-th write fails ("transport retry counter
 // exceeded") and every later one flushes; a write to a destroyed queue pair
 // fails the same way; a write outside a registration is a "remote access
-// error". Nothing is dropped or reordered that RC would not.
+// error" (outside the local one, a "local protection error"). Nothing is
+// dropped or reordered that RC would not. A dma-buf registration (GPU
+// memory) is mapped and written there, as a NIC would.
 #pragma once
 
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -76,16 +79,38 @@ class FakeFabric final : public Fabric {
  public:
   struct FakeRegistration final : Registration {
     uint32_t key;
+    std::shared_ptr<void> mapping;  // a dma-buf's pages
     uint32_t lkey() const override { return key; }
     uint32_t rkey() const override { return key; }
   };
 
   Result<std::unique_ptr<Registration>> register_memory(void* address, size_t bytes) override {
+    if (refuse_address_registrations)  // as ibv_reg_mr of GPU memory without nvidia-peermem
+      return make_error(Errc::kSystem, "ibv_reg_mr: Bad address (errno 14)");
     std::lock_guard<std::mutex> lock(mu);
     auto r = std::make_unique<FakeRegistration>();
     r->key = next_key_++;
-    regions_[r->key] = {static_cast<std::byte*>(address), bytes};
+    regions_[r->key] = {static_cast<std::byte*>(address), bytes, static_cast<std::byte*>(address)};
     ++registrations;
+    return std::unique_ptr<Registration>(std::move(r));
+  }
+  // As a NIC would: the dma-buf's pages (here a memfd's), at [iova, iova +
+  // bytes) in work requests.
+  Result<std::unique_ptr<Registration>> register_dmabuf(int fd, uint64_t offset, size_t bytes,
+                                                        uint64_t iova) override {
+    const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t skip = offset % page;
+    void* map = ::mmap(nullptr, bytes + skip, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                       static_cast<off_t>(offset - skip));
+    if (map == MAP_FAILED) return make_error(Errc::kSystem, "fake fabric: cannot map the dma-buf");
+    std::lock_guard<std::mutex> lock(mu);
+    auto r = std::make_unique<FakeRegistration>();
+    r->key = next_key_++;
+    r->mapping = std::shared_ptr<void>(map, [n = bytes + skip](void* p) { ::munmap(p, n); });
+    regions_[r->key] = {reinterpret_cast<std::byte*>(iova), bytes,
+                        static_cast<std::byte*>(map) + skip};
+    ++registrations;
+    ++dmabuf_registrations;
     return std::unique_ptr<Registration>(std::move(r));
   }
   Result<std::unique_ptr<RcQueuePair>> create_queue_pair() override {
@@ -99,9 +124,11 @@ class FakeFabric final : public Fabric {
 
   // Test controls and observations.
   std::atomic<uint64_t> fail_write_number{0};  // the n-th write overall fails (1-based)
+  std::atomic<bool> refuse_address_registrations{false};
   std::atomic<uint64_t> writes{0};
   std::atomic<uint64_t> with_immediate{0};
   std::atomic<uint32_t> registrations{0};
+  std::atomic<uint32_t> dmabuf_registrations{0};
   std::atomic<uint32_t> queue_pairs_created{0};
   size_t live_queue_pairs() {
     std::lock_guard<std::mutex> lock(mu);
@@ -113,9 +140,20 @@ class FakeFabric final : public Fabric {
  private:
   friend class FakeRcQueuePair;
   struct Region {
-    std::byte* base;
+    std::byte* base;  // as work requests address it
     size_t bytes;
+    std::byte* memory;  // where its bytes are (a dma-buf's mapping, or base)
   };
+  // Where the bytes of [address, + length) under `key` are; null when the
+  // registration does not hold them.
+  std::byte* locate(uint32_t key, uint64_t address, uint64_t length) {
+    auto it = regions_.find(key);
+    if (it == regions_.end()) return nullptr;
+    const Region& r = it->second;
+    const auto base = reinterpret_cast<uint64_t>(r.base);
+    if (address < base || address + length > base + r.bytes) return nullptr;
+    return r.memory + (address - base);
+  }
   std::string name_ = "fake0 port 1";
   uint32_t next_key_ = 100;
   uint32_t next_qpn_ = 0x11;
@@ -162,16 +200,17 @@ inline bool FakeRcQueuePair::execute(const WriteRequest& wr, std::string& status
     status = "transport retry counter exceeded";  // nobody answers there any more
     return false;
   }
-  auto it = fabric_.regions_.find(wr.rkey);
-  if (it == fabric_.regions_.end() ||
-      wr.remote_address < reinterpret_cast<uint64_t>(it->second.base) ||
-      wr.remote_address + wr.length >
-          reinterpret_cast<uint64_t>(it->second.base) + it->second.bytes) {
+  std::byte* to = fabric_.locate(wr.rkey, wr.remote_address, wr.length);
+  if (to == nullptr) {
     status = "remote access error";
     return false;
   }
-  std::memcpy(reinterpret_cast<void*>(wr.remote_address),
-              reinterpret_cast<const void*>(wr.local_address), wr.length);
+  const std::byte* from = fabric_.locate(wr.lkey, wr.local_address, wr.length);
+  if (from == nullptr) {
+    status = "local protection error";
+    return false;
+  }
+  std::memcpy(to, from, wr.length);
   if (wr.immediate) {
     FakeRcQueuePair& p = *peer->second;
     if (p.receives_.empty()) {

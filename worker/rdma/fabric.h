@@ -44,6 +44,12 @@ class Fabric {
  public:
   virtual ~Fabric() = default;
   virtual Result<std::unique_ptr<Registration>> register_memory(void* address, size_t bytes) = 0;
+  // GPU memory exported as a dma-buf (kernels/dmabuf.h): `bytes` from
+  // `offset` into dma-buf `fd`, addressed in work requests as [iova, iova +
+  // bytes) (the memory's device addresses, so that a pool's tensor addresses
+  // serve as they are). The fd may be closed once this returns.
+  virtual Result<std::unique_ptr<Registration>> register_dmabuf(int fd, uint64_t offset,
+                                                                size_t bytes, uint64_t iova) = 0;
   virtual Result<std::unique_ptr<RcQueuePair>> create_queue_pair() = 0;
   // For messages: "rxe0 port 1".
   virtual const std::string& name() const = 0;

@@ -6,8 +6,8 @@
 
 namespace kvrelay::worker::rdma {
 
-Result<std::unique_ptr<RegisteredPool>> RegisteredPool::create(Fabric& fabric,
-                                                                   const LocalPool& pool) {
+Result<std::unique_ptr<RegisteredPool>> RegisteredPool::create(
+    Fabric& fabric, const LocalPool& pool, const kernels::DmabufExporter& exporter) {
   const PoolGeometry& g = pool.geometry();
   const uint32_t per_layer = g.tensors_per_layer();
   struct Span {
@@ -32,19 +32,46 @@ Result<std::unique_ptr<RegisteredPool>> RegisteredPool::create(Fabric& fabric,
   std::unique_ptr<RegisteredPool> r(new RegisteredPool(pool));
   r->tensors_.assign(spans.size(), RemoteTensor{});
   r->keys_.assign(spans.size(), Keys{});
+  const bool gpu = pool.memory_kind() != kernels::MemoryKind::kHost;
   for (size_t i = 0; i < spans.size();) {
-    // Tensors back to back (or overlapping) share one registration.
+    // Tensors back to back (or overlapping) share one registration; in GPU
+    // memory, only as far as the dma-buf of the first one's allocation goes.
+    Result<kernels::DmabufSpan> dmabuf =
+        gpu ? exporter(reinterpret_cast<const std::byte*>(spans[i].begin))
+            : Result<kernels::DmabufSpan>(make_error(Errc::kUnsupported, "host memory"));
+    const uint64_t limit = dmabuf ? spans[i].begin + dmabuf->bytes : UINT64_MAX;
     size_t j = i + 1;
     uint64_t end = spans[i].end;
-    while (j < spans.size() && spans[j].begin <= end) {
+    while (j < spans.size() && spans[j].begin <= end && spans[j].end <= limit) {
       end = std::max(end, spans[j].end);
       ++j;
     }
-    Result<std::unique_ptr<Registration>> reg = fabric.register_memory(
-        reinterpret_cast<void*>(spans[i].begin), static_cast<size_t>(end - spans[i].begin));
-    if (!reg)
-      return make_error(reg.code(), fmt::format("registering pool {} on {}: {}", pool.name(),
-                                                fabric.name(), reg.error().message));
+    const auto bytes = static_cast<size_t>(end - spans[i].begin);
+    Result<std::unique_ptr<Registration>> reg =
+        make_error(Errc::kUnsupported, "not registered");  // replaced below
+    if (dmabuf && end <= limit) {
+      reg = fabric.register_dmabuf(dmabuf->fd.get(), dmabuf->offset, bytes, spans[i].begin);
+      if (reg) ++r->dmabuf_registrations_;
+    }
+    if (!reg) {
+      const std::string why_not_dmabuf =
+          !gpu          ? ""
+          : !dmabuf     ? dmabuf.error().message
+          : end > limit ? fmt::format("the tensor at {:#x} runs past its allocation's dma-buf",
+                                      spans[i].begin)
+                        : reg.error().message;
+      reg = fabric.register_memory(reinterpret_cast<void*>(spans[i].begin), bytes);
+      if (!reg && gpu)
+        return make_error(
+            reg.code(),
+            fmt::format("registering GPU pool {} on {} for GPUDirect RDMA: as a dma-buf: {}; "
+                        "by device address (needs nvidia-peermem): {}. Use tcp, which stages "
+                        "GPU memory through host memory",
+                        pool.name(), fabric.name(), why_not_dmabuf, reg.error().message));
+      if (!reg)
+        return make_error(reg.code(), fmt::format("registering pool {} on {}: {}", pool.name(),
+                                                  fabric.name(), reg.error().message));
+    }
     for (size_t k = i; k < j; ++k) {
       const Span& s = spans[k];
       r->tensors_[s.index] = RemoteTensor{s.begin, (*reg)->rkey(), s.end - s.begin};

@@ -4,12 +4,19 @@
 // reads through the lkeys; a receiver hands the rkeys and addresses to its
 // peers (RdmaMemoryRegions). Held for as long as the pool is: once per pool
 // epoch, not once per transfer.
+//
+// A pool in GPU memory is registered for GPUDirect RDMA: each allocation's
+// tensors through a dma-buf of it (ibv_reg_dmabuf_mr), addressed by their
+// device addresses; where the driver will not export one, by the device
+// addresses themselves (ibv_reg_mr, which works where nvidia-peermem is
+// loaded). Neither: an error that names both reasons.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "kernels/dmabuf.h"
 #include "worker/local_pool.h"
 #include "worker/rdma/endpoint_codec.h"
 #include "worker/rdma/fabric.h"
@@ -18,7 +25,11 @@ namespace kvrelay::worker::rdma {
 
 class RegisteredPool {
  public:
-  static Result<std::unique_ptr<RegisteredPool>> create(Fabric& fabric, const LocalPool& pool);
+  // `exporter`: how GPU memory becomes a dma-buf (kernels::export_dmabuf;
+  // the tests' stand-in).
+  static Result<std::unique_ptr<RegisteredPool>> create(
+      Fabric& fabric, const LocalPool& pool,
+      const kernels::DmabufExporter& exporter = kernels::export_dmabuf);
 
   const LocalPool& pool() const { return pool_; }
   uint32_t lkey(uint32_t layer, uint32_t tensor) const { return at(layer, tensor).lkey; }
@@ -26,6 +37,8 @@ class RegisteredPool {
   // One per (layer, tensor), layer-major: what encode_regions() takes.
   const std::vector<RemoteTensor>& tensors() const { return tensors_; }
   size_t registrations() const { return registrations_.size(); }
+  // Of those, how many are of dma-bufs (GPU memory).
+  size_t dmabuf_registrations() const { return dmabuf_registrations_; }
 
  private:
   struct Keys {
@@ -41,6 +54,7 @@ class RegisteredPool {
   std::vector<std::unique_ptr<Registration>> registrations_;
   std::vector<RemoteTensor> tensors_;
   std::vector<Keys> keys_;
+  size_t dmabuf_registrations_ = 0;
 };
 
 }  // namespace kvrelay::worker::rdma

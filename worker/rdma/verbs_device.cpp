@@ -99,6 +99,16 @@ Result<std::unique_ptr<MemoryRegion>> VerbsDevice::register_memory(void* address
   return std::unique_ptr<MemoryRegion>(new MemoryRegion(mr));
 }
 
+Result<std::unique_ptr<MemoryRegion>> VerbsDevice::register_dmabuf(int fd, uint64_t offset,
+                                                                   size_t bytes,
+                                                                   uint64_t iova) const {
+  ibv_mr* mr = ibv_reg_dmabuf_mr(pd_, offset, bytes, iova, fd,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (mr == nullptr)
+    return verbs_error(fmt::format("ibv_reg_dmabuf_mr of {} bytes on {}", bytes, name_), errno);
+  return std::unique_ptr<MemoryRegion>(new MemoryRegion(mr));
+}
+
 MemoryRegion::~MemoryRegion() {
   ibv_dereg_mr(mr_);
 }

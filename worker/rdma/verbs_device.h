@@ -101,6 +101,9 @@ class VerbsDevice {
   VerbsDevice& operator=(const VerbsDevice&) = delete;
 
   Result<std::unique_ptr<MemoryRegion>> register_memory(void* address, size_t bytes) const;
+  // ibv_reg_dmabuf_mr: GPU memory the NIC reaches through its dma-buf.
+  Result<std::unique_ptr<MemoryRegion>> register_dmabuf(int fd, uint64_t offset, size_t bytes,
+                                                        uint64_t iova) const;
   Result<std::unique_ptr<VerbsQueuePair>> create_queue_pair(const QueuePairOptions& options) const;
 
   const std::string& name() const { return name_; }

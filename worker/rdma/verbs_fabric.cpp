@@ -23,6 +23,12 @@ class VerbsFabric final : public Fabric {
     if (!mr) return mr.error();
     return std::unique_ptr<Registration>(std::move(mr).value());
   }
+  Result<std::unique_ptr<Registration>> register_dmabuf(int fd, uint64_t offset, size_t bytes,
+                                                        uint64_t iova) override {
+    Result<std::unique_ptr<MemoryRegion>> mr = device_->register_dmabuf(fd, offset, bytes, iova);
+    if (!mr) return mr.error();
+    return std::unique_ptr<Registration>(std::move(mr).value());
+  }
   Result<std::unique_ptr<RcQueuePair>> create_queue_pair() override {
     Result<std::unique_ptr<VerbsQueuePair>> qp = device_->create_queue_pair(qp_);
     if (!qp) return qp.error();
