@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "support/fake_device.h"
 #include "support/pool_patterns.h"
 #include "worker/tcp/staging.h"
@@ -212,6 +214,42 @@ TEST_F(TcpStagingTest, AGpuPoolWithoutAStagerIsRefusedSayingSoOnEitherSide) {
             std::string::npos)
       << done[0].status.error().message;
   EXPECT_EQ(receiver->stats().refused_frames.load(), 3u);
+}
+
+// A receiver stopped while its copies into the device are queued: it waits
+// for them (none writes into the pool after it is gone, or the pool's
+// unmapping below would fault), the stager it alone held ends with it, and
+// every transfer gets its one completion.
+TEST_F(TcpStagingTest, AReceiverStoppedWithCopiesInFlightEndsCleanlyAndEveryTransferCompletes) {
+  auto dst = std::make_unique<FakeDevicePool>(kStagedGeometry, "dst");
+  HostFlatPool src;
+  kvrelay::testing::fill(src.pool);
+  auto in = std::make_shared<FakeEngineControl>();
+  in->delay = 20ms;
+  listen_on(dst->pool(), stager_for(*dst, in, kStagedBlock));
+  send_from(src.pool, nullptr);
+  std::shared_ptr<Destination> dest =
+      kvrelay::testing::loopback_tcp_destination(*sender, {receiver->port()});
+  ASSERT_TRUE(dest);
+  Result<std::vector<BlockRun>> runs = plan_block_runs(
+      kStagedSrc, kStagedDst, kStagedGeometry.num_blocks, kStagedGeometry.num_blocks, 0, 0);
+  ASSERT_TRUE(runs);
+  for (uint32_t l = 0; l < kStagedGeometry.total_layers(); ++l) {
+    TransferTicket t;
+    t.handle = 8;
+    t.layer = l;
+    ASSERT_TRUE(dest->submit_layer(t, l, *runs));
+  }
+  while (in->batches.load() == 0)
+    std::this_thread::sleep_for(1ms);
+  receiver.reset();
+  dst.reset();  // unmapped: a copy after the receiver's end would fault
+  const auto done = kvrelay::testing::wait_for_completions(*sender, 3);
+  ASSERT_EQ(done.size(), 3u) << "each transfer completes once, ok or not";
+  size_t failed = 0;
+  for (const TransferCompletion& c : done)
+    failed += c.status ? 0 : 1;
+  EXPECT_GE(failed, 1u) << "the receiver stopped before it could take everything";
 }
 
 // Heterogeneous TP (tp 1 with 2 heads -> tp 2 with 1 each) between GPU

@@ -132,6 +132,9 @@ void Stager::run() {
                                        batch.direction == Direction::kToHost ? "from" : "into",
                                        engine_->name(), outcome.error().message));
     batch.done(std::move(outcome));
+    // Its callback's captures end here, before drain() can return: none may
+    // outlive the transport that waits in drain().
+    batch = Batch{};
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++ended_count_;

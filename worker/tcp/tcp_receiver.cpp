@@ -221,8 +221,11 @@ class Connection final : public Channel {
       newest.read = n == left;
       self->shared_->options.stager->copy(
           Stager::Direction::kToDevice, {StagedCopy{self->slots_->slot(slot), dst, n}},
-          [self, slot](Status copied) {
-            asio::post(self->executor(), [self, slot, copied = std::move(copied)] {
+          [self, slot](Status copied) mutable {
+            // The connection's last reference must not end on the stager's
+            // thread: it may hold the stager itself.
+            auto strand = self->executor();
+            asio::post(strand, [self = std::move(self), slot, copied = std::move(copied)] {
               self->on_staged_copy(slot, copied);
             });
           });

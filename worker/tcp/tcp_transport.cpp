@@ -281,17 +281,26 @@ class Lane final : public ClientChannel {
         self->slots_->give_back(slot);
         self->stage_next();
       };
+      // The lane's last reference ends on its strand, never on the stager's
+      // thread: the callback hands its own over.
+      auto staged = [self, out = std::move(out)](Status copied) mutable {
+        auto strand = self->executor();
+        asio::post(strand, [self = std::move(self), copied = std::move(copied),
+                            out = std::move(out)]() mutable {
+          self->send_staged(std::move(copied), std::move(out));
+        });
+      };
       peer_.options().stager->copy(Stager::Direction::kToHost, std::move(copies),
-                                   [self, out = std::move(out)](Status staged) mutable {
-                                     asio::post(self->executor(), [self, staged = std::move(staged),
-                                                                   out = std::move(out)]() mutable {
-                                       if (self->closed()) return;
-                                       // Sticky (a CUDA fault): this lane's transfers fail with it.
-                                       if (!staged) return self->close(staged.error().message);
-                                       self->send(std::move(out));
-                                     });
-                                   });
+                                   std::move(staged));
     }
+  }
+
+  // A batch's device->host copy ended: its frames go, or (a CUDA fault,
+  // sticky) the lane closes and its transfers fail with the reason.
+  void send_staged(Status copied, Outgoing out) {
+    if (closed()) return;
+    if (!copied) return close(copied.error().message);
+    send(std::move(out));
   }
 
   Peer& peer_;
