@@ -55,19 +55,15 @@ Result<std::shared_ptr<rdma::Fabric>> open_fabric(const InstanceConfig& config, 
 }
 
 // Staging for a GPU pool's tcp payloads: a copy engine of the pool's GPU
-// (host<->device on the copy engines), or the test's.
+// (host<->device on the copy engines, its own stream).
 Result<std::shared_ptr<tcp::Stager>> make_stager(const LocalPool& local,
                                                  const NetworkOptions& network) {
-  Result<std::unique_ptr<kernels::CopyEngine>> engine =
-      network.staging_engine
-          ? network.staging_engine()
-          : kernels::make_copy_engine(
-                local.memory_kind(), kernels::MemoryKind::kHost,
-                kernels::CudaCopyOptions{local.cuda_device(), network.copy_max_sms});
+  Result<std::unique_ptr<kernels::CopyEngine>> engine = kernels::make_copy_engine(
+      local.memory_kind(), kernels::MemoryKind::kHost,
+      kernels::CudaCopyOptions{local.cuda_device(), network.copy_max_sms});
   if (!engine) return engine.error();
   tcp::Stager::Options o;
   o.slot_bytes = uint64_t{network.staging_slot_mib} << 20;
-  o.pin = !network.staging_engine;
   return std::make_shared<tcp::Stager>(std::move(engine).value(), local.memory_kind(), o);
 }
 

@@ -18,7 +18,6 @@
 // port, and on its tcp port as well.
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,9 +58,6 @@ struct NetworkOptions {
   // A GPU pool over tcp: each connection stages payloads through two
   // page-locked slots of this many MiB (at least a block).
   uint32_t staging_slot_mib = 8;
-  // Tests: the engine that stages a GPU pool instead of the CUDA one (its
-  // slots are then not page-locked).
-  std::function<Result<std::unique_ptr<kernels::CopyEngine>>()> staging_engine;
 };
 
 class Transports final : public Transport {

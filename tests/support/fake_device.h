@@ -68,11 +68,9 @@ class FakeDevice {
       span.fd = UniqueFd(::fcntl(fd_, F_DUPFD_CLOEXEC, 0));
       span.offset = offset;
       span.bytes = std::min(bytes_, (offset / chunk + 1) * chunk) - offset;
-      ++exports;
       return span;
     };
   }
-  mutable std::atomic<uint64_t> exports{0};
 
  private:
   uint64_t bytes_;

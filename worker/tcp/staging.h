@@ -58,7 +58,6 @@ class StagingSlots {
   int take();
   void give_back(int slot);
   std::byte* slot(int index) const { return base_ + static_cast<uint64_t>(index) * slot_bytes_; }
-  bool any_free() const { return free_ != 0; }
 
  private:
   StagingSlots(std::byte* base, uint64_t mapped, uint64_t slot_bytes, uint32_t count)
@@ -100,7 +99,6 @@ class Stager {
   // Blocks until every batch queued so far has ended and its callback ran:
   // after it, no staged copy touches the pool.
   void drain();
-  const char* engine_name() const { return engine_->name(); }
 
  private:
   struct Batch {
