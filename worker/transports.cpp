@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <array>
+
 #include "schemas/codec.h"
 #include "worker/request_key.h"
+#include "worker/worker_counters.h"
 
 namespace kvrelay::worker {
 
@@ -309,6 +312,39 @@ void Transports::poll(std::vector<TransferCompletion>& out) {
   ipc_.poll(out);
   if (tcp_) tcp_->poll(out);
   if (rdma_) rdma_->poll(out);
+}
+
+void Transports::mirror_counters(CounterWriter& out) const {
+  const auto load = [](const std::atomic<uint64_t>& v) {
+    return v.load(std::memory_order_relaxed);
+  };
+  if (tcp_) {
+    out.set(kTcpLanesOpened, load(tcp_->link_stats().opened));
+    out.set(kTcpLanesLost, load(tcp_->link_stats().lost));
+    out.set(kTcpConnectFailures, load(tcp_->link_stats().unreachable));
+  }
+  if (rdma_) {
+    out.set(kRdmaSessionsOpened, load(rdma_->link_stats().opened));
+    out.set(kRdmaSessionsLost, load(rdma_->link_stats().lost));
+    out.set(kRdmaConnectFailures, load(rdma_->link_stats().unreachable));
+  }
+  // Both listeners speak the same protocol (an rdma session is set up over
+  // a tcp control connection, on either): their counts add up.
+  std::array<uint64_t, kWorkerCounterCount> sum{};
+  for (const tcp::TcpReceiver* r : {receiver_.get(), rdma_receiver_.get()}) {
+    if (r == nullptr) continue;
+    const tcp::ReceiverStats& s = r->stats();
+    sum[kNetConnectionsAccepted] += load(s.accepted);
+    sum[kNetConnectionsRefused] += load(s.refused);
+    sum[kTcpFramesReceived] += load(s.frames);
+    sum[kTcpBytesReceived] += load(s.bytes);
+    sum[kTcpFramesRefused] += load(s.refused_frames);
+    sum[kRdmaSessionsAccepted] += load(s.rdma_sessions);
+    sum[kRdmaTransfersReceived] += load(s.rdma_transfers);
+    sum[kRdmaIntentsRefused] += load(s.rdma_refused);
+  }
+  for (uint32_t id = kNetConnectionsAccepted; id <= kRdmaIntentsRefused; ++id)
+    out.set(id, sum[id]);
 }
 
 bool Transports::has_completions() const {

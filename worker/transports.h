@@ -24,6 +24,7 @@
 
 #include "instance/auth_key.h"
 #include "instance/instance_config.h"
+#include "shm/counters.h"
 #include "shm/wait_event.h"
 #include "worker/arrivals.h"
 #include "worker/ipc_intake.h"
@@ -92,6 +93,9 @@ class Transports final : public Transport {
   bool tick();
   bool has_arrivals() const;
   std::vector<ArrivalEvent> take_arrivals();
+  // Copies what the network transports counted (worker_counters.h) into
+  // the rank's counters block; the worker's thread, every turn it mirrors.
+  void mirror_counters(CounterWriter& out) const;
 
  private:
   Transports(uint32_t rank, const LocalPool& local, std::unique_ptr<kernels::CopyEngine> engine,

@@ -310,6 +310,7 @@ class Worker {
     set(kStaleSessions, c.stale_sessions + c.dropped_sessions);
     set(kSignalRepairs, signal_ring_.header().corrupt_events.load(std::memory_order_relaxed) +
                             signal_ring_.header().skipped_records.load(std::memory_order_relaxed));
+    data_->transports().mirror_counters(mirror);
   }
 
   static constexpr size_t kSignalBatch = 64;

@@ -19,6 +19,22 @@ enum WorkerCounter : uint32_t {
   kReportsDelayed,  // reports that waited because the report ring was full
   kStaleSessions,   // pending signals dropped as stale (before a task's watermark, dead engine)
   kSignalRepairs,   // signal-ring state another process overwrote, or a dead producer's claims
+  // Sending over the network (tcp lanes, rdma sessions, over all peers):
+  kTcpLanesOpened,
+  kTcpLanesLost,        // lanes that had served, closed (the peer died, reset or went silent)
+  kTcpConnectFailures,  // attempts that reached no one (each starts a backoff)
+  kRdmaSessionsOpened,
+  kRdmaSessionsLost,
+  kRdmaConnectFailures,
+  // Receiving (a decode rank's tcp listener and rdma control listener):
+  kNetConnectionsAccepted,
+  kNetConnectionsRefused,  // failed authentication or handshake
+  kTcpFramesReceived,
+  kTcpBytesReceived,
+  kTcpFramesRefused,  // nacked: outside the pool, not expected, or not landed
+  kRdmaSessionsAccepted,
+  kRdmaTransfersReceived,  // landed and acked
+  kRdmaIntentsRefused,
   kWorkerCounterCount,
 };
 
@@ -58,6 +74,20 @@ inline constexpr const char* kWorkerCounterLabels[] = {
     "reports_delayed",
     "stale_signal_sessions",
     "signal_ring_repairs",
+    "tcp_lanes_opened",
+    "tcp_lanes_lost",
+    "tcp_connect_failures",
+    "rdma_sessions_opened",
+    "rdma_sessions_lost",
+    "rdma_connect_failures",
+    "net_connections_accepted",
+    "net_connections_refused",
+    "tcp_frames_received",
+    "tcp_bytes_received",
+    "tcp_frames_refused",
+    "rdma_sessions_accepted",
+    "rdma_transfers_received",
+    "rdma_intents_refused",
 };
 static_assert(sizeof(kWorkerCounterLabels) / sizeof(kWorkerCounterLabels[0]) ==
               kWorkerCounterCount);

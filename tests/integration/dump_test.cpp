@@ -62,6 +62,8 @@ TEST_F(DumpTest, TextOutputShowsTheInstanceItsWorkersAndTheTraffic) {
   EXPECT_NE(out.find("task[1]"), std::string::npos);
   EXPECT_NE(out.find("signal_to_copy_done"), std::string::npos) << "latency histograms are shown";
   EXPECT_NE(out.find("barrier  generation"), std::string::npos);
+  EXPECT_NE(out.find("nothing sent or received over tcp or rdma yet"), std::string::npos)
+      << "ipc traffic only";
 }
 
 TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
@@ -177,8 +179,8 @@ TEST(DumpProcesses, CorruptedMagicOrVersionGivesTheRightErrorNotACrash) {
 
 TEST(DumpProcesses, HelpExplainsEveryColumn) {
   const std::string out = dump({"--help"});
-  for (const char* column :
-       {"heartbeat", "ready flag", "full", "skipped", "parked", "generation", "p50"})
+  for (const char* column : {"heartbeat", "ready flag", "full", "skipped", "parked", "generation",
+                             "p50", "lanes and rdma sessions"})
     EXPECT_NE(out.find(column), std::string::npos) << column;
 }
 

@@ -27,6 +27,27 @@ InstanceArgs args() {
   return RequestDriver::small_pair();
 }
 
+// A worker counter summed over an instance's ranks, once it has reached
+// `at_least` (the workers copy their network counts into shared memory once
+// a turn, so a count can trail the completion it belongs to), or as it is
+// after 10 s.
+uint64_t worker_counter_once(const std::string& instance, const std::string& label,
+                             uint64_t at_least) {
+  const Deadline until = Deadline::after(10s);
+  uint64_t v = worker_counter_sum(instance, label);
+  while (v < at_least && !until.passed()) {
+    std::this_thread::sleep_for(5ms);
+    v = worker_counter_sum(instance, label);
+  }
+  return v;
+}
+
+std::string dump_text(const std::string& instance) {
+  std::string out;
+  EXPECT_EQ(run_program({Instance::bin("kvrelay-dump"), instance}, &out), 0) << out;
+  return out;
+}
+
 class TcpFaults : public ::testing::Test {
  protected:
   void start(const std::string& prefill_key = "") {
@@ -89,6 +110,8 @@ TEST_F(TcpFaults, AKilledDecodeWorkerFailsItsRequestOnceNamingThePeerAndTheNextO
       << "exactly one completion";
   EXPECT_TRUE(a_new_request_goes_through("after-kill-"));
   EXPECT_EQ(stray_writes({}), 0u);
+  EXPECT_GE(worker_counter_once(env->prefill().name(), "tcp_lanes_lost", 1), 1u)
+      << "the lanes to the killed worker count as lost";
 }
 
 TEST_F(TcpFaults, APartitionIsNoticedWithinASecondAndTheLinkServesAgainOnceUp) {
@@ -137,6 +160,40 @@ TEST_F(TcpFaults, AWrongKeyIsRefusedAndNoDecodeByteChanges) {
   const Completion refused = env->wait_for("connect-7", 20s);
   EXPECT_EQ(refused.status, CompletionStatus::kError);
   EXPECT_NE(refused.message.find("authentication failed"), std::string::npos) << refused.message;
+  EXPECT_GE(worker_counter_once(env->decode().name(), "net_connections_refused", 1), 1u);
+  EXPECT_GE(worker_counter_once(env->prefill().name(), "tcp_connect_failures", 1), 1u);
+  EXPECT_EQ(worker_counter_sum(env->decode().name(), "net_connections_accepted"), 0u);
+  EXPECT_EQ(worker_counter_sum(env->decode().name(), "tcp_frames_received"), 0u);
+  EXPECT_EQ(worker_counter_sum(env->prefill().name(), "tcp_lanes_opened"), 0u);
+  const std::string out = dump_text(env->decode().name());
+  EXPECT_NE(out.find("receives  connections accepted 0  refused "), std::string::npos) << out;
+}
+
+// What each side counts of the network: the decode ranks received exactly
+// the bytes the prefill ranks sent, over as many connections as those
+// opened, none refused or lost; kvrelay-dump shows both sides.
+TEST_F(TcpFaults, BothSidesCountTheSameTrafficAndTheDumpShowsIt) {
+  start();
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(a_new_request_goes_through("counted-" + std::to_string(i) + "-"));
+  const std::string prefill = env->prefill().name(), decode = env->decode().name();
+  const uint64_t sent = worker_counter_once(prefill, "bytes_copied", 1);
+  ASSERT_GT(sent, 0u);
+  EXPECT_EQ(worker_counter_once(decode, "tcp_bytes_received", sent), sent);
+  EXPECT_GE(worker_counter_sum(decode, "tcp_frames_received"),
+            3ull * RequestDriver::kLayers * env->tp());
+  const uint64_t lanes = 2ull * env->tp();  // --tcp-lanes 2 (the default) per rank
+  EXPECT_EQ(worker_counter_once(prefill, "tcp_lanes_opened", lanes), lanes);
+  EXPECT_EQ(worker_counter_once(decode, "net_connections_accepted", lanes), lanes);
+  for (const char* none : {"tcp_frames_refused", "net_connections_refused"})
+    EXPECT_EQ(worker_counter_sum(decode, none), 0u) << none;
+  for (const char* none : {"tcp_lanes_lost", "tcp_connect_failures", "rdma_sessions_opened"})
+    EXPECT_EQ(worker_counter_sum(prefill, none), 0u) << none;
+  const std::string sender = dump_text(prefill);
+  EXPECT_NE(sender.find("rank 0 sends     tcp lanes opened"), std::string::npos) << sender;
+  EXPECT_EQ(sender.find("rank 0 receives"), std::string::npos) << "a prefill rank receives nothing";
+  const std::string receiver = dump_text(decode);
+  EXPECT_NE(receiver.find("rank 1 receives  connections accepted"), std::string::npos) << receiver;
 }
 
 TEST_F(TcpFaults, AConnectTaskShakesHandsOnEveryRank) {

@@ -29,15 +29,7 @@ using namespace std::chrono_literals;
 
 // Sum of the prefill workers' bytes_copied counters.
 uint64_t copied_bytes(const std::string& instance) {
-  auto c = ControlSegment::attach(instance, AttachOptions{.access = SegmentAccess::kReadOnly});
-  if (!c) return 0;
-  uint64_t total = 0;
-  for (uint32_t r = 0; r < c->config().tp_size; ++r) {
-    for (const auto& [label, value] :
-         snapshot_counters(c->counters(worker_counters_index(r))).counters)
-      if (label == "bytes_copied") total += value;
-  }
-  return total;
+  return worker_counter_sum(instance, "bytes_copied");
 }
 
 // The reference model of one request (DESIGN.md section 5, points 2-5).

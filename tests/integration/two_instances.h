@@ -11,9 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "instance/control_layout.h"
+#include "instance/control_segment.h"
 #include "instance/pool_segment.h"
 #include "kv_pattern.h"
 #include "kvrelay/client.h"
+#include "shm/counters.h"
 #include "support/instance.h"
 #include "support/processes.h"
 
@@ -169,5 +172,18 @@ class TwoInstances {
   std::multimap<std::string, Completion> seen_;
   Route route_;
 };
+
+// The sum over an instance's workers of their counter `label`
+// (worker/worker_counters.h); 0 when the instance is gone.
+inline uint64_t worker_counter_sum(const std::string& instance, const std::string& label) {
+  auto c = ControlSegment::attach(instance, AttachOptions{.access = SegmentAccess::kReadOnly});
+  if (!c) return 0;
+  uint64_t total = 0;
+  for (uint32_t r = 0; r < c->config().tp_size; ++r)
+    for (const auto& [name, value] :
+         snapshot_counters(c->counters(worker_counters_index(r))).counters)
+      if (name == label) total += value;
+  return total;
+}
 
 }  // namespace kvrelay::testing

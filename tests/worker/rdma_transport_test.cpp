@@ -237,6 +237,10 @@ TEST_F(RdmaTransportTest, AFailedCompletionFailsTheSessionsTransfersAndTheNextRe
   for (const TransferCompletion& c : later)
     EXPECT_TRUE(c.status) << message(c);
   EXPECT_EQ(receiver->stats().rdma_sessions.load(), 2u);
+  // What the worker's counters show of it (kvrelay-dump's network section).
+  EXPECT_EQ(sender->link_stats().opened.load(), 2u);
+  EXPECT_EQ(sender->link_stats().lost.load(), 1u);
+  EXPECT_EQ(sender->link_stats().unreachable.load(), 0u);
   for (uint32_t l = 0; l < 3; ++l)
     for (uint32_t b : {6u, 7u})
       EXPECT_EQ(dst->tensor(l, PoolTensor::kValue)[b * src->geometry().block_bytes(PoolTensor::kValue)],
@@ -267,6 +271,8 @@ TEST_F(RdmaTransportTest, AReceiverThatGoesAwayFailsWhatItCarriedAndIsReachedAga
   ASSERT_EQ(later.size(), 3u);
   EXPECT_TRUE(later[0].status) << message(later[0]);
   EXPECT_EQ(fabric.live_queue_pairs(), 4u) << "the dead session's queue pairs are gone";
+  EXPECT_EQ(sender->link_stats().lost.load(), 1u);
+  EXPECT_EQ(sender->link_stats().opened.load(), 2u);
 }
 
 TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <initializer_list>
+
 #include "instance/head_layout.h"
 
 namespace kvrelay::dump {
@@ -21,6 +23,10 @@ const char* const kColumnHelp = R"(Columns:
                 cache_ready_signal), starts (how many processes have served the rank), tasks read,
                 layer copies, bytes copied, requests finished / failed / cancelled, and the copy rate
                 (p50 of per-copy rates; in --watch, the rate over the last refresh)
+  network       per rank, what it sent (tcp lanes and rdma sessions opened, lost after serving,
+                connect attempts that reached no one) and received (connections accepted, refused
+                for failed authentication or handshake; tcp frames and bytes landed, frames refused;
+                rdma sessions, transfers landed, intents refused); a direction never used is left out
   rings         name, kind (mpsc: variable records, sizes in bytes; spsc: fixed records, sizes in
                 records), capacity, used, head (consumer position), tail (producer position), full
                 events (writes refused or delayed because the ring was full), skipped (half-written
@@ -63,6 +69,33 @@ void histograms(std::string& out, const std::string& who, const CountersView& c)
         who, label, h.count, quantity(h.p50, h.unit), quantity(h.p90, h.unit),
         quantity(h.p99, h.unit), quantity(h.p999, h.unit), quantity(h.max, h.unit));
   }
+}
+
+// A rank's network counters (worker_counters.h), as a line each for what it
+// sent and what it received; nothing for a direction it never used.
+void network(std::string& out, const WorkerView& w) {
+  const CountersView& c = w.counters;
+  const auto any = [&](std::initializer_list<const char*> labels) {
+    for (const char* l : labels)
+      if (c.value(l) != 0) return true;
+    return false;
+  };
+  if (any({"tcp_lanes_opened", "tcp_connect_failures", "rdma_sessions_opened",
+           "rdma_connect_failures"}))
+    out += fmt::format(
+        "  rank {} sends     tcp lanes opened {}  lost {}  connect failures {}   rdma sessions "
+        "opened {}  lost {}  connect failures {}\n",
+        w.rank, c.value("tcp_lanes_opened"), c.value("tcp_lanes_lost"),
+        c.value("tcp_connect_failures"), c.value("rdma_sessions_opened"),
+        c.value("rdma_sessions_lost"), c.value("rdma_connect_failures"));
+  if (any({"net_connections_accepted", "net_connections_refused"}))
+    out += fmt::format(
+        "  rank {} receives  connections accepted {}  refused {}   tcp frames {} ({})  refused "
+        "{}   rdma sessions {}  transfers {}  refused {}\n",
+        w.rank, c.value("net_connections_accepted"), c.value("net_connections_refused"),
+        c.value("tcp_frames_received"), bytes(c.value("tcp_bytes_received")),
+        c.value("tcp_frames_refused"), c.value("rdma_sessions_accepted"),
+        c.value("rdma_transfers_received"), c.value("rdma_intents_refused"));
 }
 
 }  // namespace
@@ -118,6 +151,11 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
     if (w.device_signal_word != 0)
       out += fmt::format("  rank {} GPU-signalled layers: {}\n", w.rank, w.device_signal_word);
   }
+  out += "\nnetwork\n";
+  const size_t network_start = out.size();
+  for (const WorkerView& w : v.workers)
+    network(out, w);
+  if (out.size() == network_start) out += "  nothing sent or received over tcp or rdma yet\n";
   out += "\nrequests (coordinator)\n  ";
   for (const auto& [label, value] : v.coordinator_counters.counters)
     out += fmt::format("{} {}  ", label, value);

@@ -38,15 +38,16 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
  public:
   RdmaPeer(asio::io_context& io, std::string host, uint16_t port, uint32_t decode_rank,
            std::string instance, const LocalPool& local,
-           std::shared_ptr<const RegisteredPool> registration, const AuthKey& key,
-           Fabric& fabric, RdmaSenderOptions options, std::shared_ptr<tcp::CompletionSink> sink)
+           std::shared_ptr<const RegisteredPool> registration, const AuthKey& key, Fabric& fabric,
+           RdmaSenderOptions options, std::shared_ptr<tcp::CompletionSink> sink,
+           std::shared_ptr<tcp::LinkStats> stats)
       : io_(io),
         strand_(asio::make_strand(io)),
         host_(std::move(host)),
         port_(port),
         expected_instance_(std::move(instance)),
         link_(fmt::format("decode rank {} at {}:{} over rdma", decode_rank, host_, port_),
-              options.rank, "rdma session"),
+              options.rank, "rdma session", std::move(stats)),
         local_(local),
         registration_(std::move(registration)),
         key_(key),
@@ -427,8 +428,9 @@ Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const tcp::PeerAddress
   }
   auto it = peers_.find(at.key());
   if (it != peers_.end()) return it->second;
-  auto peer = std::make_shared<RdmaPeer>(net_.io(), at.host, at.port, at.decode_rank, at.instance,
-                                         local_, registration_, *key_, *fabric_, options_, sink_);
+  auto peer =
+      std::make_shared<RdmaPeer>(net_.io(), at.host, at.port, at.decode_rank, at.instance, local_,
+                                 registration_, *key_, *fabric_, options_, sink_, link_stats_);
   peers_.emplace(at.key(), peer);
   return peer;
 }

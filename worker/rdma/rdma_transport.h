@@ -73,6 +73,8 @@ class RdmaTransport final : public Transport {
   Status check_connect(schema::ConnectTask::Reader connect) override;
   void poll(std::vector<TransferCompletion>& out) override { sink_->take(out); }
   bool has_completions() const override { return sink_->any(); }
+  // Its sessions over all peers (any thread).
+  const tcp::LinkStats& link_stats() const { return *link_stats_; }
 
  private:
   Status usable() const;
@@ -85,6 +87,7 @@ class RdmaTransport final : public Transport {
   std::string why_not_;
   RdmaSenderOptions options_;
   std::shared_ptr<tcp::CompletionSink> sink_;
+  std::shared_ptr<tcp::LinkStats> link_stats_ = std::make_shared<tcp::LinkStats>();
   std::shared_ptr<const RegisteredPool> registration_;  // the local pool, once
   std::unordered_map<std::string, std::shared_ptr<RdmaPeer>> peers_;  // "host:port/instance"
 };

@@ -36,6 +36,7 @@ void PeerLink::connected(const HelloAck& ack) {
   blocks_.store(ack.pool.num_blocks, std::memory_order_relaxed);
   extra_blocks_.store(ack.pool.extra_layer_blocks, std::memory_order_relaxed);
   known_.store(true, std::memory_order_release);
+  stats_->opened.fetch_add(1, std::memory_order_relaxed);
   backoff_ = std::chrono::milliseconds(0);
   retry_at_ = {};
   for (auto& w : std::exchange(waiters_, {}))
@@ -43,6 +44,7 @@ void PeerLink::connected(const HelloAck& ack) {
 }
 
 void PeerLink::unreachable(const std::string& why) {
+  stats_->unreachable.fetch_add(1, std::memory_order_relaxed);
   last_error_ = why;
   backoff_ = std::clamp(backoff_ * 2, std::chrono::milliseconds(kMinBackoff),
                         std::chrono::milliseconds(kMaxBackoff));
@@ -54,6 +56,7 @@ void PeerLink::unreachable(const std::string& why) {
 }
 
 void PeerLink::lost(const std::string& why) const {
+  stats_->lost.fetch_add(1, std::memory_order_relaxed);
   spdlog::warn("rank {}: {} to {} closed: {}", rank_, connection_, name_, why);
 }
 

@@ -30,10 +30,20 @@
 
 namespace kvrelay::worker::tcp {
 
+// What a sending transport's connections did, over all its peers: read by
+// the worker's thread into its counters block (kvrelay-dump shows them).
+struct LinkStats {
+  std::atomic<uint64_t> opened{0};       // handshakes accepted
+  std::atomic<uint64_t> lost{0};         // connections that had served, closed
+  std::atomic<uint64_t> unreachable{0};  // attempts that reached no one
+};
+
 class PeerLink {
  public:
-  PeerLink(std::string name, uint32_t rank, const char* connection)
-      : name_(std::move(name)), rank_(rank), connection_(connection) {}
+  // `stats`: the transport's, shared by its peers.
+  PeerLink(std::string name, uint32_t rank, const char* connection,
+           std::shared_ptr<LinkStats> stats)
+      : name_(std::move(name)), rank_(rank), connection_(connection), stats_(std::move(stats)) {}
 
   // "decode rank 1 at 10.0.0.2:7100 over rdma", for messages.
   const std::string& name() const { return name_; }
@@ -59,6 +69,7 @@ class PeerLink {
   std::string name_;
   uint32_t rank_;
   const char* connection_;  // "tcp lane", "rdma session"
+  std::shared_ptr<LinkStats> stats_;
   Clock::time_point retry_at_{};
   std::chrono::milliseconds backoff_{0};
   std::string last_error_;

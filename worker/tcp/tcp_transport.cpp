@@ -49,14 +49,14 @@ class Peer : public std::enable_shared_from_this<Peer> {
  public:
   Peer(asio::io_context& io, std::string host, uint16_t port, uint32_t decode_rank,
        std::string instance, const LocalPool& local, const AuthKey& key, SenderOptions options,
-       std::shared_ptr<CompletionSink> sink)
+       std::shared_ptr<CompletionSink> sink, std::shared_ptr<LinkStats> stats)
       : io_(io),
         strand_(asio::make_strand(io)),
         host_(std::move(host)),
         port_(port),
         expected_instance_(std::move(instance)),
         link_(fmt::format("decode rank {} at {}:{} over tcp", decode_rank, host_, port_),
-              options.rank, "tcp lane"),
+              options.rank, "tcp lane", std::move(stats)),
         local_(local),
         key_(key),
         options_(std::move(options)),
@@ -404,7 +404,7 @@ Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const PeerAddress& at) {
   auto it = peers_.find(at.key());
   if (it != peers_.end()) return it->second;
   auto peer = std::make_shared<Peer>(net_.io(), at.host, at.port, at.decode_rank, at.instance,
-                                     local_, *key_, options_, sink_);
+                                     local_, *key_, options_, sink_, link_stats_);
   peers_.emplace(at.key(), peer);
   return peer;
 }

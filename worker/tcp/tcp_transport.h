@@ -79,6 +79,8 @@ class TcpTransport final : public Transport {
   Status check_connect(schema::ConnectTask::Reader connect) override;
   void poll(std::vector<TransferCompletion>& out) override { sink_->take(out); }
   bool has_completions() const override { return sink_->any(); }
+  // Its lanes over all peers (any thread).
+  const LinkStats& link_stats() const { return *link_stats_; }
 
  private:
   Result<std::shared_ptr<Peer>> peer_for(const PeerAddress& at);
@@ -88,6 +90,7 @@ class TcpTransport final : public Transport {
   const AuthKey* key_;
   SenderOptions options_;
   std::shared_ptr<CompletionSink> sink_;
+  std::shared_ptr<LinkStats> link_stats_ = std::make_shared<LinkStats>();
   std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;  // "host:port/instance"
 };
 
