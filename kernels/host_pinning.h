@@ -17,7 +17,14 @@ class PinnedHostRange {
   // Pins the pages that hold [address, address + bytes). With `mapped`, the
   // range also gets a device address (device_address()). kUnsupported
   // without CUDA.
-  static Result<PinnedHostRange> pin(void* address, size_t bytes, bool mapped = false);
+  //
+  // `device`: the GPU whose context registers (and later unregisters) it,
+  // made the calling thread's current device first. Needed on any thread
+  // that never chose one (a network thread): CUDA would use GPU 0 there and
+  // create a context on it, hundreds of MiB of GPU 0's memory for every
+  // worker of the host. -1: the calling thread's current device.
+  static Result<PinnedHostRange> pin(void* address, size_t bytes, bool mapped = false,
+                                     int device = -1);
 
   PinnedHostRange() = default;
   PinnedHostRange(PinnedHostRange&& other) noexcept;
@@ -38,6 +45,7 @@ class PinnedHostRange {
   void* base_ = nullptr;               // page-aligned start of what was registered
   [[maybe_unused]] size_t bytes_ = 0;  // unread in a build without CUDA
   uint64_t device_base_ = 0;
+  [[maybe_unused]] int device_ = -1;
 };
 
 }  // namespace kvrelay::kernels

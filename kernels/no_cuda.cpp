@@ -34,7 +34,7 @@ Result<DmabufSpan> export_dmabuf(const std::byte*) {
 
 namespace kvrelay::kernels {
 
-Result<PinnedHostRange> PinnedHostRange::pin(void*, size_t, bool) {
+Result<PinnedHostRange> PinnedHostRange::pin(void*, size_t, bool, int) {
   return make_error(Errc::kUnsupported, kNoCuda);
 }
 PinnedHostRange::PinnedHostRange(PinnedHostRange&&) noexcept {}

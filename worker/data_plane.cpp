@@ -92,7 +92,7 @@ void DataPlane::start_swap_engine() {
     // then move it at full speed and asynchronously.
     for (std::span<std::byte> range : host_pool_->host_memory()) {
       Result<kernels::PinnedHostRange> pinned =
-          kernels::PinnedHostRange::pin(range.data(), range.size());
+          kernels::PinnedHostRange::pin(range.data(), range.size(), /*mapped=*/false, device);
       if (!pinned) {
         spdlog::warn("rank {}: swaps copy from pageable memory (slower): {}", rank_,
                      pinned.error().message);

@@ -67,6 +67,7 @@ Result<std::shared_ptr<tcp::Stager>> make_stager(const LocalPool& local,
   if (!engine) return engine.error();
   tcp::Stager::Options o;
   o.slot_bytes = uint64_t{network.staging_slot_mib} << 20;
+  o.device = local.cuda_device();
   return std::make_shared<tcp::Stager>(std::move(engine).value(), local.memory_kind(), o);
 }
 

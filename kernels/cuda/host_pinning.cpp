@@ -9,8 +9,8 @@
 
 namespace kvrelay::kernels {
 
-Result<PinnedHostRange> PinnedHostRange::pin(void* address, size_t bytes, bool mapped) {
-  if (Status s = cuda::any_device(); !s)
+Result<PinnedHostRange> PinnedHostRange::pin(void* address, size_t bytes, bool mapped, int device) {
+  if (Status s = device < 0 ? cuda::any_device() : cuda::use_device(device); !s)
     return make_error(s.code(),
                       fmt::format("cannot pin host memory for a GPU: {}", s.error().message));
   // cudaHostRegister wants whole pages on some drivers: register the pages
@@ -21,6 +21,7 @@ Result<PinnedHostRange> PinnedHostRange::pin(void* address, size_t bytes, bool m
   PinnedHostRange r;
   r.base_ = reinterpret_cast<void*>(start);
   r.bytes_ = end - start;
+  r.device_ = device;
   // Portable: every device and context of the process sees it pinned.
   unsigned flags = cudaHostRegisterPortable | (mapped ? cudaHostRegisterMapped : 0U);
   if (Status s = cuda::check(cudaHostRegister(r.base_, r.bytes_, flags),
@@ -44,7 +45,8 @@ Result<PinnedHostRange> PinnedHostRange::pin(void* address, size_t bytes, bool m
 PinnedHostRange::PinnedHostRange(PinnedHostRange&& other) noexcept
     : base_(std::exchange(other.base_, nullptr)),
       bytes_(other.bytes_),
-      device_base_(other.device_base_) {}
+      device_base_(other.device_base_),
+      device_(other.device_) {}
 
 PinnedHostRange& PinnedHostRange::operator=(PinnedHostRange&& other) noexcept {
   if (this != &other) {
@@ -52,6 +54,7 @@ PinnedHostRange& PinnedHostRange::operator=(PinnedHostRange&& other) noexcept {
     base_ = std::exchange(other.base_, nullptr);
     bytes_ = other.bytes_;
     device_base_ = other.device_base_;
+    device_ = other.device_;
   }
   return *this;
 }
@@ -61,7 +64,11 @@ PinnedHostRange::~PinnedHostRange() {
 }
 
 void PinnedHostRange::release() {
-  if (base_ != nullptr) (void)cudaHostUnregister(base_);
+  if (base_ == nullptr) return;
+  // Possibly on another thread than pin()'s (a connection's last owner):
+  // the same GPU's context, not GPU 0's.
+  if (device_ >= 0) (void)cudaSetDevice(device_);
+  (void)cudaHostUnregister(base_);
   base_ = nullptr;
 }
 

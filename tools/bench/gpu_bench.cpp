@@ -301,8 +301,10 @@ std::shared_ptr<worker::tcp::Stager> cuda_stager() {
     fmt::print(stderr, "{}\n", engine.error().message);
     std::exit(1);
   }
-  return std::make_shared<worker::tcp::Stager>(
-      std::move(engine).value(), kernels::MemoryKind::kCuda, worker::tcp::Stager::Options{});
+  worker::tcp::Stager::Options o;
+  o.device = 0;
+  return std::make_shared<worker::tcp::Stager>(std::move(engine).value(),
+                                               kernels::MemoryKind::kCuda, o);
 }
 
 // GB/s of each trial: every layer of scattered blocks from `src` to `dst`

@@ -17,7 +17,7 @@ uint64_t largest_block_bytes(const PoolGeometry& g) {
 }
 
 Result<std::unique_ptr<StagingSlots>> StagingSlots::create(uint64_t slot_bytes, uint32_t count,
-                                                           bool pin) {
+                                                           bool pin, int device) {
   if (count == 0 || count > 32 || slot_bytes == 0)
     return make_error(Errc::kInvalidArgument,
                       fmt::format("staging: {} slots of {} bytes", count, slot_bytes));
@@ -29,7 +29,9 @@ Result<std::unique_ptr<StagingSlots>> StagingSlots::create(uint64_t slot_bytes, 
   std::unique_ptr<StagingSlots> slots(
       new StagingSlots(static_cast<std::byte*>(base), bytes, slot_bytes, count));
   if (pin) {
-    Result<kernels::PinnedHostRange> pinned = kernels::PinnedHostRange::pin(base, bytes);
+    // Made on a network thread, which has no GPU of its own: the pool's.
+    Result<kernels::PinnedHostRange> pinned =
+        kernels::PinnedHostRange::pin(base, bytes, /*mapped=*/false, device);
     if (!pinned)
       return make_error(pinned.error().code,
                         fmt::format("cannot page-lock {} bytes of tcp staging memory for the "
@@ -74,7 +76,7 @@ Stager::~Stager() {
 
 Result<std::unique_ptr<StagingSlots>> Stager::make_slots(uint64_t min_slot_bytes) const {
   return StagingSlots::create(std::max(options_.slot_bytes, min_slot_bytes), options_.slots,
-                              options_.pin);
+                              options_.pin, options_.device);
 }
 
 void Stager::copy(Direction direction, std::vector<StagedCopy> copies,

@@ -47,8 +47,9 @@ struct StagedCopy {
 // or on the device (receiver).
 class StagingSlots {
  public:
-  static Result<std::unique_ptr<StagingSlots>> create(uint64_t slot_bytes, uint32_t count,
-                                                      bool pin);
+  // `pin`: page-locked by GPU `device`'s context (on whichever thread).
+  static Result<std::unique_ptr<StagingSlots>> create(uint64_t slot_bytes, uint32_t count, bool pin,
+                                                      int device = -1);
   ~StagingSlots();
   StagingSlots(const StagingSlots&) = delete;
   StagingSlots& operator=(const StagingSlots&) = delete;
@@ -80,6 +81,7 @@ class Stager {
     uint64_t slot_bytes = 8ull << 20;  // at least the pool's largest block
     uint32_t slots = 2;                // per connection
     bool pin = true;                   // page-lock the slots (a CUDA engine's copies)
+    int device = -1;                   // the pool's GPU, which pins them (host_pinning.h)
   };
 
   // `engine` reaches the pool's memory (`pool_kind`) and host memory.
