@@ -198,6 +198,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
                                                            t->registered_pool_);
     if (listens) {
       receiver.port = port;
+      receiver.stage_at_handshake = true;
       Result<std::unique_ptr<tcp::TcpReceiver>> r =
           tcp::TcpReceiver::start(*t->net_, local, *t->key_, receiver);
       if (!r) return r.error();
@@ -205,6 +206,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
     }
     if (rdma_port != 0 && wants_rdma) {
       receiver.port = rdma_port;
+      receiver.stage_at_handshake = false;
       Result<std::unique_ptr<tcp::TcpReceiver>> r =
           tcp::TcpReceiver::start(*t->net_, local, *t->key_, receiver);
       if (!r) return r.error();

@@ -5,6 +5,7 @@
 // host pools, with staging slots smaller than a frame, that a transfer is
 // acked only once its bytes are on the device, and what a copy fault or a
 // missing stager says.
+#include <capnp/message.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -61,6 +62,7 @@ class TcpStagingTest : public ::testing::Test {
     o.instance = "d";
     o.timing = staged_timing();
     o.stager = std::move(stager);
+    o.stage_at_handshake = true;  // as a worker's tcp listener
     Result<std::unique_ptr<TcpReceiver>> r = TcpReceiver::start(net, pool, key, o);
     ASSERT_TRUE(r) << r.error().message;
     receiver = std::move(r).value();
@@ -117,6 +119,38 @@ TEST_F(TcpStagingTest, GpuToGpuArrivesByteForByteAndIsOnTheDeviceWhenAcked) {
 // Slots of one block: a sender splits its coalesced runs into a frame per
 // block, and a receiver reads a frame of many blocks (a host sender's) a
 // slot at a time, waiting for a slot to come back from the device.
+// The page-locking of staging memory is paid when a connection is made
+// (a ConnectTask, ahead of the requests), not by the first transfer: both
+// sides have made their slots by the time the ConnectTask is answered, and
+// the transfers make none.
+TEST_F(TcpStagingTest, AConnectTaskMakesTheStagingSlotsOfBothSidesBeforeAnyTransfer) {
+  FakeDevicePool src(kStagedGeometry, "src"), dst(kStagedGeometry, "dst");
+  kvrelay::testing::fill(src.mirror());
+  auto control = std::make_shared<FakeEngineControl>();
+  std::shared_ptr<Stager> in = stager_for(dst, control), out = stager_for(src, control);
+  listen_on(dst.pool(), in);
+  send_from(src.pool(), out);
+  capnp::MallocMessageBuilder m;
+  auto connect = m.initRoot<schema::ConnectTask>();
+  connect.setProtocol(schema::TransferProtocol::TCP);
+  connect.setPeerAddress("127.0.0.1");
+  connect.setPeerInstance("d");
+  connect.initPorts(1).set(0, receiver->port());
+  ASSERT_TRUE(sender->check_connect(connect.asReader()));
+  EXPECT_GE(out->slot_sets_made(), 1u) << "the lane that answered has its slots";
+  EXPECT_GE(in->slot_sets_made(), 1u) << "so has the connection that accepted it";
+  for (int i = 0; i < 500 && (out->slot_sets_made() < 2 || in->slot_sets_made() < 2); ++i)
+    std::this_thread::sleep_for(2ms);
+  ASSERT_EQ(out->slot_sets_made(), 2u) << "one set per lane";
+  ASSERT_EQ(in->slot_sets_made(), 2u);
+  EXPECT_EQ(control->batches.load(), 0u) << "nothing moved yet";
+  for (const TransferCompletion& c : send_layers(1, kStagedSrc, kStagedDst))
+    EXPECT_TRUE(c.status) << c.status.error().message;
+  EXPECT_EQ(kvrelay::testing::wrong_bytes(dst.mirror(), kStagedSrc, kStagedDst), 0u);
+  EXPECT_EQ(out->slot_sets_made(), 2u) << "the transfers made no more";
+  EXPECT_EQ(in->slot_sets_made(), 2u);
+}
+
 TEST_F(TcpStagingTest, SlotsSmallerThanAFrameInEveryPairingOfGpuAndHostPools) {
   struct Case {
     bool gpu_src, gpu_dst;

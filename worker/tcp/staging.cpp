@@ -75,8 +75,10 @@ Stager::~Stager() {
 }
 
 Result<std::unique_ptr<StagingSlots>> Stager::make_slots(uint64_t min_slot_bytes) const {
-  return StagingSlots::create(std::max(options_.slot_bytes, min_slot_bytes), options_.slots,
-                              options_.pin, options_.device);
+  Result<std::unique_ptr<StagingSlots>> slots = StagingSlots::create(
+      std::max(options_.slot_bytes, min_slot_bytes), options_.slots, options_.pin, options_.device);
+  if (slots) slot_sets_made_.fetch_add(1, std::memory_order_relaxed);
+  return slots;
 }
 
 void Stager::copy(Direction direction, std::vector<StagedCopy> copies,

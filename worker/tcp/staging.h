@@ -13,9 +13,11 @@
 //
 // Memory: each connection that moves GPU bytes has its own StagingSlots
 // (two slots, so that copying one overlaps sending or receiving the other),
-// made when it first needs them and freed with it.
+// made once its handshake is done (so that a ConnectTask also pays for the
+// page-locking, not the first transfer) and freed with it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -92,7 +94,10 @@ class Stager {
   Stager& operator=(const Stager&) = delete;
 
   // Staging memory for one connection, its slots at least `min_slot_bytes`.
+  // Any thread.
   Result<std::unique_ptr<StagingSlots>> make_slots(uint64_t min_slot_bytes) const;
+  // How many connections' slots it made so far.
+  uint64_t slot_sets_made() const { return slot_sets_made_.load(std::memory_order_relaxed); }
 
   // Queues a batch; `done(status)` runs on the stager's thread once it has
   // ended (landed, or failed: then every later batch fails too). Callable
@@ -115,6 +120,7 @@ class Stager {
   std::unique_ptr<kernels::CopyEngine> engine_;
   kernels::MemoryKind pool_kind_;
   Options options_;
+  mutable std::atomic<uint64_t> slot_sets_made_{0};
   std::mutex mu_;
   std::condition_variable changed_;
   std::deque<Batch> queued_;

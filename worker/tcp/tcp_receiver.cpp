@@ -124,6 +124,14 @@ class Connection final : public Channel {
         ack.accepted = ok.ok();
         if (!ok) ack.reason = ok.error().message;
         if (!ok) return refuse(ack.reason);
+        if (shared_->options.stage_at_handshake && shared_->options.stager &&
+            shared_->pool.memory_kind() != kernels::MemoryKind::kHost) {
+          // Before the ack: a sender that hears it (a ConnectTask) finds them
+          // made. Should it fail, the first frame is refused saying why.
+          if (Status s = ensure_slots(); !s)
+            spdlog::warn("rank {}: {}: no staging memory yet: {}", shared_->options.rank,
+                         peer_name(), s.error().message);
+        }
         Outgoing reply;
         encode_hello_ack(ack, reply.owned);
         send(std::move(reply));

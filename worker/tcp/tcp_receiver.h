@@ -53,6 +53,10 @@ struct ReceiverOptions {
   // A pool in GPU memory: payloads land in staging slots and are copied
   // host->device before they count (staging.h). None: its frames are refused.
   std::shared_ptr<Stager> stager;
+  // Each connection's slots are made once its handshake is done (a tcp
+  // listener, whose connections all carry frames), not with its first frame
+  // (an rdma listener's carry none).
+  bool stage_at_handshake = false;
 };
 
 struct ReceiverStats {

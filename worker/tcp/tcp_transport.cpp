@@ -167,6 +167,13 @@ class Lane final : public ClientChannel {
  private:
   void on_accepted() override {
     mark_ready();
+    if (peer_.local().memory_kind() != kernels::MemoryKind::kHost && peer_.options().stager) {
+      // Now rather than with the first job, which should not wait for it.
+      // Should it fail, that job fails saying why.
+      if (Status s = ensure_slots(); !s)
+        spdlog::warn("rank {}: {}: no staging memory yet: {}", peer_.options().rank, peer_.name(),
+                     s.error().message);
+    }
     asio::post(peer_.strand(), [p = peer_.shared_from_this(), a = ack()] { p->lane_ready(a); });
     std::deque<Job> queued = std::move(waiting_);
     waiting_.clear();
@@ -214,23 +221,28 @@ class Lane final : public ClientChannel {
     send(std::move(out));
   }
 
+  // A GPU pool's staging slots, made once.
+  Status ensure_slots() {
+    if (slots_) return {};
+    const LocalPool& pool = peer_.local();
+    const std::shared_ptr<Stager>& stager = peer_.options().stager;
+    if (!stager)
+      return make_error(Errc::kUnsupported,
+                        fmt::format("the pool is {} GPU memory and this tcp transport has no "
+                                    "staging for it",
+                                    kernels::memory_kind_name(pool.memory_kind())));
+    Result<std::unique_ptr<StagingSlots>> slots =
+        stager->make_slots(largest_block_bytes(pool.geometry()));
+    if (!slots) return slots.error();
+    slots_ = std::move(slots).value();
+    return {};
+  }
+
   // A GPU pool's job: its frames, split to fit a staging slot, queue for
   // stage_next().
   void write_staged(Job job) {
     const LocalPool& pool = peer_.local();
-    if (!slots_) {
-      const std::shared_ptr<Stager>& stager = peer_.options().stager;
-      if (!stager)
-        return peer_.completed(
-            job, make_error(Errc::kUnsupported,
-                            fmt::format("the pool is {} GPU memory and this tcp transport "
-                                        "has no staging for it",
-                                        kernels::memory_kind_name(pool.memory_kind()))));
-      Result<std::unique_ptr<StagingSlots>> slots =
-          stager->make_slots(largest_block_bytes(pool.geometry()));
-      if (!slots) return peer_.completed(job, slots.error());
-      slots_ = std::move(slots).value();
-    }
+    if (Status s = ensure_slots(); !s) return peer_.completed(job, std::move(s));
     for (const PlannedFrame& f : frames_) {
       job.bytes += f.header.bytes;
       split_to_fit(f, pool.geometry(), slots_->slot_bytes(), staged_frames_);
