@@ -98,7 +98,23 @@ Result<ImportedDeviceMemory> ImportedDeviceMemory::open_vmm(int device,
       owners.push_back(prop.location.id);
   }
   // Read and write from the GPU this worker copies with (peer to peer when
-  // the memory lives on another one) and from the owners'.
+  // the memory lives on another one) and from the owners'. Without peer
+  // access (PCIe GPUs across CPU sockets, or with P2P disabled) the copy
+  // kernel would fault on the first write: say so now.
+  for (int owner : owners) {
+    if (owner == device) continue;
+    int reachable = 0;
+    if (Status s = cuda::check(cudaDeviceCanAccessPeer(&reachable, device, owner),
+                               "cudaDeviceCanAccessPeer");
+        !s)
+      return s.error();
+    if (reachable == 0)
+      return make_error(Errc::kUnsupported,
+                        fmt::format("GPU {} (this rank's) cannot reach GPU {} (where the pool "
+                                    "lives) peer to peer, which ipc between GPUs needs (NVLink, "
+                                    "or PCIe P2P): connect these instances over tcp instead",
+                                    device, owner));
+  }
   if (std::find(owners.begin(), owners.end(), device) == owners.end()) owners.push_back(device);
   std::vector<CUmemAccessDesc> access(owners.size());
   for (size_t i = 0; i < owners.size(); ++i) {
