@@ -178,6 +178,14 @@ Result<std::shared_ptr<const LocalPool>> IpcTransport::fetch_tensor_table(
         Result<std::unique_ptr<ImportedPool>> pool =
             ImportedPool::open(reg.getPool(), messages::shape_of(reg.getPool()), shared->fds,
                                local_.cuda_device(), name);
+        if (!pool && published.location == PoolLocation::kCudaIpc)
+          // The usual cause where the peer's GPU is another one (the VMM path
+          // checks it and says so): no peer-to-peer access between the two.
+          return make_error(pool.code(),
+                            fmt::format("{} (a pool on another GPU opens only where this "
+                                        "rank's GPU can reach it peer to peer, over NVLink or "
+                                        "PCIe P2P; where it cannot, use tcp)",
+                                        pool.error().message));
         if (!pool) return pool.error();
         spdlog::info("rank {}: mapped decode instance '{}' rank {}'s pool {} ({} MiB)", rank_,
                      peer_instance, peer_rank, name, (*pool)->bytes() >> 20);
