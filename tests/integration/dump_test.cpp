@@ -14,15 +14,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string dump(const std::vector<std::string>& args, int* code = nullptr) {
-  std::vector<std::string> argv = {Instance::bin("kvrelay-dump")};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::string out;
-  const int rc = run_program(argv, &out);
-  if (code != nullptr) *code = rc;
-  return out;
-}
-
 class DumpTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -53,7 +44,7 @@ class DumpTest : public ::testing::Test {
 TEST_F(DumpTest, TextOutputShowsTheInstanceItsWorkersAndTheTraffic) {
   traffic(5);
   int code = -1;
-  const std::string out = dump({env_->prefill().name()}, &code);
+  const std::string out = kvrelay_dump({env_->prefill().name()}, &code);
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("instance " + env_->prefill().name()), std::string::npos) << out;
   EXPECT_NE(out.find("ready"), std::string::npos);
@@ -69,7 +60,7 @@ TEST_F(DumpTest, TextOutputShowsTheInstanceItsWorkersAndTheTraffic) {
 TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
   traffic(3);
   int code = -1;
-  const std::string out = dump({env_->prefill().name(), "--json"}, &code);
+  const std::string out = kvrelay_dump({env_->prefill().name(), "--json"}, &code);
   ASSERT_EQ(code, 0) << out;
   const auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["schema"], "kvrelay-dump/1");
@@ -126,7 +117,8 @@ TEST_F(DumpTest, PeekDecodesACacheTaskWaitingInTheSubmitRing) {
   sim::RequestBlocks r{9, {4, 5}, {6, 7}};
   ASSERT_TRUE(env_->submit_task("peek-me", r, 20, 3).ok());
   int code = -1;
-  const std::string out = dump({env_->prefill().name(), "--ring", "submit", "--peek", "5"}, &code);
+  const std::string out =
+      kvrelay_dump({env_->prefill().name(), "--ring", "submit", "--peek", "5"}, &code);
   kill(env_->prefill().pid(), SIGCONT);
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("CacheTask: (requestId = \"peek-me\", srcBlockIds = [4, 5], needPrefillTokens "
@@ -146,12 +138,12 @@ TEST(DumpProcesses, SegmentOfASigkilledCoordinatorShowsAsStale) {
   const pid_t pid = inst->pid();
   inst->kill9();
   std::this_thread::sleep_for(1500ms);  // its workers notice and exit
-  const std::string list = dump({"--list"});
+  const std::string list = kvrelay_dump({"--list"});
   EXPECT_NE(list.find("/kvrelay-" + a.instance + " "), std::string::npos) << list;
   EXPECT_NE(list.find("stale"), std::string::npos);
   EXPECT_NE(list.find("coordinator pid " + std::to_string(pid) + " is gone"), std::string::npos)
       << list;
-  const auto j = nlohmann::json::parse(dump({a.instance, "--json"}));
+  const auto j = nlohmann::json::parse(kvrelay_dump({a.instance, "--json"}));
   EXPECT_TRUE(j["instance"]["stale"].get<bool>());
   EXPECT_EQ(j["coordinator"]["health"], "dead");
 }
@@ -163,22 +155,22 @@ TEST(DumpProcesses, CorruptedMagicOrVersionGivesTheRightErrorNotACrash) {
   const std::string name = instance_of(c);
   seg->header().preamble.layout_version = 99;
   int code = -1;
-  std::string out = dump({name}, &code);
+  std::string out = kvrelay_dump({name}, &code);
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("layout version 99"), std::string::npos) << out;
   seg->header().preamble.layout_version = kLayoutVersion;
   seg->header().preamble.magic.store(0x4242);
-  out = dump({name}, &code);
+  out = kvrelay_dump({name}, &code);
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("not a kvrelay segment"), std::string::npos) << out;
-  const std::string list = dump({"--list"});
+  const std::string list = kvrelay_dump({"--list"});
   EXPECT_NE(list.find("/kvrelay-" + name + " "), std::string::npos);
   EXPECT_NE(list.find("invalid"), std::string::npos) << list;
   (void)seg->unlink();
 }
 
 TEST(DumpProcesses, HelpExplainsEveryColumn) {
-  const std::string out = dump({"--help"});
+  const std::string out = kvrelay_dump({"--help"});
   for (const char* column : {"heartbeat", "ready flag", "full", "skipped", "parked", "generation",
                              "p50", "lanes and rdma sessions"})
     EXPECT_NE(out.find(column), std::string::npos) << column;

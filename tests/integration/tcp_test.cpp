@@ -43,8 +43,9 @@ uint64_t worker_counter_once(const std::string& instance, const std::string& lab
 }
 
 std::string dump_text(const std::string& instance) {
-  std::string out;
-  EXPECT_EQ(run_program({Instance::bin("kvrelay-dump"), instance}, &out), 0) << out;
+  int code = -1;
+  std::string out = kvrelay_dump({instance}, &code);
+  EXPECT_EQ(code, 0) << out;
   return out;
 }
 

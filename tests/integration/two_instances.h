@@ -173,6 +173,16 @@ class TwoInstances {
   Route route_;
 };
 
+// What `kvrelay-dump ARGS...` printed; its exit code in `*code`.
+inline std::string kvrelay_dump(const std::vector<std::string>& args, int* code = nullptr) {
+  std::vector<std::string> argv = {Instance::bin("kvrelay-dump")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string out;
+  const int rc = run_program(argv, &out);
+  if (code != nullptr) *code = rc;
+  return out;
+}
+
 // The sum over an instance's workers of their counter `label`
 // (worker/worker_counters.h); 0 when the instance is gone.
 inline uint64_t worker_counter_sum(const std::string& instance, const std::string& label) {

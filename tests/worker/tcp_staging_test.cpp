@@ -116,9 +116,6 @@ TEST_F(TcpStagingTest, GpuToGpuArrivesByteForByteAndIsOnTheDeviceWhenAcked) {
   EXPECT_EQ(receiver->stats().refused_frames.load(), 0u);
 }
 
-// Slots of one block: a sender splits its coalesced runs into a frame per
-// block, and a receiver reads a frame of many blocks (a host sender's) a
-// slot at a time, waiting for a slot to come back from the device.
 // The page-locking of staging memory is paid when a connection is made
 // (a ConnectTask, ahead of the requests), not by the first transfer: both
 // sides have made their slots by the time the ConnectTask is answered, and
@@ -151,6 +148,9 @@ TEST_F(TcpStagingTest, AConnectTaskMakesTheStagingSlotsOfBothSidesBeforeAnyTrans
   EXPECT_EQ(in->slot_sets_made(), 2u);
 }
 
+// Slots of one block: a sender splits its coalesced runs into a frame per
+// block, and a receiver reads a frame of many blocks (a host sender's) a
+// slot at a time, waiting for a slot to come back from the device.
 TEST_F(TcpStagingTest, SlotsSmallerThanAFrameInEveryPairingOfGpuAndHostPools) {
   struct Case {
     bool gpu_src, gpu_dst;
