@@ -311,6 +311,11 @@ kvrelay_status kvrelay_signal_layer(kvrelay_client* client, uint32_t rank, uint3
   return from(client->client.signal_layer(rank, layer, stream));
 }
 
+kvrelay_status kvrelay_own_completions(kvrelay_client* client) {
+  KVRELAY_NEED(client);
+  return from(client->client.own_completions());
+}
+
 kvrelay_status kvrelay_own_signals(kvrelay_client* client, uint32_t rank) {
   KVRELAY_NEED(client);
   return from(client->client.own_signals(rank));

@@ -165,7 +165,12 @@ Status Client::submit(const CacheTaskSpec& spec, Deadline deadline) {
   for (uint32_t r = 0; r < impl_->config.tp_size; ++r)
     marks.set(r, impl_->signal_rings[r].header().write_index.load(std::memory_order_acquire));
   if (Status s = messages::validate(t.asReader(), impl_->limits); !s) return s;
-  return impl_->write(MessageType::CACHE_TASK, msg, deadline);
+  if (Status s = impl_->write(MessageType::CACHE_TASK, msg, deadline); !s) return s;
+  // From now on the slot's untagged batch entries are this request's.
+  if (spec.engine_slot)
+    impl_->control.status().slot_request_tags[*spec.engine_slot].store(
+        records::request_tag(spec.request_id), std::memory_order_release);
+  return {};
 }
 
 Status Client::submit(const CacheDestSpec& spec, Deadline deadline) {
@@ -306,7 +311,9 @@ Status Client::push_batch(uint32_t rank, uint64_t step, std::span<const BatchSlo
     s.count = static_cast<uint32_t>(n);
     for (size_t i = 0; i < n; ++i) {
       const BatchSlot& b = slots[start + i];
-      s.entries[i] = records::BatchEntry{b.slot, b.chunk_token_offset, b.chunk_len, b.request_tag};
+      s.entries[i] =
+          records::BatchEntry{b.slot, b.chunk_token_offset, b.chunk_len,
+                              b.request_tag != 0 ? b.request_tag : impl_->slot_tag(b.slot)};
     }
     if (Status st = impl_->push(rank, s, deadline); !st) return st;
     if (slots.empty()) break;
@@ -388,7 +395,14 @@ Status Client::wait_layer(std::string_view request_id, uint32_t layer, Deadline 
   }
 }
 
+Status Client::own_completions() {
+  std::lock_guard lock(impl_->reader_mu);
+  return impl_->own_reader();
+}
+
 Result<std::optional<Completion>> Client::poll() {
+  std::lock_guard lock(impl_->reader_mu);
+  if (Status s = impl_->own_reader(); !s) return s.error();
   std::optional<Completion> out;
   Status decoded;
   for (;;) {

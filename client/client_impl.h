@@ -206,6 +206,34 @@ struct Client::Impl {
   std::atomic<bool> device_waits_used{false};
   mutable std::atomic<bool> device_waits_released{false};
 
+  // The completion ring's consumer lease, taken by this session's first
+  // poll/wait (or own_completions); reader_mu serialises the reads.
+  std::mutex reader_mu;
+  std::optional<MpscConsumerLease> reader;
+
+  // Under reader_mu. kBusy, naming the reader, when another live process
+  // (or another Client of this one) reads the instance's completions.
+  Status own_reader() {
+    if (reader) return {};
+    Result<MpscConsumerLease> lease = completions.lease_consumer(session);
+    if (!lease)
+      return make_error(
+          Errc::kBusy,
+          fmt::format("the completions of instance '{}' are already read: {}. kvrelay delivers "
+                      "each completion once, to one reader per instance (the engine's "
+                      "scheduler); read them in one process, or run one instance per "
+                      "data-parallel group. Any process may still submit",
+                      control.instance(), lease.error().message));
+    reader.emplace(std::move(lease).value());
+    return {};
+  }
+
+  // The request the slot was given last (0: none yet): what an untagged
+  // batch entry of the slot is stamped with (instance_status.h).
+  uint32_t slot_tag(uint32_t slot) const {
+    return control.status().slot_request_tags[slot].load(std::memory_order_acquire);
+  }
+
   // Completions of a session that died are nobody's to read.
   bool deliverable(uint32_t of_session) const {
     if (of_session == 0 || of_session == session) return true;

@@ -295,6 +295,11 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   app.add_option("--peer-timeout-ms", d.peer_timeout_ms,
                  "heartbeat age after which a process is presumed dead")
       ->capture_default_str();
+  app.add_option("--stall-report-ms", d.stall_report_ms,
+                 "a request not finished this long after its final chunk was signalled on a rank "
+                 "is logged and listed by kvrelay-dump (the deadline still ends it)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--submit-ring-bytes", d.submit_ring_bytes,
                  "engine -> coordinator ring size (power of two)")
       ->capture_default_str();
@@ -367,6 +372,7 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   c.host_blocks = d.host_blocks;
   c.request_deadline_ms = d.request_deadline_ms;
   c.peer_timeout_ms = d.peer_timeout_ms;
+  c.stall_report_ms = d.stall_report_ms;
   c.submit_ring_bytes = d.submit_ring_bytes;
   c.completion_ring_bytes = d.completion_ring_bytes;
   c.task_ring_bytes = d.task_ring_bytes;

@@ -1,6 +1,7 @@
 #include "coordinator/task_table.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -130,9 +131,24 @@ struct TaskTable::Request {
     return kind == CompletionKind::SWAP || kind == CompletionKind::ARRIVED ||
            (kind == CompletionKind::CACHE && dest_sent);
   }
+  // What it still waits for, as a timeout's message says it: which ranks
+  // have not reported, and which had finished (so that the operator knows
+  // where to look: that rank's log and kvrelay-dump's stalled requests).
   std::string waiting_for() const {
-    if (kind != CompletionKind::CACHE || dest_sent) return "the ranks were still working";
-    return task ? "waiting for its CacheDest" : "waiting for its CacheTask";
+    if (kind == CompletionKind::CACHE && !dest_sent)
+      return task ? "waiting for its CacheDest" : "waiting for its CacheTask";
+    std::vector<uint32_t> working, finished;
+    for (uint32_t rank = 0; rank < ranks.size(); ++rank) {
+      if (ranks[rank] == RankState::kPending) working.push_back(rank);
+      if (ranks[rank] == RankState::kFinished) finished.push_back(rank);
+    }
+    auto names = [](const std::vector<uint32_t>& list) {
+      return fmt::format("{} {}", list.size() == 1 ? "rank" : "ranks", fmt::join(list, ", "));
+    };
+    if (working.empty()) return "the ranks were still working";
+    return fmt::format("{} {} still working{}", names(working),
+                       working.size() == 1 ? "was" : "were",
+                       finished.empty() ? "" : fmt::format(" ({} had finished)", names(finished)));
   }
 };
 

@@ -25,8 +25,8 @@ class Planner {
 
 }  // namespace
 
-// Eight regions of the instance, three of each rank, two more of each decode rank.
-static_assert(8 + 5 * kMaxTpSize <= kMaxRegions);
+// Nine regions of the instance, three of each rank, two more of each decode rank.
+static_assert(9 + 5 * kMaxTpSize <= kMaxRegions);
 
 ControlLayout plan_control_layout(const InstanceConfig& c) {
   Planner p;
@@ -36,6 +36,7 @@ ControlLayout plan_control_layout(const InstanceConfig& c) {
   p.add(RegionKind::kStatus, 0, sizeof(InstanceStatus));
   p.add(RegionKind::kPoolDirectory, 0, sizeof(PoolDirectory));
   p.add(RegionKind::kSwapProgress, 0, sizeof(SwapProgressTable));
+  p.add(RegionKind::kRequestStalls, 0, sizeof(StallBoard));
   p.add(RegionKind::kSubmitRing, 0, MpscRing::bytes_for(c.submit_ring_bytes));
   p.add(RegionKind::kCompletionRing, 0, MpscRing::bytes_for(c.completion_ring_bytes));
   for (uint32_t r = 0; r < c.tp_size; ++r) {

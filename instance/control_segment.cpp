@@ -235,6 +235,7 @@ Status ControlSegment::initialize(const InstanceConfig& config, const ControlLay
       case RegionKind::kStatus: new (at) InstanceStatus{}; break;
       case RegionKind::kPoolDirectory: new (at) PoolDirectory{}; break;
       case RegionKind::kSwapProgress: new (at) SwapProgressTable{}; break;
+      case RegionKind::kRequestStalls: new (at) StallBoard{}; break;
       case RegionKind::kSubmitRing:
         s = MpscRing::initialize(at, r.bytes, config.submit_ring_bytes,
                                  MpscRing::default_max_payload(config.submit_ring_bytes));
@@ -371,6 +372,10 @@ CountersBlock& ControlSegment::counters(uint32_t block) const {
 
 InstanceStatus& ControlSegment::status() const {
   return *reinterpret_cast<InstanceStatus*>(region(RegionKind::kStatus).data());
+}
+
+StallBoard& ControlSegment::request_stalls() const {
+  return *reinterpret_cast<StallBoard*>(region(RegionKind::kRequestStalls).data());
 }
 
 SwapProgressTable& ControlSegment::swap_progress() const {

@@ -102,6 +102,7 @@ class ControlSegment {
   InstanceStatus& status() const;
   PoolDirectory& pool_directory() const;
   SwapProgressTable& swap_progress() const;
+  StallBoard& request_stalls() const;
 
   // Rings, attached with their owner locks.
   Result<MpscRing> submit_ring() const { return mpsc(RegionKind::kSubmitRing, 0); }

@@ -53,6 +53,7 @@ InstanceConfig default_config(std::string_view instance, uint32_t tp_size) {
   c.heartbeat_interval_ms = 100;
   c.peer_timeout_ms = 1000;
   c.stall_timeout_ms = 1000;
+  c.stall_report_ms = 10'000;
   return c;
 }
 
@@ -147,6 +148,8 @@ Status validate_config(const InstanceConfig& c) {
     return out_of_range("peer_timeout_ms", c.peer_timeout_ms, "must exceed heartbeat_interval_ms");
   if (c.stall_timeout_ms < 1)
     return out_of_range("stall_timeout_ms", c.stall_timeout_ms, "must be >= 1");
+  if (c.stall_report_ms < 1)
+    return out_of_range("stall_report_ms", c.stall_report_ms, "must be >= 1");
   return {};
 }
 

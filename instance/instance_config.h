@@ -69,7 +69,11 @@ struct InstanceConfig {
   uint32_t heartbeat_interval_ms;
   uint32_t peer_timeout_ms;   // heartbeat age after which a peer is presumed dead
   uint32_t stall_timeout_ms;  // half-written ring records are skipped after this
-  uint32_t reserved_time[4];
+  // A request that has not finished this long after its final chunk was
+  // signalled on a rank is reported by that rank's watchdog (logged, and
+  // listed for kvrelay-dump): worker/request_watchdog.h.
+  uint32_t stall_report_ms;
+  uint32_t reserved_time[3];
 };
 static_assert(sizeof(InstanceConfig) == 72 + 8 + 64 + 48 + 64 + 32);
 

@@ -20,6 +20,10 @@ namespace kvrelay {
 
 inline constexpr size_t kExitReasonBytes = 192;
 
+// The engine's batch slots (the original's 512): a CacheTask's engineSlot
+// and a batch entry's slot name one of them.
+inline constexpr uint32_t kEngineSlots = 512;
+
 struct alignas(64) InstanceStatus {
   WaitEvent state_changed;         // header state or a ready flag changed; sessions acknowledged
   WaitEvent coordinator_doorbell;  // something for the coordinator to read
@@ -36,6 +40,14 @@ struct alignas(64) InstanceStatus {
     std::atomic<uint64_t> layers;
   };
   DeviceSignalWord device_signals[kMaxTpSize];
+  // The request each engine slot was given last, as its request tag
+  // (records::request_tag; 0: none yet). Written by the client that submits
+  // the slot's CacheTask, once the task is in the submit ring; read by the
+  // clients that push the slot's batch entries, which stamp an untagged
+  // entry with it. An untagged entry then names its request exactly, however
+  // late the CacheTask reaches the worker and however often the slot was
+  // reused before it did (see "Untagged signals" in the README).
+  std::atomic<uint32_t> slot_request_tags[kEngineSlots];
 };
 
 // Where a rank's KV pool lives, published by whoever created it (the worker

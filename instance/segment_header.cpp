@@ -39,6 +39,7 @@ const char* region_kind_name(uint32_t kind) {
     case RegionKind::kSwapProgress: return "swap_progress";
     case RegionKind::kIntakeTable: return "intake_table";
     case RegionKind::kIntakeRing: return "intake_ring";
+    case RegionKind::kRequestStalls: return "request_stalls";
   }
   return "unknown";
 }

@@ -23,6 +23,7 @@
 
 #include "instance/instance_config.h"
 #include "instance/instance_status.h"
+#include "instance/request_stalls.h"
 #include "instance/swap_progress.h"
 #include "shm/barrier.h"
 #include "shm/counters.h"
@@ -84,6 +85,7 @@ enum class RegionKind : uint32_t {
   kSwapProgress = 11,   // SwapProgressTable: per-layer progress of swap loads
   kIntakeTable = 12,    // IntakeTable per rank (decode role): claims on its pool's blocks
   kIntakeRing = 13,     // MpscRing per rank (decode role): ipc writers -> worker (what landed)
+  kRequestStalls = 14,  // StallBoard: each rank's stalled requests, for kvrelay-dump
 };
 
 // The intake ring's size: its records say which runs of a layer landed.

@@ -16,6 +16,7 @@
 
 #include "instance/fd_socket.h"
 #include "instance/instance_config.h"
+#include "instance/instance_status.h"
 #include "instance/pool_geometry.h"
 #include "schemas/kvrelay.capnp.h"
 #include "shm/result.h"
@@ -23,7 +24,7 @@
 namespace kvrelay::messages {
 
 inline constexpr size_t kMaxRequestIdBytes = 128;
-inline constexpr uint32_t kMaxEngineSlots = 512;  // the engine's batch slots (the original's 512)
+inline constexpr uint32_t kMaxEngineSlots = kEngineSlots;
 inline constexpr size_t kMaxAddressBytes = 255;
 inline constexpr size_t kCudaIpcHandleBytes = 64;
 // A registered pool's tensors start on multiples of this (the gather

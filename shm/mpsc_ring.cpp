@@ -125,6 +125,47 @@ bool MpscRing::indices_sane() const {
 }
 
 // ---------------------------------------------------------------------------
+// The consumer's lease
+
+Result<MpscConsumerLease> MpscRing::lease_consumer(uint32_t tag) const {
+  std::atomic<uint32_t>* key = &h_->consumer_pid;
+  auto busy = [&] {
+    const std::optional<MpscConsumerHolder> holder = consumer_holder();
+    if (!holder || holder->pid == self_pid())
+      return make_error(Errc::kBusy, "another reader in this process holds it");
+    return make_error(Errc::kBusy, fmt::format("another process reads it: pid {}, session {:08x}",
+                                               holder->pid, holder->tag));
+  };
+  // This process's lease through this very mapping (its lock would be
+  // granted again through the same open file description).
+  if (leased_here(key)) return busy();
+  if (!locks_.try_lock(kConsumerLockOffset)) return busy();
+  if (!note_leased(key)) {
+    locks_.unlock(kConsumerLockOffset);
+    return busy();
+  }
+  h_->consumer_tag.store(tag, std::memory_order_relaxed);
+  h_->consumer_pid.store(self_pid(), std::memory_order_relaxed);
+  h_->consumer_generation.fetch_add(1, std::memory_order_acq_rel);
+  return MpscConsumerLease(locks_, h_);
+}
+
+std::optional<MpscConsumerHolder> MpscRing::consumer_holder() const {
+  if (locks_.probe(kConsumerLockOffset) != LockState::kHeld) return std::nullopt;
+  return MpscConsumerHolder{h_->consumer_pid.load(std::memory_order_relaxed),
+                            h_->consumer_tag.load(std::memory_order_relaxed)};
+}
+
+void MpscConsumerLease::release() {
+  if (header_ == nullptr) return;
+  header_->consumer_pid.store(0, std::memory_order_relaxed);
+  header_->consumer_tag.store(0, std::memory_order_relaxed);
+  locks_.unlock(MpscRing::kConsumerLockOffset);
+  forget_leased(&header_->consumer_pid);
+  header_ = nullptr;
+}
+
+// ---------------------------------------------------------------------------
 // Producers
 
 Result<MpscProducer> MpscRing::lease_producer() const {

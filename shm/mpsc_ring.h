@@ -59,6 +59,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "shm/clock.h"
@@ -125,13 +126,21 @@ struct MpscRingHeader {
 
   WaitEvent not_empty;  // the consumer parks here
   WaitEvent not_full;   // producers park here
+  // The consumer's lease, on rings whose readers take one (lease_consumer):
+  // its owner lock, at this line's file offset, proves the reader lives.
+  // Written by the leaser, for people and error messages (never trusted).
+  alignas(64) std::atomic<uint32_t> consumer_pid;
+  std::atomic<uint32_t> consumer_tag;         // the leaser's name for itself (an engine session)
+  std::atomic<uint32_t> consumer_generation;  // bumped by each lease
+  uint8_t reserved3[52];
   MpscProducerSlot producers[kMpscProducerSlots];
 };
 static_assert(std::is_standard_layout_v<MpscRingHeader>);
-static_assert(sizeof(MpscRingHeader) == 448 + kMpscProducerSlots * sizeof(MpscProducerSlot));
+static_assert(sizeof(MpscRingHeader) == 512 + kMpscProducerSlots * sizeof(MpscProducerSlot));
 static_assert(offsetof(MpscRingHeader, tail) == 64);
 static_assert(offsetof(MpscRingHeader, head) == 192);
-static_assert(offsetof(MpscRingHeader, producers) == 448);
+static_assert(offsetof(MpscRingHeader, consumer_pid) == 448);
+static_assert(offsetof(MpscRingHeader, producers) == 512);
 
 // How a producer session stands, judged by its slot: still producing, gone
 // cleanly (released), or gone without a word (died).
@@ -181,6 +190,13 @@ struct MpscClaim {
 };
 
 class MpscProducer;
+class MpscConsumerLease;
+
+// Who holds a ring's consumer lease (MpscRing::consumer_holder).
+struct MpscConsumerHolder {
+  uint32_t pid = 0;  // as the leaser wrote it (for people)
+  uint32_t tag = 0;  // the leaser's name for itself
+};
 
 class MpscRing {
  public:
@@ -211,6 +227,17 @@ class MpscRing {
   Result<MpscProducer> lease_producer() const;
 
   // ---- the consumer (one process) ----
+
+  // On rings where readers in several processes could appear (the
+  // completion ring: any engine process may call poll), the one reader takes
+  // the consumer lease first; the lease lasts until the MpscConsumerLease is
+  // destroyed or its process dies. kBusy, naming the holder's pid and tag,
+  // when another live process holds it (or another object of this process
+  // does). `tag`: the leaser's name for itself, shown to whoever is refused.
+  Result<MpscConsumerLease> lease_consumer(uint32_t tag) const;
+  // The live holder of the consumer lease; nullopt when nobody holds it (or
+  // the ring has no lock file, where nobody can be proven alive).
+  std::optional<MpscConsumerHolder> consumer_holder() const;
 
   using Handler = std::function<void(const MpscRecord& record)>;
 
@@ -271,6 +298,7 @@ class MpscRing {
   static uint64_t producer_lock_offset(uint32_t i) {
     return offsetof(MpscRingHeader, producers) + uint64_t{i} * sizeof(MpscProducerSlot);
   }
+  static constexpr uint64_t kConsumerLockOffset = offsetof(MpscRingHeader, consumer_pid);
   // Whether producer slot `i`'s owner still lives.
   LockState producer_liveness(uint32_t i) const { return locks_.probe(producer_lock_offset(i)); }
   // How the session that leased slot `slot` as `generation` stands (compared
@@ -308,6 +336,33 @@ class MpscRing {
   uint64_t next_stall_check_ns_ = 0;
   Nanos stall_timeout_ = std::chrono::seconds(1);
   std::string corruption_;
+};
+
+// A process's right to read a ring whose readers take a lease (see
+// MpscRing::lease_consumer). Move-only; the lease ends with the object.
+class MpscConsumerLease {
+ public:
+  MpscConsumerLease(MpscConsumerLease&& other) noexcept
+      : locks_(other.locks_), header_(std::exchange(other.header_, nullptr)) {}
+  MpscConsumerLease& operator=(MpscConsumerLease&& other) noexcept {
+    if (this != &other) {
+      release();
+      locks_ = other.locks_;
+      header_ = std::exchange(other.header_, nullptr);
+    }
+    return *this;
+  }
+  MpscConsumerLease(const MpscConsumerLease&) = delete;
+  MpscConsumerLease& operator=(const MpscConsumerLease&) = delete;
+  ~MpscConsumerLease() { release(); }
+
+ private:
+  friend class MpscRing;
+  MpscConsumerLease(LockSpace locks, MpscRingHeader* header) : locks_(locks), header_(header) {}
+  void release();
+
+  LockSpace locks_;
+  MpscRingHeader* header_ = nullptr;
 };
 
 // A process's right to write into one ring: a leased producer slot. The lease

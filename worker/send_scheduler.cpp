@@ -50,6 +50,11 @@ struct SendScheduler::Request {
   uint64_t bytes = 0;
   uint64_t first_copy_ns = 0;  // when its first copy began (dispatch latency, Completion)
   uint64_t done_ns = 0;        // when its latest copy was seen done
+  // The watchdog's clocks: when every layer of its final chunk was signalled
+  // here, and when it ended with transfers in flight (0: not yet).
+  uint64_t prefilled_ns = 0;
+  uint64_t ending_ns = 0;
+  bool stall_listed = false;  // find_stalls() has listed it
 };
 
 SendScheduler::SendScheduler(uint32_t rank, const PoolGeometry& local, Transport& transport,
@@ -96,6 +101,17 @@ void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task,
   }
   Slot& slot = slots_[req.slot];
   adopt_pending(req, slot, watermark);
+  note_prefill_progress(req, mono_now_ns());
+  if (lost_final_chunk(req, slot, watermark)) {
+    end(req, ReportKind::kFailed,
+        fmt::format("its final chunk (engine slot {}, step {}, {} tokens) was signalled without "
+                    "a request tag before its CacheTask reached rank {}, and could not be told "
+                    "apart from an earlier request's signals on that slot; push batches through "
+                    "a kvrelay client after submitting the CacheTask, or tag them "
+                    "(BatchSlot::request_tag)",
+                    req.slot, slot.unowned_final.step, slot.unowned_final.tokens, rank_));
+    return;
+  }
   // An untagged engine gives no other way to see that the slot moved on.
   for (uint64_t h : std::vector<uint64_t>(slot.bound)) {
     auto prev = requests_.find(h);
@@ -138,6 +154,38 @@ void SendScheduler::adopt_pending(Request& req, Slot& slot, std::optional<uint64
   const size_t stale = before - slot.pending.size();
   pending_sessions_ -= stale;
   counters_.stale_sessions += stale;
+}
+
+// The request's final chunk was signalled here after its submission, with
+// no tag and before its bind, yet the request did not adopt it: it went into
+// an untagged session that began before the watermark (an ended request's
+// leftover signals). Without its final chunk the request could never finish.
+bool SendScheduler::lost_final_chunk(const Request& req, const Slot& slot,
+                                     std::optional<uint64_t> watermark) const {
+  const UnownedChunk& c = slot.unowned_final;
+  return c.seen && !prefill_complete(req) && c.tokens >= req.need_tokens &&
+         (!watermark || c.index >= *watermark);
+}
+
+void SendScheduler::note_prefill_progress(Request& r, uint64_t now_ns) {
+  if (r.prefilled_ns == 0 && prefill_complete(r)) r.prefilled_ns = now_ns;
+}
+
+void SendScheduler::find_stalls(uint64_t now_ns, uint64_t after_ns, std::vector<Stall>& out) {
+  out.clear();
+  for (auto& [handle, ptr] : requests_) {
+    Request& r = *ptr;
+    const uint64_t since = r.ending ? r.ending_ns : r.prefilled_ns;
+    if (since == 0 || now_ns < since || now_ns - since < after_ns) continue;
+    const StallReason reason = r.ending      ? StallReason::kWithdrawing
+                               : !r.has_dest ? StallReason::kNoDecodeHalf
+                                             : StallReason::kTransfersInFlight;
+    out.push_back(Stall{&r.id, r.slot, reason, since, r.in_flight,
+                        r.destination ? &r.destination->peer() : nullptr, !r.stall_listed});
+    r.stall_listed = true;
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Stall& a, const Stall& b) { return a.since_ns < b.since_ns; });
 }
 
 void SendScheduler::on_session_ended(uint32_t session) {
@@ -233,11 +281,17 @@ void SendScheduler::on_signal(const records::LayerSignal& signal, uint64_t index
         if (p == nullptr) continue;
         uint64_t& t = p->tokens[signal.layer];
         t = std::max(t, item.tokens_after);
-        if (owner != nullptr) touched_.push_back(owner->handle);
+        if (owner != nullptr) {
+          touched_.push_back(owner->handle);
+        } else if (item.tag == 0 && signal.layer + 1 == layers_) {
+          slots_[item.slot].unowned_final =
+              UnownedChunk{true, item.index, signal.step, item.tokens_after};
+        }
       }
       for (size_t i = 0; i < touched_.size(); ++i) {
         auto it = requests_.find(touched_[i]);  // an earlier advance may have ended it
         if (it == requests_.end()) continue;
+        note_prefill_progress(*it->second, now);
         advance(*it->second, now);
         it = requests_.find(touched_[i]);
         if (it != requests_.end()) release_slot_if_done(*it->second);
@@ -260,7 +314,9 @@ void SendScheduler::on_signal(const records::LayerSignal& signal, uint64_t index
       legacy_walk_.assign(legacy_requests_.begin(), legacy_requests_.end());
       for (uint64_t h : legacy_walk_) {
         auto it = requests_.find(h);
-        if (it != requests_.end()) advance(*it->second, now);
+        if (it == requests_.end()) continue;
+        note_prefill_progress(*it->second, now);
+        advance(*it->second, now);
       }
       poll_transfers();
       return;
@@ -312,7 +368,7 @@ void SendScheduler::on_batch_entry(const records::BatchEntry& e, uint32_t pusher
     s.last_index = index;
     s.pusher = pusher;
   }
-  batch_.push_back(BatchItem{e.slot, e.request_tag, tokens_after});
+  batch_.push_back(BatchItem{e.slot, e.request_tag, tokens_after, index});
   if (spdlog::should_log(spdlog::level::trace))
     spdlog::trace("slot {} tag {:08x} tokens [{}, {}) -> {}", e.slot, e.request_tag,
                   e.chunk_token_offset, tokens_after,
@@ -488,6 +544,7 @@ void SendScheduler::end(Request& r, ReportKind kind, const std::string& message)
     // for them (on_transfer_done), and the first reason to end is kept.
     if (!r.ending) {
       r.ending = true;
+      r.ending_ns = mono_now_ns();
       r.end_kind = kind;
       r.end_message = message;
     }

@@ -38,6 +38,18 @@
 // Each batch record that follows layer records starts a new batch, whatever
 // its step number: a step number used again cannot merge two batches.
 //
+// Entries without a tag reach a worker only where no kvrelay client could
+// stamp them (client.cpp stamps an untagged entry with the request its slot
+// was last given): a slot that never had a CacheTask. If the final chunk of
+// such a request was signalled before its CacheTask arrived and taken into
+// another untagged session of the slot (one whose signals began before the
+// task's watermark), nothing could tell the two apart: the request fails at
+// once, naming the slot and the step, instead of waiting for its deadline.
+//
+// Watchdog: find_stalls() lists the requests that have not reported long
+// after their final chunk was signalled on this rank (or after they ended
+// with transfers still in flight), with what each waits for.
+//
 // When an engine session dies, the pending sessions its signals created are
 // dropped (on_session_ended): a restarted engine that reuses request ids
 // never inherits them. Legacy per-query requests follow the (step, layer)
@@ -57,6 +69,7 @@
 #include <vector>
 
 #include "instance/pool_geometry.h"
+#include "instance/request_stalls.h"
 #include "schemas/kvrelay.capnp.h"
 #include "schemas/records.h"
 #include "worker/transport.h"
@@ -111,6 +124,21 @@ class SendScheduler {
   // Takes the transport's completions: finishes or fails the requests whose
   // transfers they end. The worker calls it when the transport has some.
   void poll_transfers();
+
+  // A request that has not reported for at least `after_ns` since its final
+  // chunk was signalled here (or since it ended with transfers in flight).
+  struct Stall {
+    const std::string* id;
+    uint32_t slot;
+    StallReason reason;
+    uint64_t since_ns;        // CLOCK_MONOTONIC
+    uint32_t in_flight;       // transfers
+    const std::string* peer;  // nullptr without a destination
+    bool first_time;          // not listed by an earlier call
+  };
+  // Fills `out` (cleared first) with the stalled requests, oldest first. The
+  // pointers live until the next call that changes the scheduler.
+  void find_stalls(uint64_t now_ns, uint64_t after_ns, std::vector<Stall>& out);
   void set_latency_observer(LatencyObserver o) { latency_ = std::move(o); }
   void set_hop_observer(HopObserver o) { hop_ = std::move(o); }
 
@@ -133,9 +161,18 @@ class SendScheduler {
     uint64_t last_index = 0;
     Progress progress;
   };
+  // The newest untagged chunk of a slot whose every layer was signalled
+  // while no bound request owned it (it went to a pending session).
+  struct UnownedChunk {
+    bool seen = false;
+    uint64_t index = 0;  // its batch entry's signal-ring position
+    uint64_t step = 0;
+    uint64_t tokens = 0;  // prefilled tokens after it
+  };
   struct Slot {
     std::vector<uint64_t> bound;  // handles of requests bound to this slot, oldest first
     std::deque<Session> pending;  // oldest first
+    UnownedChunk unowned_final;
   };
   // Binds can lag far behind signals (they pass through the coordinator), so
   // many sessions may wait; past this many in all, the oldest is dropped
@@ -147,6 +184,10 @@ class SendScheduler {
   Progress* progress_for(uint32_t slot, uint32_t tag, Request** owner);
   Session& pending_session(Slot& slot, uint32_t tag, uint32_t offset, uint64_t index);
   void adopt_pending(Request& req, Slot& slot, std::optional<uint64_t> watermark);
+  // Its final chunk went to another session of its slot (see the top).
+  bool lost_final_chunk(const Request& req, const Slot& slot,
+                        std::optional<uint64_t> watermark) const;
+  void note_prefill_progress(Request& r, uint64_t now_ns);
   // Submits every layer the request may send now; may end (destroy) `r`.
   void advance(Request& r, uint64_t signal_ns);
   void on_transfer_done(const TransferCompletion& c);
@@ -178,6 +219,7 @@ class SendScheduler {
     uint32_t slot;
     uint32_t tag;
     uint64_t tokens_after;
+    uint64_t index;  // the batch record's signal-ring position
   };
   uint64_t batch_step_ = UINT64_MAX;
   bool batch_open_ = false;  // the last record was a batch record (the next one may continue it)

@@ -22,6 +22,7 @@
 #include "worker/data_plane.h"
 #include "worker/device_signal_watch.h"
 #include "worker/report_outbox.h"
+#include "worker/stall_watch.h"
 #include "worker/task_dispatch.h"
 #include "worker/worker_counters.h"
 
@@ -70,7 +71,9 @@ class Worker {
         doorbell_(control_.status().worker_doorbell[rank]),
         device_signals_(control_.status().device_signals[rank].layers),
         coordinator_doorbell_(control_.status().coordinator_doorbell),
-        coordinator_(control_.locks()) {
+        coordinator_(control_.locks()),
+        stalls_(rank, std::chrono::milliseconds(config_.stall_report_ms),
+                control_.request_stalls().ranks[rank]) {
     task_ring_.set_stall_timeout(std::chrono::milliseconds(config_.stall_timeout_ms));
   }
 
@@ -156,6 +159,7 @@ class Worker {
                                    task_ring_.take_corruption().value_or("corrupt records")));
       }
       const uint64_t now = mono_now_ns();
+      stalls_.check(data_->scheduler(), now);
       if (now >= next_check) {
         next_check = now + ns_of(100ms);
         if (auto what = task_ring_.take_corruption())
@@ -308,6 +312,7 @@ class Worker {
     set(kRequestsFailed, c.failed);
     set(kRequestsCancelled, c.cancelled);
     set(kStaleSessions, c.stale_sessions + c.dropped_sessions);
+    set(kStalledRequests, stalls_.found());
     set(kSignalRepairs, signal_ring_.header().corrupt_events.load(std::memory_order_relaxed) +
                             signal_ring_.header().skipped_records.load(std::memory_order_relaxed));
     data_->transports().mirror_counters(mirror);
@@ -330,6 +335,7 @@ class Worker {
   uint64_t bad_device_records_ = 0;
   WaitEvent& coordinator_doorbell_;
   CachedPeerJudge coordinator_;
+  StallWatch stalls_;
   std::unique_ptr<DataPlane> data_;
   LayerSignal signals_[kSignalBatch] = {};
   bool shutdown_ = false;

@@ -35,6 +35,9 @@ enum WorkerCounter : uint32_t {
   kRdmaSessionsAccepted,
   kRdmaTransfersReceived,  // landed and acked
   kRdmaIntentsRefused,
+  // The watchdog (stall_watch.h): requests found not finished long after
+  // their final chunk was signalled on this rank.
+  kStalledRequests,
   kWorkerCounterCount,
 };
 
@@ -88,6 +91,7 @@ inline constexpr const char* kWorkerCounterLabels[] = {
     "rdma_sessions_accepted",
     "rdma_transfers_received",
     "rdma_intents_refused",
+    "stalled_requests",
 };
 static_assert(sizeof(kWorkerCounterLabels) / sizeof(kWorkerCounterLabels[0]) ==
               kWorkerCounterCount);

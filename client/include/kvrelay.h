@@ -23,7 +23,8 @@
  * signals carry the same step. Steps should grow; a number used again starts
  * a new batch all the same (it never merges with an earlier one). Signals
  * with a request tag may come before or after the request's CacheTask;
- * untagged ones (tag 0) must come after it.
+ * untagged ones (tag 0) must come after it, and are then stamped with the
+ * request their slot was last given (README, "Untagged signals").
  *
  * Contract (as for the C++ client, client/include/kvrelay/client.h): exactly
  * one completion per request; every attach is an engine session (if its
@@ -222,7 +223,12 @@ kvrelay_status kvrelay_push_device_step(kvrelay_client* client, uint32_t rank, u
 kvrelay_status kvrelay_signal_layer(kvrelay_client* client, uint32_t rank, uint32_t layer,
                                     void* stream);
 
-/* Completions. kvrelay_poll sets *has to 1 and fills *out when one waits. */
+/* Completions: one reader per instance. The first client to poll or wait (or
+ * to call kvrelay_own_completions) becomes it and receives every completion
+ * of the instance; any other gets KVRELAY_BUSY, naming the reader, until the
+ * reader is closed or its process exits. kvrelay_poll sets *has to 1 and
+ * fills *out when one waits. */
+kvrelay_status kvrelay_own_completions(kvrelay_client* client);
 kvrelay_status kvrelay_poll(kvrelay_client* client, kvrelay_completion* out, int* has);
 kvrelay_status kvrelay_wait(kvrelay_client* client, int64_t timeout_ms, kvrelay_completion* out);
 /* Waits until layer `layer` of load `request_id` is back on every rank

@@ -11,7 +11,9 @@ Contract (as for the C++ client):
     submitted are withdrawn and their completions dropped; closing a Client
     leaves its requests running (their completions still arrive); a restarted
     engine may reuse its predecessor's request ids once Client() returns;
-  * one completion reader per instance (the engine's scheduler);
+  * one completion reader per instance (the engine's scheduler), enforced:
+    the first Client to poll or wait becomes it and receives every
+    completion; another gets Error (busy) naming it until it is closed;
   * one signal-producing process per rank (the rank's model runner), any of
     whose threads may push; a second process gets an Error (busy);
   * step numbers: each push_batch starts a new batch, whose push_layer_done
@@ -19,7 +21,7 @@ Contract (as for the C++ client):
     again starts a new batch all the same;
   * signals with a request (a tag) may come before or after the request's
     submit_cache_task; untagged signals (the original's protocol) must come
-    after it: untagged signals from before belong to earlier requests;
+    after it, and are stamped with the request their slot was last given;
   * any number of submitters, in any number of processes and threads.
 
 Timeouts are in seconds and bound every wait: nothing waits forever. Calls
@@ -334,6 +336,10 @@ class Client:
         one tiny kernel, capturable in a CUDA graph."""
 
     # ---- completions (one reader) ----
+    def own_completions(self) -> None:
+        """Becomes the instance's one completion reader now (the first poll
+        or wait does otherwise). Raises Error (busy), naming the reader, when
+        another Client (in any process) is it."""
     def poll(self) -> Optional[Completion]:
         """The next completion if one is waiting, else None."""
     def wait(self, timeout: float) -> Completion:

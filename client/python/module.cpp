@@ -378,6 +378,10 @@ void define_client(py::module_& m) {
           py::arg("rank") = py::none(), py::arg("timeout") = 30.0)
 
       // ---- completions ----
+      .def("own_completions",
+           [](PyClient& c) {
+             check(c.with_client([](Client& cl) { return cl.own_completions(); }));
+           })
       .def("poll", &PyClient::poll)
       .def("wait", &PyClient::wait, py::arg("timeout"))
       .def(

@@ -178,6 +178,15 @@ int main(int argc, char** argv) {
   CHECK(kvrelay_tp_size(prefill) == kTp);
   CHECK(kvrelay_rank_ready(prefill, 0) == 1 && kvrelay_rank_ready(prefill, 1) == 1);
   CHECK(kvrelay_rank_ready(prefill, 7) == 0);
+  /* One completion reader per instance: this client is it; a second is refused, naming it. */
+  CHECK(kvrelay_own_completions(prefill) == KVRELAY_OK);
+  {
+    kvrelay_client* second = NULL;
+    REQUIRE(kvrelay_attach(prefill_name, 30000, &second) == KVRELAY_OK);
+    CHECK(kvrelay_own_completions(second) == KVRELAY_BUSY);
+    CHECK(strstr(kvrelay_last_error(), "already read") != NULL);
+    kvrelay_detach(second);
+  }
 
   /* ---- pools ---- */
   for (uint32_t r = 0; r < kTp; ++r) {

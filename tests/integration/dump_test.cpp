@@ -4,9 +4,11 @@
 #include <signal.h>
 
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "instance/control_segment.h"
 #include "instance/names.h"
+#include "integration/dump_json.h"
 #include "integration/two_instances.h"
 
 namespace kvrelay::testing {
@@ -167,6 +169,57 @@ TEST(DumpProcesses, CorruptedMagicOrVersionGivesTheRightErrorNotACrash) {
   EXPECT_NE(list.find("/kvrelay-" + name + " "), std::string::npos);
   EXPECT_NE(list.find("invalid"), std::string::npos) << list;
   (void)seg->unlink();
+}
+
+// The watchdog (worker/stall_watch.h): a request whose final chunk was
+// signalled on every rank but whose decode half never comes is listed by
+// both ranks, with what it waits for, once --stall-report-ms has passed;
+// the instance reads unhealthy meanwhile, and the listing goes once the
+// decode half arrives and the request finishes.
+TEST(DumpProcesses, AStalledRequestIsListedPerRankWithWhatItWaitsFor) {
+  InstanceArgs a;
+  a.tp = 2;
+  a.layers = 3;
+  a.extra = {"--stall-report-ms", "300"};
+  TwoInstances env("dump-stall", a);
+  sim::RequestBlocks r{1, {0, 1}, {0, 1}};
+  env.fill(r);
+  ASSERT_TRUE(env.submit_task("late-half", r, 32, 7).ok());
+  env.prefill_step(1, {{7, 0, 32, Client::request_tag("late-half")}}, 3);
+  nlohmann::json j;
+  const Deadline until = Deadline::after(10s);
+  for (;;) {
+    j = dump_json(env.prefill().name());
+    ASSERT_FALSE(j.is_discarded());
+    if ((j["workers"][0]["stalled"] == 1 && j["workers"][1]["stalled"] == 1) || until.passed())
+      break;
+    std::this_thread::sleep_for(100ms);
+  }
+  for (const auto& w : j["workers"]) {
+    ASSERT_EQ(w["stalls"].size(), 1u) << j.dump(2);
+    EXPECT_EQ(w["stalls"][0]["request_id"], "late-half");
+    EXPECT_EQ(w["stalls"][0]["slot"], 7);
+    EXPECT_EQ(w["stalls"][0]["reason"], "no_decode_half");
+    EXPECT_GE(w["stalls"][0]["seconds"].get<double>(), 0.3);
+    EXPECT_EQ(w["counters"]["stalled_requests"], 1);
+  }
+  EXPECT_EQ(j["health"], "unhealthy");
+  const std::string text = kvrelay_dump({env.prefill().name()});
+  EXPECT_NE(text.find("'late-half' slot 7"), std::string::npos) << text;
+  EXPECT_NE(text.find("waiting for its CacheDest"), std::string::npos) << text;
+
+  ASSERT_TRUE(env.submit_dest("late-half", r).ok());
+  EXPECT_EQ(env.wait_for("late-half").status, CompletionStatus::kFinished);
+  EXPECT_EQ(env.wrong_words(r), 0u);
+  const Deadline cleared = Deadline::after(10s);
+  do {
+    std::this_thread::sleep_for(200ms);
+    j = dump_json(env.prefill().name());
+  } while ((j["workers"][0]["stalled"] != 0 || j["workers"][1]["stalled"] != 0) &&
+           !cleared.passed());
+  EXPECT_EQ(j["workers"][0]["stalled"], 0) << j.dump(2);
+  EXPECT_EQ(j["workers"][1]["stalled"], 0);
+  env.stop_and_check_clean();
 }
 
 TEST(DumpProcesses, HelpExplainsEveryColumn) {

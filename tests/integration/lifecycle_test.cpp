@@ -115,7 +115,11 @@ TEST_P(Lifecycle, DeadlineExpiryTimesTheRequestOut) {
   ASSERT_TRUE(env_->submit_dest("late", r).ok());
   const Completion c = env_->wait_for("late");  // no signals: prefill never happens
   EXPECT_EQ(c.status, CompletionStatus::kTimeout);
-  EXPECT_EQ(c.message, "'late' passed its 300 ms deadline while the ranks were still working");
+  std::string working = GetParam() == 1 ? "rank 0 was" : "ranks 0";
+  for (uint32_t rank = 1; rank < GetParam(); ++rank)
+    working += ", " + std::to_string(rank);
+  if (GetParam() > 1) working += " were";
+  EXPECT_EQ(c.message, "'late' passed its 300 ms deadline while " + working + " still working");
   EXPECT_GE(c.completed_ns - c.submitted_ns, 300'000'000u);
 }
 

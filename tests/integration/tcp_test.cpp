@@ -22,8 +22,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-
-InstanceArgs args() {
+InstanceArgs tcp_pair_args() {
   return RequestDriver::small_pair();
 }
 
@@ -53,7 +52,7 @@ class TcpFaults : public ::testing::Test {
  protected:
   void start(const std::string& prefill_key = "") {
     env = std::make_unique<TwoInstances>(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name(), args(),
+        ::testing::UnitTest::GetInstance()->current_test_info()->name(), tcp_pair_args(),
         hosts.placement(prefill_key));
     env->set_route(hosts.route());
     driver = std::make_unique<RequestDriver>(*env, RequestDriver::kLayers, RequestDriver::kBlockTokens);

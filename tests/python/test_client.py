@@ -282,6 +282,21 @@ def test_a_closed_client_raises_instead_of_crashing(pair):
         kvrelay.Client(pair[0]).open_pool(0).block(0, "k", 10_000)
 
 
+def test_a_second_completion_reader_is_refused_naming_the_first_until_it_closes(lone_instance):
+    first = kvrelay.Client(lone_instance.name)
+    first.own_completions()
+    second = kvrelay.Client(lone_instance.name)
+    second.cancel("no-such-request")  # any client may submit
+    with pytest.raises(kvrelay.Error, match=f"already read: .*pid {os.getpid()}|already read: another reader in this process"):
+        second.poll()
+    done = first.wait(timeout=10)
+    assert (done.request_id, done.status) == ("no-such-request", "rejected")
+    first.close()
+    second.own_completions()
+    assert second.poll() is None
+    second.close()
+
+
 # ---------------------------------------------------------------- threads, GIL, failures
 
 

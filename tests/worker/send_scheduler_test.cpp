@@ -407,6 +407,91 @@ TEST_F(SchedulerTest, UntaggedSignalsAfterTheSubmissionButBeforeTheBindAreAdopte
   EXPECT_EQ(reports.at(0).kind, ReportKind::kFinished);
 }
 
+// Issue 40's shape, at the scheduler: A is bound on slot 5 and withdrawn;
+// its chunk, pushed as the engine aborted it, arrives after the withdrawal
+// and becomes a leftover untagged session. B then takes slot 5 with a cached
+// prefix: its only chunk is its final one, at an offset, and is read before
+// B's bind (which travels through the coordinator). Untagged, that chunk
+// continues A's leftover session, which began before B's watermark: B must
+// fail at once naming the slot and the step, not wait for its deadline.
+// Tagged (as a kvrelay client stamps an untagged entry with the request its
+// slot was last given), B adopts it and finishes.
+class FinalChunkAfterALeftover : public SchedulerTest,
+                                 public ::testing::WithParamInterface<bool> {};
+
+TEST_P(FinalChunkAfterALeftover, IsAdoptedWhenStampedAndFailsNamingSlotAndStepWhenNot) {
+  const bool stamped = GetParam();
+  bind(1, {10, 11}, 32, 5, pushed);  // A
+  s.on_cancel(1);
+  batch(7, {{5, 0, 16, stamped ? records::request_tag("r1") : 0}});  // A's first chunk, too late
+  all_layers(7);
+  const uint64_t b_submitted = pushed;
+  // B: 40 tokens in three blocks, the first two cached on the prefill side.
+  batch(8, {{5, 32, 8, stamped ? records::request_tag("r2") : 0}});
+  all_layers(8);
+  bind(2, {12, 13, 14}, 40, 5, b_submitted);
+  if (s.live_requests() != 0) dest(2, {22, 23, 24});
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[1].handle, 2u);
+  if (stamped) {
+    EXPECT_EQ(reports[1].kind, ReportKind::kFinished) << reports[1].message;
+    EXPECT_TRUE(written(kLayers - 1, 24));
+  } else {
+    EXPECT_EQ(reports[1].kind, ReportKind::kFailed);
+    EXPECT_NE(reports[1].message.find("engine slot 5, step 8"), std::string::npos)
+        << reports[1].message;
+    EXPECT_TRUE(transport.dest->written.empty()) << "nothing of A's leftover is sent for B";
+  }
+  EXPECT_EQ(s.live_requests(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Entries, FinalChunkAfterALeftover, ::testing::Bool(),
+                         [](const auto& p) { return p.param ? "Stamped" : "Untagged"; });
+
+// The watchdog's view: a request is listed only once it has gone
+// `after` without reporting since its final chunk was signalled here (or
+// since it ended with transfers in flight), with what it waits for, and
+// listed as new only the first time.
+TEST_F(SchedulerTest, FindStallsListsRequestsLongAfterTheirFinalChunkWithWhatTheyWaitFor) {
+  transport.deferred = true;
+  bind(1, {10}, 16, 0);  // final chunk signalled, no decode half yet
+  bind(2, {11}, 16, 1);  // final chunk signalled, its transfers held by the transport
+  dest(2, {21});
+  bind(3, {12}, 32, 2);  // only a first chunk: its final chunk was never signalled
+  dest(3, {22});
+  bind(4, {13}, 16, 3);  // cancelled with a transfer in flight
+  dest(4, {23});
+  batch(1, {{0, 0, 16}, {1, 0, 16}, {2, 0, 16}, {3, 0, 16}});
+  all_layers(1);
+  s.on_cancel(4);
+  std::vector<SendScheduler::Stall> stalls;
+  const uint64_t now = mono_now_ns();
+  s.find_stalls(now, ns_of(std::chrono::seconds(10)), stalls);
+  EXPECT_TRUE(stalls.empty()) << "nothing is stalled before the bound";
+  s.find_stalls(now + ns_of(std::chrono::seconds(11)), ns_of(std::chrono::seconds(10)), stalls);
+  ASSERT_EQ(stalls.size(), 3u);
+  std::map<std::string, SendScheduler::Stall> by_id;
+  for (const auto& st : stalls) {
+    EXPECT_TRUE(st.first_time);
+    by_id.emplace(*st.id, st);
+  }
+  EXPECT_EQ(by_id.at("r1").reason, StallReason::kNoDecodeHalf);
+  EXPECT_EQ(by_id.at("r2").reason, StallReason::kTransfersInFlight);
+  EXPECT_EQ(by_id.at("r2").in_flight, kLayers);
+  EXPECT_EQ(*by_id.at("r2").peer, "the fake peer");
+  EXPECT_EQ(by_id.at("r4").reason, StallReason::kWithdrawing);
+  EXPECT_EQ(by_id.count("r3"), 0u) << "its final chunk was never signalled";
+  s.find_stalls(now + ns_of(std::chrono::seconds(12)), ns_of(std::chrono::seconds(10)), stalls);
+  ASSERT_EQ(stalls.size(), 3u);
+  for (const auto& st : stalls)
+    EXPECT_FALSE(st.first_time);
+  transport.release();
+  s.poll_transfers();
+  s.find_stalls(now + ns_of(std::chrono::seconds(13)), ns_of(std::chrono::seconds(10)), stalls);
+  ASSERT_EQ(stalls.size(), 1u) << "r2 finished and r4 reported once their transfers completed";
+  EXPECT_EQ(*stalls[0].id, "r1");
+}
+
 // A step number used again does not merge two batches: A finished its
 // prefill at step 7, then B on the same slot ran both chunks at step 7 too.
 TEST_F(SchedulerTest, ARepeatedStepNumberStartsANewBatch) {

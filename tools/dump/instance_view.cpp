@@ -4,6 +4,7 @@
 
 #include "instance/control_layout.h"
 #include "instance/pool_segment.h"
+#include "instance/request_stalls.h"
 #include "schemas/records.h"
 #include "shm/barrier.h"
 #include "shm/liveness.h"
@@ -50,6 +51,10 @@ RingView view_mpsc(const std::string& name, const MpscRing& ring) {
   if (since != 0 && now > since) v.stalled_ms = (now - since) / 1e6;
   const uint32_t slot = h.stalled_slot.load(std::memory_order_relaxed);
   if (slot != 0) v.stalled_by = slot - 1;
+  if (std::optional<MpscConsumerHolder> reader = ring.consumer_holder()) {
+    v.reader_pid = reader->pid;
+    v.reader_session = reader->tag;
+  }
   return v;
 }
 
@@ -82,6 +87,12 @@ void judge_health(InstanceView& v) {
       v.problems.push_back(fmt::format("rank {} is {}{}", w.rank,
                                        w.ready ? "ready but " : "not ready, ", w.process.health));
   }
+  for (const WorkerView& w : v.workers)
+    if (w.stalled != 0)
+      v.problems.push_back(
+          fmt::format("rank {}: {} requests not finished long after their final "
+                      "chunk was signalled (see stalled requests)",
+                      w.rank, w.stalled));
   const double stall_limit = v.config.stall_timeout_ms;
   for (const RingView& r : v.rings) {
     if (r.state != "ok") v.problems.push_back(fmt::format("ring {}: {}", r.name, r.state));
@@ -150,6 +161,18 @@ InstanceView snapshot(const ControlSegment& control) {
     }
     w.device_signal_word =
         control.status().device_signals[r].layers.load(std::memory_order_relaxed);
+    if (auto board = request_stalls::read(control.request_stalls().ranks[r])) {
+      const uint64_t now = mono_now_ns();
+      w.stalled = board->stalled;
+      for (const StallRecord& s : board->shown) {
+        const auto reason = static_cast<StallReason>(s.reason);
+        w.stalls.push_back(
+            StallView{request_stalls::text_of(s.request_id), s.slot, stall_reason_name(reason),
+                      stall_reason_text(reason),
+                      now > s.since_ns ? static_cast<double>(now - s.since_ns) / 1e9 : 0.0,
+                      s.in_flight, request_stalls::text_of(s.peer)});
+      }
+    }
     v.workers.push_back(std::move(w));
   }
   if (auto ring = control.submit_ring()) v.rings.push_back(view_mpsc("submit", *ring));

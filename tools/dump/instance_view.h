@@ -41,6 +41,17 @@ struct PoolEntryView {
   uint32_t device_id = 0;  // GPU locations
 };
 
+// A request the rank's watchdog found stalled (instance/request_stalls.h).
+struct StallView {
+  std::string request_id;
+  uint32_t slot = 0;
+  std::string reason;       // no_decode_half, transfers_in_flight, withdrawing
+  std::string waiting_for;  // the reason, in words
+  double seconds = 0;       // since its final chunk was signalled (or it ended)
+  uint32_t in_flight = 0;
+  std::string peer;
+};
+
 struct WorkerView {
   uint32_t rank = 0;
   ProcessView process;
@@ -48,6 +59,8 @@ struct WorkerView {
   CountersView counters;
   std::vector<PoolEntryView> pools;
   uint64_t device_signal_word = 0;  // layers the engine's GPU stream has signalled
+  uint64_t stalled = 0;             // requests stalled now (the first ones listed in stalls)
+  std::vector<StallView> stalls;
 };
 
 struct RingView {
@@ -66,6 +79,10 @@ struct RingView {
   std::string state = "ok";
   double stalled_ms = 0;    // mpsc: how long a claim has blocked the consumer (0: not)
   int64_t stalled_by = -1;  // mpsc: the producer slot holding that claim, if alive
+  // mpsc rings whose reader takes a lease (the completion ring): the live
+  // reader's pid and session; 0 when none holds it.
+  uint32_t reader_pid = 0;
+  uint32_t reader_session = 0;
 };
 
 struct BarrierView {

@@ -23,6 +23,10 @@ const char* const kColumnHelp = R"(Columns:
                 cache_ready_signal), starts (how many processes have served the rank), tasks read,
                 layer copies, bytes copied, requests finished / failed / cancelled, and the copy rate
                 (p50 of per-copy rates; in --watch, the rate over the last refresh)
+  stalled       requests a rank's watchdog found not finished stall_report_ms after their final chunk
+                was signalled there (or after they ended with transfers in flight), with how long
+                and what each waits for: its CacheDest, transfers in flight (to which peer), or
+                its transfers before it reports its end; shown only when there are some
   network       per rank, what it sent (tcp lanes and rdma sessions opened, lost after serving,
                 connect attempts that reached no one) and received (connections accepted, refused
                 for failed authentication or handshake; tcp frames and bytes landed, frames refused;
@@ -32,7 +36,8 @@ const char* const kColumnHelp = R"(Columns:
                 events (writes refused or delayed because the ring was full), skipped (half-written
                 records of dead producers that were given up), corrupt (records found defective plus
                 times its shared state was found overwritten by another process; the state column
-                says whether it is still unusable), parked (processes sleeping on the ring)
+                says whether it is still unusable), parked (processes sleeping on the ring); the
+                completion ring names its one reader (pid and engine session) while it lives
   barrier       generation (advances by 1 per round, completed or poisoned), parties,
                 arrived in the current round, rounds completed, rounds poisoned, waits that timed out
   latency       histograms as p50 / p90 / p99 / p99.9 / max with their unit; log-linear buckets,
@@ -151,6 +156,24 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
     if (w.device_signal_word != 0)
       out += fmt::format("  rank {} GPU-signalled layers: {}\n", w.rank, w.device_signal_word);
   }
+  bool any_stalled = false;
+  for (const WorkerView& w : v.workers)
+    any_stalled = any_stalled || w.stalled != 0;
+  if (any_stalled) {
+    out += fmt::format(
+        "\nstalled requests (not finished {} ms after their final chunk was "
+        "signalled on the rank)\n",
+        v.config.stall_report_ms);
+    for (const WorkerView& w : v.workers) {
+      for (const StallView& s : w.stalls)
+        out += fmt::format(
+            "  rank {} '{}' slot {}: {:.1f} s, {}{}\n", w.rank, s.request_id, s.slot, s.seconds,
+            s.waiting_for,
+            s.in_flight != 0 ? fmt::format(" ({} to {})", s.in_flight, s.peer) : std::string());
+      if (w.stalled > w.stalls.size())
+        out += fmt::format("  rank {}: {} more\n", w.rank, w.stalled - w.stalls.size());
+    }
+  }
   out += "\nnetwork\n";
   const size_t network_start = out.size();
   for (const WorkerView& w : v.workers)
@@ -170,7 +193,12 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
         b ? bytes(r.capacity) : std::to_string(r.capacity),
         b ? bytes(r.used) : std::to_string(r.used), r.head, r.tail, r.full_events,
         r.skipped_records, r.corrupt_records + r.corrupt_events, r.parked_waiters,
-        r.stalled_ms > 0 ? fmt::format("{} (blocked {:.0f} ms)", r.state, r.stalled_ms) : r.state);
+        fmt::format("{}{}",
+                    r.stalled_ms > 0 ? fmt::format("{} (blocked {:.0f} ms)", r.state, r.stalled_ms)
+                                     : r.state,
+                    r.reader_pid != 0 ? fmt::format("  read by pid {} (session {:08x})",
+                                                    r.reader_pid, r.reader_session)
+                                      : std::string()));
   }
   out += fmt::format(
       "\nbarrier  generation {}  parties {}  arrived {}  completed {}  poisoned {}  timeouts {}\n",
@@ -238,7 +266,8 @@ nlohmann::json render_json(const InstanceView& v) {
                  {"host_blocks", c.host_blocks},
                  {"request_deadline_ms", c.request_deadline_ms},
                  {"peer_timeout_ms", c.peer_timeout_ms},
-                 {"stall_timeout_ms", c.stall_timeout_ms}};
+                 {"stall_timeout_ms", c.stall_timeout_ms},
+                 {"stall_report_ms", c.stall_report_ms}};
   j["workers"] = nlohmann::json::array();
   for (const WorkerView& w : v.workers) {
     nlohmann::json wj = process_json(w.process);
@@ -252,6 +281,15 @@ nlohmann::json render_json(const InstanceView& v) {
                              {"bytes", p.bytes},
                              {"device_id", p.device_id}});
     wj["device_signal_word"] = w.device_signal_word;
+    wj["stalled"] = w.stalled;
+    wj["stalls"] = nlohmann::json::array();
+    for (const StallView& s : w.stalls)
+      wj["stalls"].push_back({{"request_id", s.request_id},
+                              {"slot", s.slot},
+                              {"reason", s.reason},
+                              {"seconds", s.seconds},
+                              {"transfers_in_flight", s.in_flight},
+                              {"peer", s.peer}});
     wj.update(counters_json(w.counters));
     j["workers"].push_back(wj);
   }
@@ -270,6 +308,8 @@ nlohmann::json render_json(const InstanceView& v) {
                           {"corrupt_events", r.corrupt_events},
                           {"state", r.state},
                           {"stalled_ms", r.stalled_ms},
+                          {"reader_pid", r.reader_pid},
+                          {"reader_session", r.reader_session},
                           {"parked_waiters", r.parked_waiters}});
   j["barrier"] = {{"generation", v.barrier.generation},
                   {"parties", v.barrier.parties},

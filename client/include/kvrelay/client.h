@@ -16,9 +16,13 @@
 //    its dead predecessor as soon as its attach returns. The session is held
 //    by a lock on an open file: a child forked (without exec) after attach
 //    shares it, and the session ends only when both have exited.
-//  - One completion reader per instance: completions are consumed by
-//    whichever Client calls poll()/wait(); run exactly one reader (the
-//    engine's scheduler).
+//  - One completion reader per instance, enforced: the first Client to call
+//    poll()/wait() (or own_completions()) becomes the reader and receives
+//    every completion of the instance, whichever session submitted it; any
+//    other Client, in this process or another, gets kBusy naming the
+//    reader's pid and session, until the reader is destroyed or its process
+//    exits (then the next one takes over, and finds every completion the
+//    old reader had not read).
 //  - One signal-producing process per rank: the layer signals of rank r
 //    come from one process (the engine's rank-r model runner); any of its
 //    threads may push, concurrently (a CUDA host callback thread and the
@@ -34,8 +38,10 @@
 //  - Signals carry request tags (BatchSlot::request_tag) when the engine
 //    can: then they may be pushed before or after the request's CacheTask.
 //    Untagged signals (tag 0, the original's protocol) must be pushed after
-//    the request's CacheTask was submitted: untagged signals from before it
-//    are taken to belong to earlier requests of that slot.
+//    the request's CacheTask was submitted: an untagged entry is stamped, as
+//    it is pushed, with the request its slot was last given by a CacheTask
+//    of this instance (any process's), so it then reaches that request
+//    exactly (README, "Untagged signals").
 //  - Any number of processes may submit requests.
 //  - No call waits forever: blocking calls take a Deadline. If the
 //    coordinator dies, every call returns Errc::kCoordinatorGone within
@@ -304,7 +310,11 @@ class Client {
                            Deadline deadline, std::optional<uint32_t> rank = std::nullopt);
 
   // ---- completions (one reader per instance) ----
-  // The next completion if one is waiting.
+  // Becomes the instance's completion reader now (the first poll or wait
+  // does otherwise). kBusy, naming the reader, when another Client is it.
+  Status own_completions();
+  // The next completion if one is waiting. Thread-safe (the reads are
+  // serialised).
   Result<std::optional<Completion>> poll();
   // Waits for the next completion until `deadline` (kTimeout), or until the
   // coordinator is found dead (kCoordinatorGone).
