@@ -81,7 +81,11 @@ class Coordinator : public Sink, public RankHealth::Listener {
     }
     TableOptions table_options;
     table_options.default_deadline = std::chrono::milliseconds(config_.request_deadline_ms);
-    table_options.withdraw_timeout = std::chrono::milliseconds(config_.peer_timeout_ms);
+    // Twice the peer timeout: a rank whose network peer stalls abandons what
+    // that peer holds (no ack, no payload, no grant within the peer timeout:
+    // worker/net/) and confirms in time; only a rank that is itself stuck is
+    // stopped.
+    table_options.withdraw_timeout = std::chrono::milliseconds(2 * config_.peer_timeout_ms);
     table_options.own_instance = control_.instance();
     table_options.own_tp_size = config_.tp_size;
     table_options.peer_info = [this](std::string_view peer) { return peer_info(peer); };

@@ -255,6 +255,13 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
                  "bytes (README: Cross-host transfer)");
   app.add_option("--tcp-lanes", tcp_lanes, "parallel tcp connections per decode rank, 1-8")
       ->capture_default_str();
+  std::string net_protection = "authenticate";
+  app.add_option("--net-protection", net_protection,
+                 "tcp and rdma sessions, once the key is proved: authenticate (every byte carries "
+                 "an AES-GCM tag; readable on the wire) or encrypt (and encrypted); both "
+                 "instances must agree (README: Cross-host transfer)")
+      ->check(CLI::IsMember({"authenticate", "encrypt"}))
+      ->capture_default_str();
   uint32_t copy_max_sms = 16;
   app.add_option("--copy-max-sms", copy_max_sms,
                  "GPU pools: the most SMs a GPU-to-GPU copy's gather kernel takes from the model")
@@ -393,8 +400,9 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   if (Status s = network_options(c, listen_address, auth_key_file, tcp_lanes, o.worker_args); !s)
     return s.error();
   if (Status s = rdma_options(c, rdma, o.worker_args); !s) return s.error();
-  o.worker_args.insert(o.worker_args.end(), {"--copy-max-sms", std::to_string(copy_max_sms),
-                                             "--tcp-staging-mib", std::to_string(tcp_staging_mib)});
+  o.worker_args.insert(o.worker_args.end(),
+                       {"--copy-max-sms", std::to_string(copy_max_sms), "--tcp-staging-mib",
+                        std::to_string(tcp_staging_mib), "--net-protection", net_protection});
   if (Status s = apply_speculative(speculative, c); !s) return s.error();
   if (extra_layers_flag != 0) c.extra_layers = extra_layers_flag;
   if (extra_blocks_flag != 0) c.extra_layer_blocks = extra_blocks_flag;

@@ -63,26 +63,29 @@ Result<AuthKey> AuthKey::load(const std::string& path) {
   return AuthKey(std::move(bytes));
 }
 
-Mac AuthKey::mac(std::string_view label, std::span<const uint8_t> first,
-                 std::span<const uint8_t> second) const {
-  std::vector<uint8_t> input;
-  input.reserve(label.size() + first.size() + second.size());
-  input.insert(input.end(), label.begin(), label.end());
-  input.insert(input.end(), first.begin(), first.end());
-  input.insert(input.end(), second.begin(), second.end());
+Mac hmac_sha256(std::span<const uint8_t> key, std::string_view label,
+                std::initializer_list<std::span<const uint8_t>> parts) {
+  std::vector<uint8_t> input(label.begin(), label.end());
+  for (std::span<const uint8_t> p : parts)
+    input.insert(input.end(), p.begin(), p.end());
   Mac out{};
   unsigned int len = 0;
-  if (HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()), input.data(), input.size(),
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), input.data(), input.size(),
            out.data(), &len) == nullptr ||
       len != out.size())
     throw std::runtime_error("HMAC-SHA256 failed");  // OpenSSL without SHA-256: unusable
   return out;
 }
 
-bool AuthKey::verify(std::string_view label, std::span<const uint8_t> first,
-                     std::span<const uint8_t> second, std::span<const uint8_t> proof) const {
+Mac AuthKey::mac(std::string_view label,
+                 std::initializer_list<std::span<const uint8_t>> parts) const {
+  return hmac_sha256(key_, label, parts);
+}
+
+bool AuthKey::verify(std::string_view label, std::initializer_list<std::span<const uint8_t>> parts,
+                     std::span<const uint8_t> proof) const {
   if (proof.size() != kMacBytes) return false;
-  const Mac expected = mac(label, first, second);
+  const Mac expected = mac(label, parts);
   return CRYPTO_memcmp(expected.data(), proof.data(), kMacBytes) == 0;
 }
 

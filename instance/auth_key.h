@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
@@ -29,9 +30,11 @@ using Nonce = std::array<uint8_t, kNonceBytes>;
 using Mac = std::array<uint8_t, kMacBytes>;
 
 // What each side proves it can compute: the labels keep a connecting side's
-// proof from being replayed as an accepting side's.
-inline constexpr std::string_view kConnectLabel = "kvrelay-tcp-connect";
-inline constexpr std::string_view kAcceptLabel = "kvrelay-tcp-accept";
+// proof from being replayed as an accepting side's (and version 1's proofs
+// from counting in version 2).
+inline constexpr std::string_view kConnectLabel = "kvrelay-net-v2 connect";
+inline constexpr std::string_view kAcceptLabel = "kvrelay-net-v2 accept";
+inline constexpr std::string_view kSessionLabel = "kvrelay-net-v2 session";
 
 class AuthKey {
  public:
@@ -41,12 +44,11 @@ class AuthKey {
   static Result<AuthKey> load(const std::string& path);
   static AuthKey from_bytes(std::vector<uint8_t> bytes) { return AuthKey(std::move(bytes)); }
 
-  // HMAC-SHA256(key, label || first || second).
-  Mac mac(std::string_view label, std::span<const uint8_t> first,
-          std::span<const uint8_t> second) const;
+  // HMAC-SHA256(key, label || parts...).
+  Mac mac(std::string_view label, std::initializer_list<std::span<const uint8_t>> parts) const;
   // Whether `proof` is that MAC; compares in constant time.
-  bool verify(std::string_view label, std::span<const uint8_t> first,
-              std::span<const uint8_t> second, std::span<const uint8_t> proof) const;
+  bool verify(std::string_view label, std::initializer_list<std::span<const uint8_t>> parts,
+              std::span<const uint8_t> proof) const;
 
  private:
   explicit AuthKey(std::vector<uint8_t> bytes) : key_(std::move(bytes)) {}
@@ -55,5 +57,10 @@ class AuthKey {
 
 // Random bytes from the system's CSPRNG.
 Nonce random_nonce();
+
+// HMAC-SHA256(key, label || parts...), for keys that are not a file's
+// (the session keys derived from one).
+Mac hmac_sha256(std::span<const uint8_t> key, std::string_view label,
+                std::initializer_list<std::span<const uint8_t>> parts);
 
 }  // namespace kvrelay

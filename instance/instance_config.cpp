@@ -47,7 +47,7 @@ InstanceConfig default_config(std::string_view instance, uint32_t tp_size) {
   c.task_ring_bytes = 1U << 20;
   c.signal_ring_records = 4096;
   c.signal_record_bytes = kSignalRecordBytes;
-  c.report_ring_records = 4096;
+  c.report_ring_records = 1024;
   c.report_record_bytes = kReportRecordBytes;
   c.request_deadline_ms = 60'000;
   c.heartbeat_interval_ms = 100;

@@ -16,7 +16,7 @@ namespace kvrelay {
 // Sizes of the fixed records on the signal and report rings
 // (schemas/records.h asserts that its structs match).
 inline constexpr uint32_t kSignalRecordBytes = 120;
-inline constexpr uint32_t kReportRecordBytes = 184;
+inline constexpr uint32_t kReportRecordBytes = 1016;
 
 inline constexpr uint32_t kMaxTpSize = 16;
 // The smallest completion ring: its records (an eighth of it) hold any

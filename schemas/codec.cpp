@@ -22,7 +22,7 @@ const char* message_type_name(schema::MessageType type) {
     case schema::MessageType::RDMA_MEMORY_REGIONS: return "RdmaMemoryRegions";
     case schema::MessageType::TCP_FRAME_HEADER: return "TcpFrameHeader";
     case schema::MessageType::SESSION_HELLO: return "SessionHello";
-    case schema::MessageType::TCP_ENVELOPE: return "TcpEnvelope";
+    case schema::MessageType::NET_ENVELOPE: return "NetEnvelope";
     case schema::MessageType::EXPECT_ARRIVAL: return "ExpectArrival";
     case schema::MessageType::IPC_LANDED: return "IpcLanded";
   }

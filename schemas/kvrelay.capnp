@@ -39,7 +39,7 @@ enum MessageType {
   rdmaMemoryRegions @12;
   tcpFrameHeader @13;
   sessionHello @14;
-  tcpEnvelope @15;
+  netEnvelope @15;
   expectArrival @16;
   ipcLanded @17;
 }
@@ -497,8 +497,8 @@ struct TransportHelloAck {
   # The accepting worker's incarnation (CLOCK_REALTIME ns at its start): a
   # new value means the peer restarted and holds a new pool.
   proof @3 :Data;
-  # tcp: the accepting side's proof that it holds the key too:
-  # HMAC-SHA256(key, "kvrelay-tcp-accept" || client nonce || server nonce).
+  # Unused since wire version 2 (NetServerProof proves the key before the
+  # hello, and the hello and its ack travel sealed).
   tpSize @5 :UInt32;
   totalKvHeads @6 :UInt32;
   # The accepting instance's TP size and the model's KV heads over its ranks
@@ -570,16 +570,25 @@ struct IpcLanded {
   # blocks.
 }
 
-struct TcpAuthChallenge {
-  # The accepting side's first message on a tcp connection.
+struct NetChallenge {
+  # The accepting side's first message on a connection.
   nonce @0 :Data;  # 32 random bytes
+  mode @1 :UInt8;  # the session protection it runs: 1 authenticate, 2 encrypt
 }
 
-struct TcpAuthProof {
+struct NetProof {
   # The connecting side's answer: it holds the pre-shared key.
   nonce @0 :Data;  # 32 random bytes of its own
-  mac @1 :Data;
-  # HMAC-SHA256(key, "kvrelay-tcp-connect" || server nonce || this nonce).
+  mode @1 :UInt8;  # the protection it runs (must be the challenge's)
+  mac @2 :Data;
+  # HMAC-SHA256(key, "kvrelay-net-v2 connect" || server nonce || this nonce || modes).
+}
+
+struct NetServerProof {
+  # The accepting side's proof that it holds the key too, sent only once the
+  # connecting side proved it holds it:
+  # HMAC-SHA256(key, "kvrelay-net-v2 accept" || client nonce || server nonce || modes).
+  mac @0 :Data;
 }
 
 struct TcpAck {
@@ -590,31 +599,64 @@ struct TcpAck {
   reason @2 :Text;
 }
 
-struct TcpEnvelope {
-  # Every message on a tcp transport stream: a little-endian UInt32 length,
-  # then this struct (Cap'n Proto flat array, length bytes); a frame's
-  # payload follows its envelope.
-  #   accepting side: challenge, helloAck, ack, heartbeat, rdmaAccept, rdmaGrant
-  #   connecting side: proof, hello, frame, heartbeat, rdmaOffer, rdmaIntent
+struct NetEnvelope {
+  # Every message on a network transport's connection (worker/net/): a
+  # little-endian UInt32 length, then this struct (Cap'n Proto flat array,
+  # length bytes). Once the handshake has derived the session's keys, every
+  # envelope and every payload is followed by a 16-byte AES-GCM tag (and, in
+  # the encrypting mode, is encrypted): worker/net/session_seal.h.
+  #   -> challenge(nonce_s, mode)                      accepting side, first
+  #   <- proof(nonce_c, mode, mac_c)                   refused: closed, logged
+  #   -> serverProof(mac_s)                            sealed from here on:
+  #   <- hello(instance, rank, tp, pool geometry, instance expected)
+  #   -> helloAck(accepted | reason, pool geometry, epoch)
+  #   <> message(protocol, kind, body)                 a transport's own
+  #   <> heartbeat                                     whenever the line is quiet
   union {
-    challenge @0 :TcpAuthChallenge;
-    proof @1 :TcpAuthProof;
-    hello @2 :TransportHello;
-    helloAck @3 :TransportHelloAck;
-    frame @4 :TcpFrameHeader;
-    ack @5 :TcpAck;
-    heartbeat @6 :Void;
-    rdmaOffer @7 :RdmaOffer;
-    rdmaAccept @8 :RdmaAccept;
-    rdmaIntent @9 :RdmaIntent;
-    rdmaGrant @10 :TcpAck;
-    # The rdma transport's control messages, on the same authenticated
-    # connection (worker/rdma/rdma_transport.h):
-    #   <- rdmaOffer(queue pairs)               after the helloAck
-    #   -> rdmaAccept(queue pairs, regions | reason)
-    #   <- rdmaIntent(transfer, blocks) ...     before its writes
-    #   -> rdmaGrant(transfer, ok | reason)     only then are they posted
-    #   -> ack(transfer, ok | reason)           its WRITE_WITH_IMM has landed
+    challenge @0 :NetChallenge;
+    proof @1 :NetProof;
+    serverProof @2 :NetServerProof;
+    hello @3 :TransportHello;
+    helloAck @4 :TransportHelloAck;
+    heartbeat @5 :Void;
+    message @6 :TransportMessage;
+  }
+}
+
+struct TransportMessage {
+  # A message of one transport, which worker/net/ carries without reading:
+  # `protocol` routes it to the handler that transport registered, `kind`
+  # and `body` are that transport's own (worker/tcp/frame_wire.h,
+  # worker/rdma/control_wire.h).
+  protocol @0 :UInt8;
+  kind @1 :UInt16;
+  body @2 :AnyPointer;
+}
+
+struct TcpMessage {
+  # tcp (protocol 1): frames from the sender, acks from the receiver.
+  #   <- frame(transfer, handle, layer, tensor, offset, bytes, last) + payload ...
+  #   -> ack(transfer, ok | reason)     after the transfer's last payload is in the pool
+  union {
+    frame @0 :TcpFrameHeader;
+    ack @1 :TcpAck;
+  }
+}
+
+struct RdmaMessage {
+  # rdma (protocol 2): the control messages of an rdma session
+  # (worker/rdma/rdma_transport.h), on an authenticated connection:
+  #   <- offer(queue pairs)                  after the helloAck
+  #   -> accept(queue pairs, regions | reason)
+  #   <- intent(transfer, blocks) ...        before its writes
+  #   -> grant(transfer, ok | reason)        only then are they posted
+  #   -> ack(transfer, ok | reason)          its WRITE_WITH_IMM has landed
+  union {
+    offer @0 :RdmaOffer;
+    accept @1 :RdmaAccept;
+    intent @2 :RdmaIntent;
+    grant @3 :TcpAck;
+    ack @4 :TcpAck;
   }
 }
 

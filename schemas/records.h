@@ -97,7 +97,9 @@ enum class ReportKind : uint32_t {
   kPoolRejected = 7,
 };
 
-inline constexpr size_t kReportMessageBytes = 128;
+// A report's reason reaches the engine whole: as long as a completion's own
+// message may be (1 KiB), less the "rank N: " the coordinator puts first.
+inline constexpr size_t kReportMessageBytes = 960;
 
 struct WorkerReport {
   uint64_t handle;  // the coordinator's request handle (WorkerTask.handle)
@@ -111,9 +113,21 @@ struct WorkerReport {
   uint64_t reserved2;
   char message[kReportMessageBytes];  // NUL-terminated; empty unless failed
 
+  // Longer texts are cut at a word boundary, saying so.
   void set_message(std::string_view text) {
-    const size_t n = text.size() < sizeof(message) - 1 ? text.size() : sizeof(message) - 1;
+    constexpr std::string_view kCut = " [cut]";
+    size_t n = text.size();
+    if (n > sizeof(message) - 1) {
+      n = sizeof(message) - 1 - kCut.size();
+      while (n > 0 && text[n] != ' ')
+        --n;
+      if (n == 0) n = sizeof(message) - 1 - kCut.size();
+    }
     std::memcpy(message, text.data(), n);
+    if (n < text.size()) {
+      std::memcpy(message + n, kCut.data(), kCut.size());
+      n += kCut.size();
+    }
     message[n] = '\0';
   }
   // Never trusts the terminator: the record came from another process.
@@ -125,6 +139,6 @@ struct WorkerReport {
 };
 static_assert(std::is_trivially_copyable_v<WorkerReport>);
 static_assert(sizeof(WorkerReport) == kReportRecordBytes,
-              "184 bytes + 8-byte slot sequence = three cache lines");
+              "1016 bytes + 8-byte slot sequence = sixteen cache lines");
 
 }  // namespace kvrelay::records

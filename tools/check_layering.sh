@@ -4,7 +4,8 @@
 # or messages; instance/ builds on shm/; schemas/ (the messages) on both;
 # kernels/ knows nothing of rings; coordinator/, worker/ and client/ sit on
 # top and never include each other (client/ uses kernels/ to share an
-# engine's GPU memory). Below them all sits the public
+# engine's GPU memory). In worker/, net/ names no transport and the
+# transports (ipc/, tcp/, rdma/) never include each other. Below them all sits the public
 # vocabulary that engines and kvrelay's own code share (client/include/kvrelay/
 # result.h, deadline.h, types.h, pool_geometry.h); the rest of client/include
 # (the client itself) is for client/ only, and client/include includes nothing
@@ -49,5 +50,21 @@ while IFS=: read -r file line text; do
   bad=1
 done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' client/include \
            | grep -vE '#[[:space:]]*include[[:space:]]+"kvrelay(/[a-z_]+)?\.h"' || true)
+# The worker's network wing: worker/net/ (the connection layer every network
+# transport shares) names no transport, and the transports are siblings that
+# never include each other; the registry (worker/transport_registry.cpp) and
+# the worker's own files above them are what name them all.
+transport_dirs="ipc tcp rdma"
+for dir in net $transport_dirs; do
+  [ -d "worker/$dir" ] || continue
+  for other in $transport_dirs; do
+    [ "$other" = "$dir" ] && continue
+    while IFS=: read -r file line text; do
+      echo "$file:$line: worker/$dir/ includes the $other transport ($text)"
+      bad=1
+    done < <(grep -rnE "^[[:space:]]*#[[:space:]]*include[[:space:]]+\"worker/$other/" \
+               "worker/$dir" || true)
+  done
+done
 if [ "$bad" -eq 0 ]; then echo "layering: every include runs downwards"; fi
 exit "$bad"

@@ -321,6 +321,12 @@ bool Arrivals::expects(uint64_t handle) const {
   return by_handle_.count(handle) != 0;
 }
 
+bool Arrivals::withdrawing(uint64_t key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = expected_.find(key);
+  return it != expected_.end() && it->second.withdrawn;
+}
+
 bool Arrivals::any() const {
   std::lock_guard<std::mutex> lock(mu_);
   return !events_.empty();

@@ -82,6 +82,9 @@ class Arrivals {
   void abandoned(const LandedWrite& write);
   // Whether `handle` is a declared request still waiting here.
   bool expects(uint64_t handle) const;
+  // Whether request `key` was withdrawn and waits for writes in progress: a
+  // writer holding one abandons it (its peer cannot hold the withdrawal).
+  bool withdrawing(uint64_t key) const;
 
   std::vector<ArrivalEvent> take();
   bool any() const;

@@ -30,6 +30,12 @@ int main(int argc, char** argv) {
                  "pre-shared key for tcp transfers: a 0600 file of >= 16 random bytes");
   app.add_option("--tcp-lanes", o.network.lanes, "parallel tcp connections per decode rank (1-8)")
       ->capture_default_str();
+  std::string protection = "authenticate";
+  app.add_option("--net-protection", protection,
+                 "network sessions: authenticate (every byte carries an AES-GCM tag) or encrypt "
+                 "(and encrypted); both sides must agree (the coordinator's flag)")
+      ->check(CLI::IsMember({"authenticate", "encrypt"}))
+      ->capture_default_str();
   std::string rdma_devices;
   app.add_option("--rdma-devices", rdma_devices,
                  "rdma: RDMA device per rank, comma-separated (one for all ranks, or one per "
@@ -68,6 +74,8 @@ int main(int argc, char** argv) {
     at = comma == std::string::npos ? comma : comma + 1;
   }
   o.attach_timeout = std::chrono::milliseconds(attach_ms);
+  o.network.protection = protection == "encrypt" ? kvrelay::worker::net::Protection::kEncrypt
+                                                 : kvrelay::worker::net::Protection::kAuthenticate;
   if (!cpu_list.empty()) {
     kvrelay::Result<std::vector<int>> cpus = kvrelay::parse_cpu_list(cpu_list);
     if (!cpus) {

@@ -4,11 +4,12 @@
 
 namespace kvrelay::worker {
 
-void StallWatch::check(SendScheduler& scheduler, uint64_t now_ns) {
-  if (now_ns < next_check_ns_) return;
+bool StallWatch::check(SendScheduler& scheduler, uint64_t now_ns) {
+  if (now_ns < next_check_ns_) return false;
   next_check_ns_ = now_ns + ns_of(std::chrono::seconds(1));
   scheduler.find_stalls(now_ns, report_after_ns_, stalls_);
-  if (stalls_.empty() && !listed_any_) return;
+  if (stalls_.empty() && !listed_any_) return false;
+  const uint64_t found_before = found_;
   records_.clear();
   for (const SendScheduler::Stall& s : stalls_) {
     if (s.first_time) {
@@ -32,8 +33,14 @@ void StallWatch::check(SendScheduler& scheduler, uint64_t now_ns) {
     if (s.peer != nullptr) request_stalls::set_text(r.peer, *s.peer);
     records_.push_back(r);
   }
-  request_stalls::publish(board_, records_);
   listed_any_ = !records_.empty();
+  if (found_ != found_before) return true;  // published after the counter is mirrored
+  request_stalls::publish(board_, records_);
+  return false;
+}
+
+void StallWatch::publish() {
+  request_stalls::publish(board_, records_);
 }
 
 }  // namespace kvrelay::worker

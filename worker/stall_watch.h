@@ -29,10 +29,14 @@ class StallWatch {
   StallWatch(uint32_t rank, Nanos report_after, RankStalls& board)
       : rank_(rank), report_after_ns_(ns_of(report_after)), board_(board) {}
 
-  // Looks at most once a second (cheap otherwise).
-  void check(SendScheduler& scheduler, uint64_t now_ns);
+  // Looks at most once a second (cheap otherwise). True when it found a
+  // request stalled for the first time.
+  bool check(SendScheduler& scheduler, uint64_t now_ns);
   // Requests found stalled so far (each counted once).
   uint64_t found() const { return found_; }
+  // Lists what the last check() found, when it returned true (after the
+  // caller mirrored found() into the counters).
+  void publish();
 
  private:
   uint32_t rank_;

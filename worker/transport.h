@@ -3,8 +3,9 @@
 // and completion are apart: submit_layer() starts a layer's transfer and
 // returns at once; the transfer's completion, polled later, says that its
 // bytes are applied at the destination (readable there, not merely handed to
-// a socket), or why they are not. The ipc transport copies between pools of
-// one host; the tcp and rdma transports (their issues) plug in here.
+// a socket), or why they are not. Each protocol's transport lives in a
+// folder of its own (ipc/, tcp/, rdma/) and is built by its row of the
+// registry (transport_registry.h).
 #pragma once
 
 #include <cstdint>
@@ -59,6 +60,8 @@ class Destination {
 class Transport {
  public:
   virtual ~Transport() = default;
+  // "ipc", "tcp", "rdma": for messages and the registry.
+  virtual const char* name() const = 0;
   virtual Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) = 0;
   // For ConnectTask: can this rank reach the peer? ok or why not.
   virtual Status check_connect(schema::ConnectTask::Reader connect) = 0;
@@ -67,6 +70,8 @@ class Transport {
   virtual void poll(std::vector<TransferCompletion>& out) = 0;
   // Whether poll() has something to return (the worker's wait predicate).
   virtual bool has_completions() const = 0;
+  // Work of every turn of the worker's loop; true when something was done.
+  virtual bool tick() { return false; }
 };
 
 }  // namespace kvrelay::worker

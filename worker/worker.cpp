@@ -143,7 +143,11 @@ class Worker {
       busy = data_->transports().tick() || busy;
       drain_arrivals();
       reports_.flush();
+      // The watchdog's count is mirrored with its listing, so that whoever
+      // sees a request listed finds it counted.
+      const bool newly_stalled = stalls_.check(data_->scheduler(), mono_now_ns());
       mirror_counters();
+      if (newly_stalled) stalls_.publish();
       if (const LocalPool* pool = data_->truncated_pool())
         return give_up(control_, rank_, kExitUnusable,
                        fmt::format("its pool /{} was truncated by another process; exiting so "
@@ -159,7 +163,6 @@ class Worker {
                                    task_ring_.take_corruption().value_or("corrupt records")));
       }
       const uint64_t now = mono_now_ns();
-      stalls_.check(data_->scheduler(), now);
       if (now >= next_check) {
         next_check = now + ns_of(100ms);
         if (auto what = task_ring_.take_corruption())

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fuzz_geometry.h"
-#include "worker/ipc_intake.h"
+#include "worker/ipc/ipc_intake.h"
 
 namespace {
 

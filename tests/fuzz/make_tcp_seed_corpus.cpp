@@ -1,14 +1,19 @@
 // Writes the checked-in seed corpus of tcp_wire_fuzzer: streams a real peer
-// writes (the handshake, frames with payloads, acks, heartbeats).
+// writes (the handshake's messages, frames with payloads, acks, heartbeats,
+// an rdma session's control messages), as they read once unsealed.
 // Run: make_tcp_seed_corpus <dir>.
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "worker/tcp/wire.h"
+#include "worker/net/envelope.h"
+#include "worker/rdma/control_wire.h"
+#include "worker/request_key.h"
+#include "worker/tcp/frame_wire.h"
 
 using namespace kvrelay;
 using namespace kvrelay::worker::tcp;
+namespace net = kvrelay::worker::net;
 namespace rdma = kvrelay::worker::rdma;
 
 namespace {
@@ -33,10 +38,11 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < nonce.size(); ++i)
     nonce[i] = static_cast<uint8_t>(i);
   std::vector<std::byte> handshake;
-  encode_challenge(nonce, handshake);
-  encode_proof(nonce, mac, handshake);
-  Hello hello;
-  hello.version = kWireVersion;
+  net::encode_challenge(nonce, net::Protection::kAuthenticate, handshake);
+  net::encode_proof(nonce, net::Protection::kAuthenticate, mac, handshake);
+  net::encode_server_proof(mac, handshake);
+  net::Hello hello;
+  hello.version = net::kWireVersion;
   hello.instance = "prefill";
   hello.expected_instance = "fuzz";
   hello.pool.num_layers = 4;
@@ -47,12 +53,11 @@ int main(int argc, char** argv) {
   hello.pool.block_size = 16;
   hello.pool.head_dim = 64;
   hello.pool.has_scales = 1;
-  encode_hello(hello, handshake);
-  HelloAck ack;
+  net::encode_hello(hello, handshake);
+  net::HelloAck ack;
   ack.accepted = true;
   ack.pool = hello.pool;
-  ack.proof.assign(mac.begin(), mac.end());
-  encode_hello_ack(ack, handshake);
+  net::encode_hello_ack(ack, handshake);
   write(dir + "/handshake", handshake);
 
   std::vector<std::byte> frames;
@@ -69,7 +74,7 @@ int main(int argc, char** argv) {
     encode_frame(f, frames);
     frames.resize(frames.size() + block, std::byte{0x5a});
   }
-  encode_heartbeat(frames);
+  net::encode_heartbeat(frames);
   encode_ack(1, true, "", frames);
   encode_ack(2, false, "refused", frames);
   write(dir + "/frames", frames);
@@ -83,29 +88,29 @@ int main(int argc, char** argv) {
   qp.mtu = 4096;
   qp.gid[15] = 1;
   const std::vector<rdma::QpEndpoint> qps = {qp, qp};
-  encode_rdma_offer(qps, rdma_stream);
+  rdma::encode_offer(qps, rdma_stream);
   std::vector<rdma::RemoteTensor> tensors;
   for (uint32_t l = 0; l < hello.pool.total_layers(); ++l)
     for (uint32_t t = 0; t < hello.pool.tensors_per_layer(); ++t)
       tensors.push_back({0x100000 + (l * 4 + t) * 0x10000, 7,
                          hello.pool.tensor_bytes(l, static_cast<PoolTensor>(t))});
-  encode_rdma_accept(true, "", qps, hello.pool, tensors, rdma_stream);
-  RdmaIntent intent;
+  rdma::encode_accept(true, "", qps, hello.pool, tensors, rdma_stream);
+  rdma::Intent intent;
   intent.transfer = 1;
   intent.request_key = worker::request_key("fuzz-declared");
   intent.layer = 2;
   intent.runs = {{3, 3}};
-  encode_rdma_intent(intent, rdma_stream);
+  rdma::encode_intent(intent, rdma_stream);
   intent.transfer = 2;
   intent.runs = {{60, 8}};
   intent.last = false;
-  encode_rdma_intent(intent, rdma_stream);
+  rdma::encode_intent(intent, rdma_stream);
   intent.runs = {{1, 1}};
   intent.last = true;
-  encode_rdma_intent(intent, rdma_stream);
-  encode_rdma_grant(1, true, "", rdma_stream);
-  encode_rdma_grant(2, false, "refused", rdma_stream);
-  encode_ack(1, true, "", rdma_stream);
+  rdma::encode_intent(intent, rdma_stream);
+  rdma::encode_grant(1, true, "", rdma_stream);
+  rdma::encode_grant(2, false, "refused", rdma_stream);
+  rdma::encode_ack(1, true, "", rdma_stream);
   write(dir + "/rdma", rdma_stream);
   return 0;
 }

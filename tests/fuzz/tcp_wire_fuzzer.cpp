@@ -1,27 +1,31 @@
-// libFuzzer target: the tcp transport's receiving side, as a stream. The
-// input is what a peer wrote on the socket: length prefixes, envelopes and
-// payloads, in any order. Each envelope is decoded exactly as a channel does
-// (parse_length, decode_envelope), and frames and hellos are checked against
-// a pool geometry as the receiver does (check_frame, check_hello); a frame's
-// payload is skipped as the receiver would read or drop it. The rdma control
-// messages go where the receiver sends them: an offer opens an rdma session
+// libFuzzer target: a listener's receiving side, as the stream a peer that
+// holds the key may write once the session is sealed (the seal itself only
+// admits what such a peer wrote): length prefixes, envelopes and payloads,
+// in any order. Each envelope is decoded exactly as a channel does
+// (parse_length, decode_envelope); hellos are checked as the listener does
+// (check_hello); transport messages go to their transport's decoder: tcp
+// frames are checked against a pool geometry (check_frame) and their payload
+// skipped as the receiver would read or drop it; rdma offers open a session
 // (on the in-process fake fabric), intents go to that session's checks
 // against the pool and the expected requests, accepts to check_regions.
 // Anything may come back; a crash, a sanitizer report, a hang or a leak is a
 // finding.
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
 #include "../worker/fake_fabric.h"
 #include "fuzz_geometry.h"
 #include "instance/pool_segment.h"
+#include "worker/net/envelope.h"
+#include "worker/net/hello.h"
+#include "worker/rdma/control_wire.h"
 #include "worker/rdma/rdma_receiver.h"
-#include "worker/tcp/wire.h"
+#include "worker/tcp/frame_wire.h"
 
 namespace {
 
@@ -60,32 +64,45 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint64_t> body;
   size_t at = 0;
   while (size - at >= 4) {
-    Result<uint32_t> len = parse_length(std::span<const uint8_t, 4>(data + at, 4));
+    Result<uint32_t> len = worker::net::parse_length(std::span<const uint8_t, 4>(data + at, 4));
     at += 4;
     if (!len || size - at < *len) return 0;  // the channel closes here
     body.assign(*len / 8, 0);
     std::memcpy(body.data(), data + at, *len);
     at += *len;
-    Result<Inbound> in = decode_envelope(
+    Result<worker::net::Inbound> in = worker::net::decode_envelope(
         std::span<const std::byte>(reinterpret_cast<const std::byte*>(body.data()), *len));
     if (!in) return 0;
-    if (in->kind == kvrelay::schema::TcpEnvelope::FRAME) {
-      (void)check_frame(in->frame, g);
-      if (in->frame.bytes > size - at) return 0;
-      at += in->frame.bytes;
-    } else if (in->kind == kvrelay::schema::TcpEnvelope::HELLO) {
-      (void)check_hello(in->hello, "fuzz", g);
-    } else if (in->kind == kvrelay::schema::TcpEnvelope::RDMA_OFFER) {
-      if (session) return 0;  // a second offer closes the connection
-      Result<std::unique_ptr<rdma::RdmaSession>> s =
-          rdma::RdmaSession::accept(*side.listener, *side.arrivals, in->rdma_offer, "fuzz");
-      if (s) session = std::move(s).value();
-    } else if (in->kind == kvrelay::schema::TcpEnvelope::RDMA_INTENT) {
-      if (!session) return 0;  // closed: an intent before an offer
-      if (!session->on_intent(in->rdma_intent)) return 0;  // closed: broke the protocol
-      if (!session->poll(acks)) return 0;
-    } else if (in->kind == kvrelay::schema::TcpEnvelope::RDMA_ACCEPT) {
-      (void)rdma::check_regions(in->rdma_accept.regions, g);
+    if (in->kind == kvrelay::schema::NetEnvelope::HELLO) {
+      (void)worker::net::check_hello(in->hello, "fuzz", g);
+      continue;
+    }
+    if (in->kind != kvrelay::schema::NetEnvelope::MESSAGE) continue;
+    if (in->protocol == kProtocol) {
+      Result<Message> m = decode(*in);
+      if (!m) return 0;
+      if (m->kind == Message::Kind::kFrame) {
+        (void)check_frame(m->frame, g);
+        if (m->frame.bytes > size - at) return 0;
+        at += m->frame.bytes;
+      }
+    } else if (in->protocol == rdma::kProtocol) {
+      Result<rdma::Message> m = rdma::decode(*in);
+      if (!m) return 0;
+      if (m->kind == rdma::Message::Kind::kOffer) {
+        if (session) return 0;  // a second offer closes the connection
+        Result<std::unique_ptr<rdma::RdmaSession>> s =
+            rdma::RdmaSession::accept(*side.listener, *side.arrivals, m->offer, "fuzz");
+        if (s) session = std::move(s).value();
+      } else if (m->kind == rdma::Message::Kind::kIntent) {
+        if (!session) return 0;                        // closed: an intent before an offer
+        if (!session->on_intent(m->intent)) return 0;  // closed: broke the protocol
+        if (!session->poll(acks)) return 0;
+      } else if (m->kind == rdma::Message::Kind::kAccept) {
+        (void)rdma::check_regions(m->accept.regions, g);
+      }
+    } else {
+      return 0;  // a protocol the listener does not serve: closed
     }
   }
   return 0;

@@ -37,7 +37,7 @@ constexpr uint32_t kBlocks = 256;
 constexpr uint32_t kStallDeadlineMs = 300;
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr uint32_t kRequestsPerEngine = 150;
+constexpr uint32_t kRequestsPerEngine = 400;
 #else
 constexpr uint32_t kRequestsPerEngine = 1500;
 #endif

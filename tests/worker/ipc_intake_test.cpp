@@ -3,7 +3,7 @@
 // claims before each write and says what landed; the rank replays that into
 // its expected requests. A record the full ring has no room for waits at the
 // writer, with its announcement, and goes out in order once there is room.
-#include "worker/ipc_intake.h"
+#include "worker/ipc/ipc_intake.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "support/processes.h"
-#include "worker/ipc_intake_writer.h"
+#include "worker/ipc/ipc_intake_writer.h"
 #include "worker/request_key.h"
 
 namespace kvrelay::worker {

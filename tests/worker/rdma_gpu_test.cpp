@@ -12,7 +12,7 @@
 #include "support/pool_patterns.h"
 #include "worker/rdma/rdma_transport.h"
 #include "worker/rdma/registered_pool.h"
-#include "worker/tcp/tcp_receiver.h"
+#include "worker/receiver.h"
 
 namespace kvrelay::worker::rdma {
 namespace {
@@ -37,13 +37,12 @@ TEST(RdmaGpuPool, ABetweenGpuPoolsTransferLandsByteForByteThroughDmabufs) {
   EXPECT_EQ((*src_reg)->dmabuf_registrations(), 1u);
 
   const AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
-  tcp::NetThread net;
-  tcp::ReceiverOptions ro;
+  net::NetThread net;
+  ReceiverOptions ro;
   ro.instance = "d";
   ro.rdma = std::make_shared<RdmaListener>(
       &fabric, "", dst.pool(), 0, std::shared_ptr<const RegisteredPool>(std::move(*dst_reg)));
-  Result<std::unique_ptr<tcp::TcpReceiver>> receiver =
-      tcp::TcpReceiver::start(net, dst.pool(), key, ro);
+  Result<std::unique_ptr<Receiver>> receiver = Receiver::start(net, dst.pool(), key, ro);
   ASSERT_TRUE(receiver) << receiver.error().message;
   RdmaSenderOptions so;
   so.instance = "p";
@@ -67,7 +66,7 @@ TEST(RdmaGpuPool, ABetweenGpuPoolsTransferLandsByteForByteThroughDmabufs) {
     ASSERT_TRUE(c.status) << c.status.error().message;
   EXPECT_EQ(kvrelay::testing::wrong_bytes(dst.mirror(), src_ids, dst_ids), 0u);
   EXPECT_EQ(fabric.dmabuf_registrations.load(), 2u) << "nothing registered by address";
-  EXPECT_EQ((*receiver)->stats().rdma_transfers.load(), 3u);
+  EXPECT_EQ((*receiver)->sessions().transfers.load(), 3u);
 }
 
 // Allocations of two tensors (a layer's K and V): a registration each. Of

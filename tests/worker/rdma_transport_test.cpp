@@ -15,7 +15,7 @@
 
 #include "fake_fabric.h"
 #include "support/pool_patterns.h"
-#include "worker/tcp/tcp_receiver.h"
+#include "worker/receiver.h"
 
 namespace kvrelay::worker::rdma {
 namespace {
@@ -40,21 +40,21 @@ class RdmaTransportTest : public ::testing::Test {
       if (p != nullptr) (void)p->segment().unlink();
   }
 
-  tcp::Timing timing() {
-    tcp::Timing t;
+  net::Timing timing() {
+    net::Timing t;
     t.heartbeat = 20ms;
     t.peer_timeout = 300ms;
     return t;
   }
   void listen(bool with_rdma = true, uint16_t port = 0) {
-    tcp::ReceiverOptions o;
+    ReceiverOptions o;
     o.port = port;
     o.instance = "d";
     o.timing = timing();
     o.handshake_timeout = 500ms;
     o.arrivals = arrivals;
     if (with_rdma) o.rdma = std::make_shared<RdmaListener>(&fabric, "", *dst, 0);
-    Result<std::unique_ptr<tcp::TcpReceiver>> r = tcp::TcpReceiver::start(net, *dst, key, o);
+    Result<std::unique_ptr<Receiver>> r = Receiver::start(net, *dst, key, o);
     ASSERT_TRUE(r) << r.error().message;
     receiver = std::move(r).value();
   }
@@ -102,8 +102,8 @@ class RdmaTransportTest : public ::testing::Test {
   FakeFabric fabric;  // outlives every queue pair
   std::unique_ptr<HostSegmentPool> src, dst;
   std::shared_ptr<Arrivals> arrivals;
-  tcp::NetThread net;
-  std::unique_ptr<tcp::TcpReceiver> receiver;
+  net::NetThread net;
+  std::unique_ptr<Receiver> receiver;
   std::unique_ptr<RdmaTransport> sender;
 };
 
@@ -124,9 +124,9 @@ TEST_F(RdmaTransportTest, ScatteredBlocksArriveByteForByteWithOneImmediatePerTra
   EXPECT_EQ(wrong_bytes(*dst, src_ids, dst_ids), 0u);
   EXPECT_EQ(fabric.writes.load(), 3u * 3 * 2) << "one write per run and tensor";
   EXPECT_EQ(fabric.with_immediate.load(), 3u) << "one immediate per layer transfer";
-  EXPECT_EQ(receiver->stats().rdma_sessions.load(), 1u);
-  EXPECT_EQ(receiver->stats().rdma_transfers.load(), 3u);
-  EXPECT_EQ(receiver->stats().frames.load(), 0u) << "no byte went over tcp";
+  EXPECT_EQ(receiver->sessions().sessions.load(), 1u);
+  EXPECT_EQ(receiver->sessions().transfers.load(), 3u);
+  EXPECT_EQ(receiver->frames().frames.load(), 0u) << "no byte went over tcp";
   // Each side registered its pool once (one shared-memory segment: one region).
   EXPECT_EQ(fabric.registrations.load(), 2u);
 
@@ -180,7 +180,7 @@ TEST_F(RdmaTransportTest, BlocksAnExpectedRequestHoldsAreRefusedBeforeAnyWrite) 
   }
   EXPECT_EQ(fabric.writes.load(), 0u) << "nothing was written";
   EXPECT_EQ(wrong_bytes(*dst, {}, {}), 0u);
-  EXPECT_EQ(receiver->stats().rdma_refused.load(), 3u);
+  EXPECT_EQ(receiver->sessions().refused.load(), 3u);
 
   // The declared request itself lands and arrives, on the same session.
   const auto ok = send_all_layers(*dest, 2, {4, 5}, {20, 21}, request_key("req-7"));
@@ -192,7 +192,7 @@ TEST_F(RdmaTransportTest, BlocksAnExpectedRequestHoldsAreRefusedBeforeAnyWrite) 
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].handle, 7u);
   EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived) << events[0].message;
-  EXPECT_EQ(receiver->stats().rdma_sessions.load(), 1u) << "a refusal does not end the session";
+  EXPECT_EQ(receiver->sessions().sessions.load(), 1u) << "a refusal does not end the session";
 }
 
 TEST_F(RdmaTransportTest, BlocksOutsideTheDecodePoolAreRefusedNamingThem) {
@@ -236,7 +236,7 @@ TEST_F(RdmaTransportTest, AFailedCompletionFailsTheSessionsTransfersAndTheNextRe
   ASSERT_EQ(later.size(), 3u);
   for (const TransferCompletion& c : later)
     EXPECT_TRUE(c.status) << message(c);
-  EXPECT_EQ(receiver->stats().rdma_sessions.load(), 2u);
+  EXPECT_EQ(receiver->sessions().sessions.load(), 2u);
   // What the worker's counters show of it (kvrelay-dump's network section).
   EXPECT_EQ(sender->link_stats().opened.load(), 2u);
   EXPECT_EQ(sender->link_stats().lost.load(), 1u);
@@ -288,11 +288,11 @@ TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {
 
   // More runs than the layer has blocks, over several parts: refused before
   // it can grow without bound.
-  tcp::RdmaIntent part;
+  Intent part;
   part.transfer = 1;
   part.layer = 0;
   part.last = false;
-  part.runs.assign(20, tcp::BlockSpan{0, 1});
+  part.runs.assign(20, BlockSpan{0, 1});
   ASSERT_TRUE((*session)->on_intent(part));
   Result<std::optional<Status>> more = (*session)->on_intent(part);
   ASSERT_FALSE(more);
@@ -303,7 +303,7 @@ TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {
   Result<std::unique_ptr<RdmaSession>> fresh =
       RdmaSession::accept(listener, *arrivals, offer, "test peer");
   ASSERT_TRUE(fresh);
-  part.runs = {tcp::BlockSpan{1, 1}};
+  part.runs = {BlockSpan{1, 1}};
   part.last = true;
   ASSERT_TRUE((*fresh)->on_intent(part));  // granted: transfer 1 holds immediate 1
   part.transfer = 1 + (uint64_t{1} << 32);  // same low 32 bits
@@ -349,7 +349,7 @@ namespace {
 // each decode rank's expected request arrives once its head has landed.
 TEST(RdmaHeteroTp, EachDecodeRankGetsItsHeadAndItsRequestArrives) {
   FakeFabric fabric;
-  tcp::NetThread net;
+  net::NetThread net;
   const AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
   PoolGeometry one_head = kvrelay::testing::transport_geometry();
   one_head.kv_heads = 1;
@@ -358,7 +358,7 @@ TEST(RdmaHeteroTp, EachDecodeRankGetsItsHeadAndItsRequestArrives) {
   kvrelay::testing::fill(*src);
   std::vector<std::unique_ptr<HostSegmentPool>> dst;
   std::vector<std::shared_ptr<Arrivals>> arrivals;
-  std::vector<std::unique_ptr<tcp::TcpReceiver>> receivers;
+  std::vector<std::unique_ptr<Receiver>> receivers;
   capnp::MallocMessageBuilder m;
   auto d = m.initRoot<schema::CacheDest>();
   d.setProtocol(schema::TransferProtocol::RDMA);
@@ -370,13 +370,13 @@ TEST(RdmaHeteroTp, EachDecodeRankGetsItsHeadAndItsRequestArrives) {
     dst.push_back(kvrelay::testing::make_test_pool("rdmahet", fmt::format("dst{}", r), one_head));
     arrivals.push_back(std::make_shared<Arrivals>(one_head, nullptr));
     ASSERT_TRUE(arrivals[r]->expect(40 + r, "het", dst_ids));
-    tcp::ReceiverOptions o;
+    ReceiverOptions o;
     o.instance = "d";
     o.rank = r;
     o.heads = HeadLayout{2, 1, 2};
     o.arrivals = arrivals[r];
     o.rdma = std::make_shared<RdmaListener>(&fabric, "", *dst[r], r);
-    Result<std::unique_ptr<tcp::TcpReceiver>> rx = tcp::TcpReceiver::start(net, *dst[r], key, o);
+    Result<std::unique_ptr<Receiver>> rx = Receiver::start(net, *dst[r], key, o);
     ASSERT_TRUE(rx) << rx.error().message;
     receivers.push_back(std::move(rx).value());
     ports.set(r, receivers[r]->port());

@@ -55,6 +55,7 @@ class RecordingDestination : public Destination {
 // so: the scheduler then sees what an asynchronous transport does.
 class FakeTransport : public Transport {
  public:
+  const char* name() const override { return "fake"; }
   Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader) override {
     return std::shared_ptr<Destination>(dest);
   }

@@ -13,8 +13,9 @@
 
 #include "support/fake_device.h"
 #include "support/pool_patterns.h"
+#include "worker/receiver.h"
+#include "worker/tcp/frame_plan.h"
 #include "worker/tcp/staging.h"
-#include "worker/tcp/tcp_receiver.h"
 #include "worker/tcp/tcp_transport.h"
 
 namespace kvrelay::worker::tcp {
@@ -42,8 +43,8 @@ class TcpStagingTest : public ::testing::Test {
     receiver.reset();
   }
 
-  static Timing staged_timing() {
-    Timing t;
+  static net::Timing staged_timing() {
+    net::Timing t;
     t.heartbeat = 20ms;
     t.peer_timeout = 2000ms;
     return t;
@@ -63,7 +64,7 @@ class TcpStagingTest : public ::testing::Test {
     o.timing = staged_timing();
     o.stager = std::move(stager);
     o.stage_at_handshake = true;  // as a worker's tcp listener
-    Result<std::unique_ptr<TcpReceiver>> r = TcpReceiver::start(net, pool, key, o);
+    Result<std::unique_ptr<Receiver>> r = Receiver::start(net, pool, key, o);
     ASSERT_TRUE(r) << r.error().message;
     receiver = std::move(r).value();
   }
@@ -85,8 +86,8 @@ class TcpStagingTest : public ::testing::Test {
   }
 
   AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
-  NetThread net;
-  std::unique_ptr<TcpReceiver> receiver;
+  net::NetThread net;
+  std::unique_ptr<Receiver> receiver;
   std::unique_ptr<TcpTransport> sender;
 };
 
@@ -113,7 +114,7 @@ TEST_F(TcpStagingTest, GpuToGpuArrivesByteForByteAndIsOnTheDeviceWhenAcked) {
   EXPECT_EQ(wrong, 0u);
   EXPECT_EQ(out->bytes_to_host.load(), 3 * layer_bytes) << "every byte sent was staged";
   EXPECT_EQ(in->bytes_to_device.load(), 3 * layer_bytes) << "every byte received was staged";
-  EXPECT_EQ(receiver->stats().refused_frames.load(), 0u);
+  EXPECT_EQ(receiver->frames().refused_frames.load(), 0u);
 }
 
 // The page-locking of staging memory is paid when a connection is made
@@ -247,7 +248,7 @@ TEST_F(TcpStagingTest, AGpuPoolWithoutAStagerIsRefusedSayingSoOnEitherSide) {
   EXPECT_NE(done[0].status.error().message.find("its tcp listener has no staging for it"),
             std::string::npos)
       << done[0].status.error().message;
-  EXPECT_EQ(receiver->stats().refused_frames.load(), 3u);
+  EXPECT_EQ(receiver->frames().refused_frames.load(), 3u);
 }
 
 // A receiver stopped while its copies into the device are queued: it waits
@@ -295,7 +296,7 @@ TEST_F(TcpStagingTest, AHeadShareBetweenGpuPoolsIsOnTheDeviceAtItsCompletion) {
   FakeDevicePool src(kStagedGeometry, "src");
   kvrelay::testing::fill(src.mirror());
   std::vector<std::unique_ptr<FakeDevicePool>> decode;
-  std::vector<std::unique_ptr<TcpReceiver>> receivers;
+  std::vector<std::unique_ptr<Receiver>> receivers;
   auto in = std::make_shared<FakeEngineControl>();
   in->delay = 1ms;
   for (uint32_t r = 0; r < 2; ++r) {
@@ -306,8 +307,7 @@ TEST_F(TcpStagingTest, AHeadShareBetweenGpuPoolsIsOnTheDeviceAtItsCompletion) {
     o.heads = HeadLayout{2, 1, 2};
     o.timing = staged_timing();
     o.stager = stager_for(*decode.back(), in);
-    Result<std::unique_ptr<TcpReceiver>> started =
-        TcpReceiver::start(net, decode.back()->pool(), key, o);
+    Result<std::unique_ptr<Receiver>> started = Receiver::start(net, decode.back()->pool(), key, o);
     ASSERT_TRUE(started) << started.error().message;
     receivers.push_back(std::move(started).value());
   }

@@ -16,8 +16,10 @@
 #include <cstring>
 #include <thread>
 
+#include "raw_net_client.h"
 #include "support/pool_patterns.h"
-#include "worker/tcp/tcp_receiver.h"
+#include "worker/receiver.h"
+#include "worker/tcp/frame_wire.h"
 
 namespace kvrelay::worker::tcp {
 namespace {
@@ -48,8 +50,8 @@ class TcpTransportTest : public ::testing::Test {
       if (p != nullptr) (void)p->segment().unlink();
   }
 
-  Timing timing() {
-    Timing t;
+  net::Timing timing() {
+    net::Timing t;
     t.heartbeat = 20ms;
     t.peer_timeout = 300ms;
     return t;
@@ -60,7 +62,7 @@ class TcpTransportTest : public ::testing::Test {
     o.instance = "d";
     o.timing = timing();
     o.handshake_timeout = 500ms;
-    Result<std::unique_ptr<TcpReceiver>> r = TcpReceiver::start(net, pool, key, o);
+    Result<std::unique_ptr<Receiver>> r = Receiver::start(net, pool, key, o);
     ASSERT_TRUE(r) << r.error().message;
     receiver = std::move(r).value();
   }
@@ -88,8 +90,8 @@ class TcpTransportTest : public ::testing::Test {
 
   AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
   std::unique_ptr<HostSegmentPool> src, dst;
-  NetThread net;
-  std::unique_ptr<TcpReceiver> receiver;
+  net::NetThread net;
+  std::unique_ptr<Receiver> receiver;
   std::unique_ptr<TcpTransport> sender;
 };
 
@@ -107,8 +109,8 @@ TEST_F(TcpTransportTest, ScatteredBlocksArriveByteForByteAndNothingElseIsTouched
     EXPECT_EQ(c.bytes, src_ids.size() * 2 * geometry().block_bytes(PoolTensor::kKey));
   }
   EXPECT_EQ(wrong_bytes(*dst, src_ids, dst_ids), 0u);
-  EXPECT_EQ(receiver->stats().accepted.load(), 2u) << "two lanes";
-  EXPECT_EQ(receiver->stats().refused.load(), 0u);
+  EXPECT_EQ(receiver->connections().accepted.load(), 2u) << "two lanes";
+  EXPECT_EQ(receiver->connections().refused.load(), 0u);
 }
 
 // Heterogeneous TP (tp 1 with 2 heads -> tp 2 with 1 each): a share that is
@@ -121,7 +123,7 @@ TEST_F(TcpTransportTest, AHeadShareIsCompleteAtItsCompletionWhateverItsFrameCoun
   PoolGeometry half = geometry();
   half.kv_heads = 1;
   std::vector<std::unique_ptr<HostSegmentPool>> decode;
-  std::vector<std::unique_ptr<TcpReceiver>> receivers;
+  std::vector<std::unique_ptr<Receiver>> receivers;
   for (uint32_t r = 0; r < 2; ++r) {
     decode.push_back(make_pool(fmt::format("half{}", r), half));
     ReceiverOptions o;
@@ -130,7 +132,7 @@ TEST_F(TcpTransportTest, AHeadShareIsCompleteAtItsCompletionWhateverItsFrameCoun
     o.heads = HeadLayout{2, 1, 2};
     o.timing = timing();
     o.handshake_timeout = 500ms;
-    Result<std::unique_ptr<TcpReceiver>> started = TcpReceiver::start(net, *decode[r], key, o);
+    Result<std::unique_ptr<Receiver>> started = Receiver::start(net, *decode[r], key, o);
     ASSERT_TRUE(started) << started.error().message;
     receivers.push_back(std::move(started).value());
   }
@@ -180,8 +182,8 @@ TEST_F(TcpTransportTest, AWrongKeyIsRefusedAndNoPoolByteIsTouched) {
     EXPECT_NE(c.status.error().message.find("authentication failed"), std::string::npos)
         << c.status.error().message;
   }
-  EXPECT_GE(receiver->stats().refused.load(), 1u);
-  EXPECT_EQ(receiver->stats().frames.load(), 0u);
+  EXPECT_GE(receiver->connections().refused.load(), 1u);
+  EXPECT_EQ(receiver->frames().frames.load(), 0u);
   EXPECT_EQ(wrong_bytes(*dst, {}, {}), 0u);
 }
 
@@ -226,92 +228,47 @@ TEST_F(TcpTransportTest, APeerThatGoesAwayIsReachedAgainForTheNextRequests) {
   EXPECT_TRUE(sent);
 }
 
-// A client that speaks the protocol by hand, to send what a sender never does.
-class RawClient {
- public:
-  RawClient(uint16_t port) : socket_(io_) {
-    socket_.connect({asio::ip::make_address("127.0.0.1"), port});
-  }
-  // The next message other than a heartbeat.
-  Result<Inbound> read() {
-    Result<Inbound> in = read_any();
-    while (in && in->kind == schema::TcpEnvelope::HEARTBEAT)
-      in = read_any();
-    return in;
-  }
-  Result<Inbound> read_any() {
-    uint8_t p[4];
-    boost::system::error_code ec;
-    asio::read(socket_, asio::buffer(p), ec);
-    if (ec) return make_error(Errc::kSystem, ec.message());
-    Result<uint32_t> len = parse_length(std::span<const uint8_t, 4>(p, 4));
-    if (!len) return len.error();
-    std::vector<uint64_t> body(*len / 8);
-    asio::read(socket_, asio::buffer(body.data(), *len), ec);
-    if (ec) return make_error(Errc::kSystem, ec.message());
-    return decode_envelope(
-        std::span<const std::byte>(reinterpret_cast<const std::byte*>(body.data()), *len));
-  }
-  void write(const std::vector<std::byte>& bytes) { asio::write(socket_, asio::buffer(bytes)); }
-  // Answers the challenge with `key` and says hello as instance "raw".
-  Result<Inbound> authenticate(const AuthKey& key) {
-    Result<Inbound> challenge = read();
-    if (!challenge) return challenge;
-    const Nonce mine = random_nonce();
-    std::vector<std::byte> out;
-    encode_proof(mine, key.mac(kConnectLabel, challenge->nonce, mine), out);
-    Hello h;
-    h.version = kWireVersion;
-    h.instance = "raw";
-    h.pool = geometry();
-    encode_hello(h, out);
-    write(out);
-    return read();
-  }
-
- private:
-  asio::io_context io_;
-  asio::ip::tcp::socket socket_;
-};
+using kvrelay::testing::RawNetClient;
 
 TEST_F(TcpTransportTest, AClientThatSaysNothingIsClosedAndTouchesNothing) {
   listen(*dst);
-  RawClient silent(receiver->port());
+  RawNetClient silent(receiver->port());
   ASSERT_TRUE(silent.read()) << "the challenge";
   const auto t0 = std::chrono::steady_clock::now();
   // Heartbeats, perhaps a refusal, then the end of the stream.
-  Result<Inbound> next = silent.read();
+  Result<net::Inbound> next = silent.read();
   while (next)
     next = silent.read();
   const auto waited = std::chrono::steady_clock::now() - t0;
   EXPECT_LT(waited, 3s);
   // Counted on the network thread just after the socket closed.
-  for (int i = 0; i < 100 && receiver->stats().refused.load() == 0; ++i)
+  for (int i = 0; i < 100 && receiver->connections().refused.load() == 0; ++i)
     std::this_thread::sleep_for(10ms);
-  EXPECT_EQ(receiver->stats().refused.load(), 1u);
-  EXPECT_EQ(receiver->stats().accepted.load(), 0u);
+  EXPECT_EQ(receiver->connections().refused.load(), 1u);
+  EXPECT_EQ(receiver->connections().accepted.load(), 0u);
   EXPECT_EQ(wrong_bytes(*dst, {}, {}), 0u);
 }
 
-TEST_F(TcpTransportTest, AHeartbeatBeforeTheProofIsNotARefusal) {
-  // A slow peer's line is quiet for a heartbeat interval before it answers
-  // the challenge (seen under an emulated CPU): that is no reason to refuse.
+// Before the key is proved only a proof is accepted: a keyless peer that
+// sends anything else (heartbeats here) is refused, and learns nothing.
+TEST_F(TcpTransportTest, AnythingButAProofBeforeTheKeyIsRefused) {
   listen(*dst);
-  RawClient slow(receiver->port());
+  RawNetClient chatty(receiver->port());
+  ASSERT_TRUE(chatty.read()) << "the challenge";
   std::vector<std::byte> beat;
-  encode_heartbeat(beat);
-  slow.write(beat);
-  slow.write(beat);
-  Result<Inbound> ack = slow.authenticate(key);
-  ASSERT_TRUE(ack) << ack.error().message;
-  EXPECT_TRUE(ack->hello_ack.accepted) << ack->hello_ack.reason;
-  EXPECT_EQ(receiver->stats().refused.load(), 0u);
+  net::encode_heartbeat(beat);
+  chatty.write_raw(beat);
+  Result<net::Inbound> next = chatty.read();
+  EXPECT_FALSE(next) << "closed without an answer";
+  for (int i = 0; i < 100 && receiver->connections().refused.load() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(receiver->connections().refused.load(), 1u);
 }
 
 TEST_F(TcpTransportTest, AFrameOutOfRangeFailsOnlyItsTransferAndTheConnectionLivesOn) {
   listen(*dst);
-  RawClient client(receiver->port());
-  Result<Inbound> ack = client.authenticate(key);
+  RawNetClient client(receiver->port());
+  Result<net::Inbound> ack = client.authenticate(key, RawNetClient::raw_hello(geometry()));
   ASSERT_TRUE(ack && ack->hello_ack.accepted)
       << (ack ? ack->hello_ack.reason : ack.error().message);
   const uint64_t block = geometry().block_bytes(PoolTensor::kKey);
@@ -323,7 +280,7 @@ TEST_F(TcpTransportTest, AFrameOutOfRangeFailsOnlyItsTransferAndTheConnectionLiv
   bad.bytes = 2 * block;  // blocks 31..32 of 32
   bad.last = true;
   encode_frame(bad, out);
-  out.resize(out.size() + bad.bytes, std::byte{0x77});
+  client.send(std::move(out), std::vector<std::byte>(bad.bytes, std::byte{0x77}));
   FrameHeader good;
   good.transfer = 2;
   good.layer = 1;
@@ -331,24 +288,27 @@ TEST_F(TcpTransportTest, AFrameOutOfRangeFailsOnlyItsTransferAndTheConnectionLiv
   good.dst_offset = 4 * block;
   good.bytes = block;
   good.last = true;
+  out.clear();
   encode_frame(good, out);
-  out.resize(out.size() + good.bytes, std::byte{0x66});
-  client.write(out);
-  Result<Inbound> first = client.read();
-  ASSERT_TRUE(first);
-  ASSERT_EQ(first->kind, schema::TcpEnvelope::ACK);
-  EXPECT_EQ(first->ack_transfer, 1u);
-  EXPECT_FALSE(first->ack_ok);
-  EXPECT_EQ(first->ack_reason,
+  client.send(std::move(out), std::vector<std::byte>(good.bytes, std::byte{0x66}));
+  Result<net::Inbound> first = client.read();
+  ASSERT_TRUE(first) << first.error().message;
+  Result<Message> first_ack = decode(*first);
+  ASSERT_TRUE(first_ack && first_ack->kind == Message::Kind::kAck);
+  EXPECT_EQ(first_ack->ack.transfer, 1u);
+  EXPECT_FALSE(first_ack->ack.ok);
+  EXPECT_EQ(first_ack->ack.reason,
             "frame writes destination blocks 31..32 of layer 0, but the pool has 32 blocks there");
-  Result<Inbound> second = client.read();
+  Result<net::Inbound> second = client.read();
   ASSERT_TRUE(second);
-  EXPECT_EQ(second->ack_transfer, 2u);
-  EXPECT_TRUE(second->ack_ok);
+  Result<Message> second_ack = decode(*second);
+  ASSERT_TRUE(second_ack);
+  EXPECT_EQ(second_ack->ack.transfer, 2u);
+  EXPECT_TRUE(second_ack->ack.ok);
   const std::byte* v = dst->tensor(1, PoolTensor::kValue) + 4 * block;
   EXPECT_EQ(v[0], std::byte{0x66});
   EXPECT_EQ(dst->tensor(0, PoolTensor::kKey)[31 * block], std::byte{0}) << "nothing written";
-  EXPECT_EQ(receiver->stats().refused_frames.load(), 1u);
+  EXPECT_EQ(receiver->frames().refused_frames.load(), 1u);
 }
 
 TEST_F(TcpTransportTest, WithoutAKeyTcpIsRefusedSayingWhichFlagIsMissing) {

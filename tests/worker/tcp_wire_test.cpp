@@ -10,8 +10,10 @@
 
 #include "instance/auth_key.h"
 #include "support/pool_patterns.h"
-#include "worker/tcp/peer_link.h"
-#include "worker/tcp/wire.h"
+#include "worker/net/envelope.h"
+#include "worker/net/peer_plan.h"
+#include "worker/tcp/frame_plan.h"
+#include "worker/tcp/frame_wire.h"
 
 namespace kvrelay::worker::tcp {
 namespace {
@@ -29,16 +31,26 @@ PoolGeometry frame_geometry() {
 
 constexpr uint64_t kBlock = 2 * 16 * 64 * 2;  // bytes of one block of K (or V)
 
-// Decodes the first message of `stream`.
-Result<Inbound> first_message(const std::vector<std::byte>& stream) {
+using net::check_hello;
+using net::decode_envelope;
+using net::Hello;
+using net::kMaxEnvelopeBytes;
+using net::parse_length;
+
+// Decodes the first message of `stream` as tcp's (`body` keeps its bytes).
+Result<Message> first_message(const std::vector<std::byte>& stream, std::vector<uint64_t>& body) {
   uint8_t prefix[4];
   std::memcpy(prefix, stream.data(), 4);
   Result<uint32_t> len = parse_length(std::span<const uint8_t, 4>(prefix, 4));
   if (!len) return len.error();
-  std::vector<uint64_t> body(*len / 8);
+  body.assign(*len / 8, 0);
   std::memcpy(body.data(), stream.data() + 4, *len);
-  return decode_envelope(
+  Result<net::Inbound> in = decode_envelope(
       std::span<const std::byte>(reinterpret_cast<const std::byte*>(body.data()), *len));
+  if (!in) return in.error();
+  if (in->kind != schema::NetEnvelope::MESSAGE || in->protocol != kProtocol)
+    return make_error(Errc::kCorrupt, "not a tcp message");
+  return decode(*in);
 }
 
 TEST(TcpWire, AFrameHeaderSurvivesTheRoundTrip) {
@@ -52,9 +64,10 @@ TEST(TcpWire, AFrameHeaderSurvivesTheRoundTrip) {
   f.last = true;
   std::vector<std::byte> out;
   encode_frame(f, out);
-  Result<Inbound> in = first_message(out);
+  std::vector<uint64_t> body;
+  Result<Message> in = first_message(out, body);
   ASSERT_TRUE(in) << in.error().message;
-  ASSERT_EQ(in->kind, schema::TcpEnvelope::FRAME);
+  ASSERT_EQ(in->kind, Message::Kind::kFrame);
   EXPECT_EQ(in->frame.transfer, 9u);
   EXPECT_EQ(in->frame.handle, 1234567890123ull);
   EXPECT_EQ(in->frame.layer, 3u);
@@ -131,7 +144,7 @@ TEST(TcpWire, AHelloOfAnotherTpSizeIsAcceptedWhenItServesTheSameModelHeads) {
   // This side: tp 2, 2 heads per rank (4 in all).
   const HeadLayout here{2, 2, 4};
   Hello h;
-  h.version = kWireVersion;
+  h.version = net::kWireVersion;
   h.pool = frame_geometry();
   h.pool.kv_heads = 1;
   h.tp_size = 4;  // 4 x 1 heads: the same 4
@@ -156,7 +169,7 @@ TEST(TcpWire, AHelloOfAnotherTpSizeIsAcceptedWhenItServesTheSameModelHeads) {
 
 TEST(TcpWire, AHelloIsRefusedNamingTheFieldThatDiffers) {
   Hello h;
-  h.version = kWireVersion;
+  h.version = net::kWireVersion;
   h.pool = frame_geometry();
   EXPECT_TRUE(check_hello(h, "d0", frame_geometry()));
   h.pool.head_dim = 128;
@@ -166,7 +179,7 @@ TEST(TcpWire, AHelloIsRefusedNamingTheFieldThatDiffers) {
   h.expected_instance = "d1";
   EXPECT_EQ(check_hello(h, "d0", frame_geometry()).error().message, "this is instance 'd0', not 'd1'");
   h.expected_instance.clear();
-  h.version = kWireVersion + 1;
+  h.version = net::kWireVersion + 1;
   EXPECT_EQ(check_hello(h, "d0", frame_geometry()).code(), Errc::kVersionMismatch);
 }
 
@@ -186,12 +199,12 @@ TEST_F(KeyFile, AnOwnerOnlyFileOfEnoughBytesIsAKey) {
   Result<AuthKey> key = AuthKey::load(path);
   ASSERT_TRUE(key) << key.error().message;
   const Nonce a = random_nonce(), b = random_nonce();
-  const Mac mac = key->mac(kConnectLabel, a, b);
-  EXPECT_TRUE(key->verify(kConnectLabel, a, b, mac));
-  EXPECT_FALSE(key->verify(kAcceptLabel, a, b, mac)) << "labels keep the two proofs apart";
-  EXPECT_FALSE(key->verify(kConnectLabel, b, a, mac));
+  const Mac mac = key->mac(kConnectLabel, {a, b});
+  EXPECT_TRUE(key->verify(kConnectLabel, {a, b}, mac));
+  EXPECT_FALSE(key->verify(kAcceptLabel, {a, b}, mac)) << "labels keep the two proofs apart";
+  EXPECT_FALSE(key->verify(kConnectLabel, {b, a}, mac));
   const AuthKey other = AuthKey::from_bytes(std::vector<uint8_t>(32, 'x'));
-  EXPECT_FALSE(other.verify(kConnectLabel, a, b, mac));
+  EXPECT_FALSE(other.verify(kConnectLabel, {a, b}, mac));
 }
 
 TEST_F(KeyFile, AKeyOthersCanReadIsRefusedSayingHowToFixIt) {

@@ -18,7 +18,7 @@
 #include "bench_support.h"
 #include "instance/pool_segment.h"
 #include "worker/copy_plan.h"
-#include "worker/ipc_transport.h"
+#include "worker/ipc/ipc_transport.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;

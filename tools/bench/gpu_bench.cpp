@@ -39,8 +39,8 @@
 #include "shm/clock.h"
 #include "shm/wait_event.h"
 #include "worker/copy_plan.h"
+#include "worker/receiver.h"
 #include "worker/tcp/staging.h"
-#include "worker/tcp/tcp_receiver.h"
 #include "worker/tcp/tcp_transport.h"
 
 using namespace kvrelay;
@@ -313,11 +313,11 @@ std::vector<double> tcp_trials(const worker::LocalPool& src, const worker::Local
                                bool staged, int trials) {
   const PoolGeometry& g = src.geometry();
   const auto key = AuthKey::from_bytes(std::vector<uint8_t>(32, 42));
-  worker::tcp::NetThread net(4);
-  worker::tcp::ReceiverOptions ro;
+  worker::net::NetThread net(4);
+  worker::ReceiverOptions ro;
   ro.instance = "bench-decode";
   if (staged) ro.stager = cuda_stager();
-  auto receiver = worker::tcp::TcpReceiver::start(net, dst, key, ro);
+  auto receiver = worker::Receiver::start(net, dst, key, ro);
   if (!receiver) {
     fmt::print(stderr, "{}\n", receiver.error().message);
     std::exit(1);

@@ -22,7 +22,7 @@
 #include "instance/head_layout.h"
 #include "instance/pool_segment.h"
 #include "worker/copy_plan.h"
-#include "worker/ipc_transport.h"
+#include "worker/ipc/ipc_transport.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;

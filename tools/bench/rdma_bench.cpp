@@ -25,7 +25,7 @@
 #include "worker/copy_plan.h"
 #include "worker/rdma/fabric.h"
 #include "worker/rdma/rdma_transport.h"
-#include "worker/tcp/tcp_receiver.h"
+#include "worker/receiver.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -44,11 +44,11 @@ double kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes, uint64_t
   for (uint32_t l = 0; l < kLayers; ++l)
     std::memset(src->tensor(l, PoolTensor::kKey), static_cast<int>(l + 1), g.tensor_bytes(l, PoolTensor::kKey));
   const AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 5));
-  worker::tcp::NetThread net;
-  worker::tcp::ReceiverOptions ro;
+  worker::net::NetThread net;
+  worker::ReceiverOptions ro;
   ro.instance = "bench-d";
   ro.rdma = std::make_shared<worker::rdma::RdmaListener>(&fabric, "", *dst, 0);
-  auto receiver = worker::tcp::TcpReceiver::start(net, *dst, key, ro);
+  auto receiver = worker::Receiver::start(net, *dst, key, ro);
   if (!receiver) {
     fmt::print(stderr, "{}\n", receiver.error().message);
     std::exit(1);

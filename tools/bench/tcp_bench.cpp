@@ -29,7 +29,7 @@
 #include "two_hosts.h"
 #include "worker/copy_plan.h"
 #include "worker/local_pool.h"
-#include "worker/tcp/tcp_receiver.h"
+#include "worker/receiver.h"
 #include "worker/tcp/tcp_transport.h"
 
 using namespace kvrelay;
@@ -166,17 +166,19 @@ struct Ports {
 
 // Host B: both receivers on one pool, until the parent closes `control`.
 int run_receivers(const sim::TwoHosts& hosts, const AuthKey& key, const PoolGeometry& g,
-                  uint32_t lanes, int report_fd, int control_fd) {
+                  uint32_t lanes, worker::net::Protection protection, int report_fd,
+                  int control_fd) {
   if (Status s = hosts.enter(false); !s) {
     fmt::print(stderr, "{}\n", s.error().message);
     return 1;
   }
   auto pool = make_pool(fmt::format("kvrelay-bench-tcp-dst-{}", getpid()), g);
-  worker::tcp::NetThread net;
-  worker::tcp::ReceiverOptions o;
+  worker::net::NetThread net;
+  worker::ReceiverOptions o;
   o.address = hosts.address_b();
   o.instance = "bench-decode";
-  auto receiver = worker::tcp::TcpReceiver::start(net, *pool, key, o);
+  o.protection = protection;
+  auto receiver = worker::Receiver::start(net, *pool, key, o);
   Ports ports;
   const int listener = listen_on(hosts.address_b(), &ports.baseline);
   if (!receiver || listener < 0) {
@@ -207,7 +209,7 @@ struct Measured {
 };
 
 Measured measure(const sim::TwoHosts& hosts, uint64_t block_bytes, uint64_t layer_bytes,
-                 uint32_t lanes, int trials) {
+                 uint32_t lanes, worker::net::Protection protection, int trials) {
   const PoolGeometry g = geometry_for(block_bytes, layer_bytes);
   const auto key = AuthKey::from_bytes(std::vector<uint8_t>(32, 42));
   int report[2], control[2];
@@ -216,7 +218,7 @@ Measured measure(const sim::TwoHosts& hosts, uint64_t block_bytes, uint64_t laye
   const pid_t child = fork_worker([&] {
     ::close(report[0]);
     ::close(control[1]);
-    return run_receivers(hosts, key, g, lanes, report[1], control[0]);
+    return run_receivers(hosts, key, g, lanes, protection, report[1], control[0]);
   });
   ::close(report[1]);
   ::close(control[0]);
@@ -241,10 +243,11 @@ Measured measure(const sim::TwoHosts& hosts, uint64_t block_bytes, uint64_t laye
   const auto runs = worker::plan_block_runs(src_ids, dst_ids, g.num_blocks, g.num_blocks, 0, 0);
   const uint64_t bytes = uint64_t{kLayers} * 2 * g.tensor_bytes(0, PoolTensor::kKey);
 
-  worker::tcp::NetThread net;
+  worker::net::NetThread net;
   worker::tcp::SenderOptions so;
   so.instance = "bench-prefill";
   so.lanes = lanes;
+  so.protection = protection;
   WaitEvent doorbell;  // rung by the transport when completions are ready
   worker::tcp::TcpTransport transport(net, *src, &key, so, &doorbell);
   capnp::MallocMessageBuilder m;
@@ -321,7 +324,15 @@ int main(int argc, char** argv) {
   app.add_option("--trials", trials, "trials per case; the median is reported")
       ->capture_default_str();
   app.add_option("--lanes", lanes, "connections, for both")->capture_default_str();
+  std::string protection = "authenticate";
+  app.add_option("--protection", protection,
+                 "kvrelay's sessions: authenticate (AES-GCM tags, the default) or encrypt; the "
+                 "baseline is a plain socket either way")
+      ->check(CLI::IsMember({"authenticate", "encrypt"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const auto mode = protection == "encrypt" ? worker::net::Protection::kEncrypt
+                                            : worker::net::Protection::kAuthenticate;
   spdlog::set_level(spdlog::level::err);  // connections closing at the end of each case
 
   auto hosts = sim::TwoHosts::make("bnch");
@@ -332,12 +343,14 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{}\n", s.error().message);
     return 1;
   }
-  print_header(fmt::format("tcp transfer bandwidth (GB/s), {} lanes, scattered ids, {}", lanes,
-                           hosts->isolated() ? "two namespaces over veth" : "loopback"),
-               "plain framed socket");
+  print_header(
+      fmt::format("tcp transfer bandwidth (GB/s), {} lanes, scattered ids, {}, sessions "
+                  "{}",
+                  lanes, hosts->isolated() ? "two namespaces over veth" : "loopback", protection),
+      "plain framed socket");
   double worst_large = 1e9;
   for (uint64_t kib : {1, 4, 16, 64, 256, 1024}) {
-    const Measured m = measure(*hosts, kib * 1024, layer_mib << 20, lanes, trials);
+    const Measured m = measure(*hosts, kib * 1024, layer_mib << 20, lanes, mode, trials);
     Row row{fmt::format("{} KiB blocks", kib), "GB/s", m.ours_gbps, m.baseline_gbps};
     print_row(row);
     record_point("kvrelay tcp", "block KiB", static_cast<double>(kib), "GB/s", m.ours_gbps, true);

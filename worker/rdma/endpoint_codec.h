@@ -58,7 +58,7 @@ void encode_regions(const PoolGeometry& geometry, const std::vector<RemoteTensor
                     schema::RdmaMemoryRegions::Builder out);
 Result<RemoteTensors> decode_regions(schema::RdmaMemoryRegions::Reader in,
                                      const PoolGeometry& geometry);
-// The regions, copied out unchecked (the tcp envelope decoder keeps them
+// The regions, copied out unchecked (the control message decoder keeps them
 // until the geometry they must match is known).
 std::vector<RegionEntry> copy_regions(schema::RdmaMemoryRegions::Reader in);
 // Whether `regions` cover `geometry` exactly (see above); the error names the field.

@@ -16,6 +16,10 @@ constexpr uint32_t kReceivesPerQueuePair = 256;
 // Transfers asked for and not yet landed, per session: more than the
 // sender's send queues could carry means it is not a kvrelay sender.
 constexpr size_t kMaxOpenTransfers = 16 * 4096;
+// What the open transfers of a session may hold admitted at once (each
+// admitted write is kept until it lands): bounds a session's memory by what
+// it asks for, not by how many transfers it opens.
+constexpr size_t kMaxOpenWrites = size_t{1} << 20;
 
 Error broken(std::string message) {
   return make_error(Errc::kInvalidArgument, std::move(message));
@@ -77,21 +81,30 @@ std::vector<int> RdmaSession::event_fds() const {
 }
 
 void RdmaSession::admit(Granted& g, const LandedWrite& w) {
+  if (open_writes_ >= kMaxOpenWrites) {
+    g.refused = fmt::format(
+        "the session holds {} admitted writes of transfers whose writes "
+        "have not landed; no more until some do",
+        open_writes_);
+    return;
+  }
   if (Status ok = arrivals_.admit(w); !ok) {
     g.refused = ok.error().message;
     return;
   }
   g.writes.push_back(w);
   g.bytes += w.bytes;
+  ++open_writes_;
 }
 
 void RdmaSession::abandon(Granted& g) {
   for (const LandedWrite& w : g.writes)
     arrivals_.abandoned(w);
+  open_writes_ -= g.writes.size();
   g.writes.clear();
 }
 
-Result<std::optional<Status>> RdmaSession::on_intent(const tcp::RdmaIntent& part) {
+Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
   const uint32_t imm = immediate_of(part.transfer);
   if (transfers_.size() >= kMaxOpenTransfers && transfers_.count(imm) == 0)
     return broken(fmt::format("more than {} rdma transfers open on one session",
@@ -118,7 +131,7 @@ Result<std::optional<Status>> RdmaSession::on_intent(const tcp::RdmaIntent& part
     g.refused = fmt::format("rdma intent writes heads {}..{}, but the pool has {} per block",
                             part.first_head, uint64_t{part.first_head} + heads - 1,
                             geometry.kv_heads);
-  for (const tcp::BlockSpan& run : part.runs) {
+  for (const BlockSpan& run : part.runs) {
     if (!g.refused.empty()) break;
     if (part.layer >= geometry.total_layers()) {
       g.refused = fmt::format("rdma intent for layer {}, but the pool has {} layers", part.layer,
@@ -159,7 +172,28 @@ Result<std::optional<Status>> RdmaSession::on_intent(const tcp::RdmaIntent& part
     return std::optional<Status>(make_error(Errc::kInvalidArgument, why));
   }
   g.granted = true;
+  g.granted_at = std::chrono::steady_clock::now();
   return std::optional<Status>(Status{});
+}
+
+std::optional<std::string> RdmaSession::overdue(std::chrono::milliseconds grace) const {
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [imm, g] : transfers_) {
+    if (!g.granted) continue;
+    for (const LandedWrite& w : g.writes)
+      if (w.request_key != 0 && arrivals_.withdrawing(w.request_key))
+        return fmt::format(
+            "the request of granted rdma transfer {} was withdrawn before its "
+            "writes landed",
+            g.transfer);
+    const auto allowed = grace + std::chrono::milliseconds(g.bytes / (256u << 20) * 1000);
+    if (now - g.granted_at > allowed)
+      return fmt::format(
+          "the writes of granted rdma transfer {} ({} bytes) did not land within "
+          "{} ms",
+          g.transfer, g.bytes, allowed.count());
+  }
+  return std::nullopt;
 }
 
 Status RdmaSession::poll(std::vector<Ack>& acks) {
@@ -182,6 +216,7 @@ Status RdmaSession::poll(std::vector<Ack>& acks) {
         Granted& g = it->second;
         for (const LandedWrite& w : g.writes)
           arrivals_.landed(w);
+        open_writes_ -= g.writes.size();
         bytes_landed_ += g.bytes;
         acks.push_back({g.transfer, listener_.pool().check_intact()});
         transfers_.erase(it);

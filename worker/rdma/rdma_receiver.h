@@ -1,6 +1,7 @@
 // The accepting side of the rdma transport (a decode-role worker). An rdma
-// session rides on an authenticated tcp control connection of the rank's
-// listener (tcp_receiver.h): after the handshake the sender offers its queue
+// session rides on an authenticated connection of the rank's listener
+// (net/listener.h; session_handler.h serves it): after the handshake the
+// sender offers its queue
 // pairs, and the session answers with as many of its own, connected to them,
 // and where its pool's tensors are (registered once, shared by sessions).
 //
@@ -25,6 +26,7 @@
 // Not thread-safe: each session lives on its connection's strand.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -36,9 +38,9 @@
 
 #include "worker/arrivals.h"
 #include "worker/local_pool.h"
+#include "worker/rdma/control_wire.h"
 #include "worker/rdma/fabric.h"
 #include "worker/rdma/registered_pool.h"
-#include "worker/tcp/wire.h"
 
 namespace kvrelay::worker::rdma {
 
@@ -95,12 +97,18 @@ class RdmaSession {
   // One part of an intent. After the last part: the grant to send (ok, or
   // why it is refused, with nothing of it admitted). An error: the peer
   // broke the protocol (close the connection).
-  Result<std::optional<Status>> on_intent(const tcp::RdmaIntent& part);
+  Result<std::optional<Status>> on_intent(const Intent& part);
   // Arms the queue pairs and drains their receive completions: appends an
   // ack for every transfer that landed. An error: the session is broken.
   Status poll(std::vector<Ack>& acks);
 
   uint64_t bytes_landed() const { return bytes_landed_; }
+  size_t open_transfers() const { return transfers_.size(); }
+  // Why the session must end now, or nothing: a granted transfer whose
+  // request was withdrawn meanwhile, or whose writes have not all landed
+  // within `grace` plus a second per 256 MiB since its grant (a peer that
+  // holds a grant cannot hold a withdrawal, or the rank, hostage).
+  std::optional<std::string> overdue(std::chrono::milliseconds grace) const;
 
  private:
   struct Granted {
@@ -110,6 +118,7 @@ class RdmaSession {
     uint64_t runs = 0;    // over its parts so far
     std::string refused;  // why, once a part was refused
     bool granted = false;
+    std::chrono::steady_clock::time_point granted_at{};
   };
   RdmaSession(RdmaListener& listener, Arrivals& arrivals, std::string peer)
       : listener_(listener), arrivals_(arrivals), peer_(std::move(peer)) {}
@@ -124,6 +133,7 @@ class RdmaSession {
   std::vector<std::unique_ptr<RcQueuePair>> queue_pairs_;
   std::unordered_map<uint32_t, Granted> transfers_;  // by immediate (the transfer's low 32 bits)
   uint64_t bytes_landed_ = 0;
+  size_t open_writes_ = 0;  // admitted writes of open transfers
 };
 
 // The immediate that names transfer `transfer` on the wire.

@@ -5,16 +5,17 @@
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <deque>
 #include <optional>
 
 #include "worker/copy_plan.h"
+#include "worker/net/client_channel.h"
 #include "worker/rdma/completion_watch.h"
+#include "worker/rdma/control_wire.h"
 #include "worker/rdma/rdma_receiver.h"
 #include "worker/rdma/write_poster.h"
-#include "worker/tcp/client_channel.h"
-#include "worker/tcp/peer_link.h"
 
 namespace kvrelay::worker::rdma {
 
@@ -23,7 +24,7 @@ namespace asio = boost::asio;
 
 namespace {
 
-using Job = tcp::LayerJob;
+using Job = net::LayerJob;
 
 // A work request's length is 32 bits; longer runs are split.
 constexpr uint64_t kMaxWriteBytes = 1ull << 30;
@@ -39,8 +40,8 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
   RdmaPeer(asio::io_context& io, std::string host, uint16_t port, uint32_t decode_rank,
            std::string instance, const LocalPool& local,
            std::shared_ptr<const RegisteredPool> registration, const AuthKey& key, Fabric& fabric,
-           RdmaSenderOptions options, std::shared_ptr<tcp::CompletionSink> sink,
-           std::shared_ptr<tcp::LinkStats> stats)
+           RdmaSenderOptions options, std::shared_ptr<net::CompletionSink> sink,
+           std::shared_ptr<net::LinkStats> stats)
       : io_(io),
         strand_(asio::make_strand(io)),
         host_(std::move(host)),
@@ -56,13 +57,13 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
         sink_(std::move(sink)) {}
 
   const std::string& name() const { return link_.name(); }
-  const tcp::PeerLink& link() const { return link_; }
+  const net::PeerLink& link() const { return link_; }
 
   // On the peer's strand.
   void dispatch(Job job);
   void ensure_connected(std::function<void(Status)> done);
-  void close_all(const std::string& why, const std::shared_ptr<tcp::WaitGroup>& closed);
-  void session_ready(const tcp::HelloAck& ack);
+  void close_all(const std::string& why, const std::shared_ptr<net::WaitGroup>& closed);
+  void session_ready(const net::HelloAck& ack);
   void session_closed(bool was_ready, const std::string& why);
   asio::strand<asio::io_context::executor_type>& strand() { return strand_; }
 
@@ -93,30 +94,31 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
   std::string host_;
   uint16_t port_;
   std::string expected_instance_;
-  tcp::PeerLink link_;
+  net::PeerLink link_;
   const LocalPool& local_;
   std::shared_ptr<const RegisteredPool> registration_;
   const AuthKey& key_;
   Fabric& fabric_;
   RdmaSenderOptions options_;
-  std::shared_ptr<tcp::CompletionSink> sink_;
+  std::shared_ptr<net::CompletionSink> sink_;
   std::shared_ptr<Session> session_;
   bool stopped_ = false;
 };
 
 // The control connection and queue pairs of one session, on a strand of
 // their own (the socket's).
-class Session final : public tcp::ClientChannel {
+class Session final : public net::ClientChannel {
  public:
   Session(asio::io_context& io, RdmaPeer& peer)
-      : ClientChannel(io, peer.options().timing, peer.name(), peer.key(),
-                      tcp::make_hello(peer.options().instance, peer.expected_instance(),
+      : ClientChannel(io, peer.options().timing, peer.name(), peer.key(), peer.options().protection,
+                      net::make_hello(peer.options().instance, peer.expected_instance(),
                                       peer.options().rank, peer.options().tp_size,
                                       peer.local().geometry(), peer.options().total_kv_heads),
-                      tcp::ClientTarget{peer.host(), peer.port(), peer.options().connect_timeout,
+                      net::ClientTarget{peer.host(), peer.port(), peer.options().connect_timeout,
                                         "connection, handshake and queue pairs"}),
         peer_(peer),
-        watch_(socket_.get_executor()) {}
+        watch_(socket_.get_executor()),
+        answer_watch_(socket_.get_executor()) {}
 
   void submit(Job job) {
     if (closed()) return peer_.fail(job, close_reason_);
@@ -127,27 +129,30 @@ class Session final : public tcp::ClientChannel {
     start(std::move(job));
   }
 
-  void on_serving(tcp::Inbound in) override {
+  void on_serving(net::Inbound in) override {
+    if (in.kind == schema::NetEnvelope::HEARTBEAT) return read_next();
+    if (in.kind != schema::NetEnvelope::MESSAGE || in.protocol != kProtocol)
+      return close(
+          fmt::format("unexpected message (kind {}) from the receiver", static_cast<int>(in.kind)));
+    Result<Message> m = decode(in);
+    if (!m) return close(m.error().message);
     if (!ready()) {
-      if (in.kind == schema::TcpEnvelope::HEARTBEAT) return read_next();
-      if (in.kind != schema::TcpEnvelope::RDMA_ACCEPT)
+      if (m->kind != Message::Kind::kAccept)
         return close("the receiver did not answer the rdma offer");
-      return on_accept(in.rdma_accept);
+      return on_accept(m->accept);
     }
-    switch (in.kind) {
-      case schema::TcpEnvelope::HEARTBEAT: return read_next();
-      case schema::TcpEnvelope::RDMA_GRANT:
-        on_grant(in.ack_transfer, in.ack_ok, in.ack_reason);
+    switch (m->kind) {
+      case Message::Kind::kGrant:
+        on_grant(m->answer.transfer, m->answer.ok, m->answer.reason);
         break;
-      case schema::TcpEnvelope::ACK: on_ack(in.ack_transfer, in.ack_ok, in.ack_reason); break;
-      default:
-        return close(fmt::format("unexpected message (kind {}) from the receiver",
-                                 static_cast<int>(in.kind)));
+      case Message::Kind::kAck: on_ack(m->answer.transfer, m->answer.ok, m->answer.reason); break;
+      default: return close("an rdma message only a sender sends, sent to a sender");
     }
     if (!closed()) read_next();
   }
 
-  void on_closed(const std::string& why) override {
+  void on_closed(const std::string& raw) override {
+    const std::string why = describe_close(raw);
     stop_connecting();
     watch_.stop();
     const bool was_ready = ready();
@@ -163,6 +168,8 @@ class Session final : public tcp::ClientChannel {
       peer_.fail(job, reason);
     waiting_.clear();
     in_flight_.clear();
+    due_.clear();
+    answer_watch_.cancel();
     asio::post(peer_.strand(), [p = peer_.shared_from_this(), was_ready, why] {
       p->session_closed(was_ready, why);
     });
@@ -181,13 +188,13 @@ class Session final : public tcp::ClientChannel {
       mine.push_back((*qp)->local());
       queue_pairs_.push_back(std::move(qp).value());
     }
-    tcp::Outgoing out;
-    tcp::encode_rdma_offer(mine, out.owned);
+    net::Outgoing out;
+    encode_offer(mine, out.owned);
     send(std::move(out));
     read_next();
   }
 
-  void on_accept(const tcp::RdmaAccept& a) {
+  void on_accept(const Accept& a) {
     if (!a.accepted) return close(fmt::format("the receiver refused rdma: {}", a.reason));
     if (a.queue_pairs.size() != queue_pairs_.size())
       return close(fmt::format("the receiver answered {} queue pairs for the {} offered",
@@ -220,10 +227,10 @@ class Session final : public tcp::ClientChannel {
   // Asks for the layer's destination blocks; its writes wait for the grant.
   void start(Job job) {
     if (closed()) return peer_.fail(job, close_reason_);  // an earlier start's send failed
-    if (std::optional<std::string> why = tcp::layout_refusal(job, ack()))
+    if (std::optional<std::string> why = net::layout_refusal(job, ack()))
       return peer_.fail(job, *why);
     job.transfer = ++next_transfer_;
-    tcp::RdmaIntent intent;
+    Intent intent;
     intent.transfer = job.transfer;
     intent.request_key = job.ticket.request_key;
     intent.handle = job.ticket.handle;
@@ -232,25 +239,53 @@ class Session final : public tcp::ClientChannel {
       intent.first_head = job.share->dst_head;
       intent.heads = job.share->heads;
     }
-    tcp::Outgoing out;
-    for (size_t i = 0; i < job.runs.size() || i == 0; i += tcp::kMaxIntentRuns) {
+    net::Outgoing out;
+    for (size_t i = 0; i < job.runs.size() || i == 0; i += kMaxIntentRuns) {
       intent.runs.clear();
-      for (size_t k = i; k < std::min(job.runs.size(), i + tcp::kMaxIntentRuns); ++k)
+      for (size_t k = i; k < std::min(job.runs.size(), i + kMaxIntentRuns); ++k)
         intent.runs.push_back({job.runs[k].dst_block, job.runs[k].count});
-      intent.last = i + tcp::kMaxIntentRuns >= job.runs.size();
-      tcp::encode_rdma_intent(intent, out.owned);
+      intent.last = i + kMaxIntentRuns >= job.runs.size();
+      encode_intent(intent, out.owned);
     }
     // In flight before it is sent: a send that fails closes the session at
     // once, and the close fails what is in flight.
     const uint64_t id = job.transfer;
     in_flight_.emplace(id, std::move(job));
+    expect_answer(id, "grant", peer_.options().timing.peer_timeout);
     send(std::move(out));
+  }
+
+  // A receiver that never grants, or never acks writes that landed, costs
+  // this session, never the worker: the session ends and its transfers fail
+  // naming the peer (and a withdrawal waiting on them is confirmed).
+  void expect_answer(uint64_t id, const char* what, std::chrono::milliseconds within) {
+    due_[id] = Due{std::chrono::steady_clock::now() + within, what, within};
+    if (!answer_watching_) watch_answers();
+  }
+  void watch_answers() {
+    answer_watching_ = true;
+    answer_watch_.expires_after(peer_.options().timing.heartbeat);
+    answer_watch_.async_wait([self = std::static_pointer_cast<Session>(shared_from_this())](
+                                 const boost::system::error_code& ec) {
+      self->answer_watching_ = false;
+      if (ec || self->closed() || self->due_.empty()) return;
+      const auto now = std::chrono::steady_clock::now();
+      for (const auto& [id, due] : self->due_) {
+        if (now <= due.at) continue;
+        auto job = self->in_flight_.find(id);
+        return self->close(fmt::format("no {} for layer {} (transfer {}) within {} ms", due.what,
+                                       job != self->in_flight_.end() ? job->second.ticket.layer : 0,
+                                       id, due.within.count()));
+      }
+      self->watch_answers();
+    });
   }
 
   void on_grant(uint64_t transfer, bool ok, const std::string& reason) {
     auto it = in_flight_.find(transfer);
     if (it == in_flight_.end())
       return close(fmt::format("a grant for transfer {}, which is not waiting for one", transfer));
+    due_.erase(transfer);
     if (!ok) {
       peer_.completed(it->second,
                       make_error(Errc::kInvalidArgument,
@@ -297,10 +332,14 @@ class Session final : public tcp::ClientChannel {
       }
     }
     poster_->submit(std::move(lw));
+    expect_answer(job.transfer, "ack",
+                  peer_.options().timing.peer_timeout +
+                      std::chrono::milliseconds(job.bytes / (256u << 20) * 1000));
     drain();
   }
 
   void on_ack(uint64_t transfer, bool ok, const std::string& reason) {
+    due_.erase(transfer);
     auto it = in_flight_.find(transfer);
     if (it == in_flight_.end()) return;  // failed here already
     peer_.completed(it->second, ok ? Status{}
@@ -335,6 +374,14 @@ class Session final : public tcp::ClientChannel {
   uint64_t next_transfer_ = 0;
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;  // asked for, granted or posted
+  struct Due {
+    std::chrono::steady_clock::time_point at;
+    const char* what;
+    std::chrono::milliseconds within;
+  };
+  std::unordered_map<uint64_t, Due> due_;  // the answer each in-flight transfer waits for
+  boost::asio::steady_timer answer_watch_;
+  bool answer_watching_ = false;
   std::vector<kernels::CopyRun> byte_runs_;
   std::vector<TransferDone> done_;
 };
@@ -368,7 +415,7 @@ void RdmaPeer::ensure_connected(std::function<void(Status)> done) {
   if (!session_) open_session();  // a ConnectTask tries now, backoff or not
 }
 
-void RdmaPeer::session_ready(const tcp::HelloAck& ack) {
+void RdmaPeer::session_ready(const net::HelloAck& ack) {
   link_.connected(ack);
   spdlog::info("rank {}: rdma session with {} ready", options_.rank, name());
 }
@@ -379,7 +426,7 @@ void RdmaPeer::session_closed(bool was_ready, const std::string& why) {
   link_.unreachable(why);
 }
 
-void RdmaPeer::close_all(const std::string& why, const std::shared_ptr<tcp::WaitGroup>& closed) {
+void RdmaPeer::close_all(const std::string& why, const std::shared_ptr<net::WaitGroup>& closed) {
   stopped_ = true;
   link_.stop();
   if (session_) {
@@ -389,7 +436,7 @@ void RdmaPeer::close_all(const std::string& why, const std::shared_ptr<tcp::Wait
   session_.reset();
 }
 
-RdmaTransport::RdmaTransport(tcp::NetThread& net, const LocalPool& local, const AuthKey* key,
+RdmaTransport::RdmaTransport(net::NetThread& net, const LocalPool& local, const AuthKey* key,
                              Fabric* fabric, std::string why_not, RdmaSenderOptions options,
                              WaitEvent* doorbell, std::shared_ptr<const RegisteredPool> registered)
     : net_(net),
@@ -398,13 +445,13 @@ RdmaTransport::RdmaTransport(tcp::NetThread& net, const LocalPool& local, const 
       fabric_(fabric),
       why_not_(std::move(why_not)),
       options_(std::move(options)),
-      sink_(std::make_shared<tcp::CompletionSink>(doorbell)),
+      sink_(std::make_shared<net::CompletionSink>(doorbell)),
       registration_(std::move(registered)) {}
 
 RdmaTransport::~RdmaTransport() {
   // After this nothing reads the local pool or touches the fabric. Their
   // transfers complete with an error.
-  tcp::close_peers(peers_);
+  net::close_peers(peers_);
 }
 
 Status RdmaTransport::usable() const {
@@ -416,7 +463,7 @@ Status RdmaTransport::usable() const {
   return {};
 }
 
-Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const tcp::PeerAddress& at) {
+Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const net::PeerAddress& at) {
   if (Status s = usable(); !s) return s.error();
   if (at.host.empty())
     return make_error(Errc::kInvalidArgument, "rdma: the peer address is empty");
@@ -438,23 +485,22 @@ Result<std::shared_ptr<RdmaPeer>> RdmaTransport::peer_for(const tcp::PeerAddress
 Result<std::shared_ptr<Destination>> RdmaTransport::resolve(schema::CacheDest::Reader dest) {
   if (Status s = usable(); !s) return s.error();
   const HeadLayout mine =
-      tcp::sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads);
-  Result<tcp::PeerPlan> plan =
-      tcp::plan_peers(dest, dest.getRdmaPorts(), "rdmaPorts", options_.rank, mine);
+      net::sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads);
+  Result<net::PeerPlan> plan =
+      net::plan_peers(dest, dest.getRdmaPorts(), "rdmaPorts", options_.rank, mine);
   if (!plan) return plan.error();
-  return tcp::plan_destination<RdmaPeer>(
-      *plan, [this](const tcp::PeerAddress& at) { return peer_for(at); },
+  return net::plan_destination<RdmaPeer>(
+      *plan, [this](const net::PeerAddress& at) { return peer_for(at); },
       dest.getPeerAddress().cStr(), mine, "rdma");
 }
 
 Status RdmaTransport::check_connect(schema::ConnectTask::Reader connect) {
-  Result<std::vector<tcp::PeerAddress>> all = tcp::connect_addresses(
+  Result<std::vector<net::PeerAddress>> all = net::connect_addresses(
       connect, options_.rank,
-      tcp::sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads));
+      net::sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads));
   if (!all) return all.error();
-  return tcp::connect_all<RdmaPeer>(
-      *all, [this](const tcp::PeerAddress& at) { return peer_for(at); },
-      options_.connect_timeout);
+  return net::connect_all<RdmaPeer>(
+      *all, [this](const net::PeerAddress& at) { return peer_for(at); }, options_.connect_timeout);
 }
 
 }  // namespace kvrelay::worker::rdma

@@ -1,6 +1,6 @@
 // The connecting side of the rdma transport (a prefill-role worker). For each
-// decode rank it sends to, a Peer holds one session: an authenticated tcp
-// control connection to the rank's listener (the tcp transport's handshake),
+// decode rank it sends to, a Peer holds one session: an authenticated,
+// sealed control connection to the rank's listener (net/client_channel.h),
 // and `queue_pairs` RC queue pairs connected to queue pairs of the receiver's
 // session (rdma_receiver.h), exchanged as RdmaQpInfo, with the receiver's
 // pool as RdmaMemoryRegions.
@@ -35,12 +35,12 @@
 #include "instance/auth_key.h"
 #include "shm/wait_event.h"
 #include "worker/local_pool.h"
+#include "worker/net/channel.h"
+#include "worker/net/completion_sink.h"
+#include "worker/net/net_thread.h"
+#include "worker/net/peer_plan.h"
 #include "worker/rdma/fabric.h"
 #include "worker/rdma/registered_pool.h"
-#include "worker/tcp/channel.h"
-#include "worker/tcp/net_thread.h"
-#include "worker/tcp/peer_link.h"
-#include "worker/tcp/tcp_transport.h"
 #include "worker/transport.h"
 
 namespace kvrelay::worker::rdma {
@@ -52,7 +52,8 @@ struct RdmaSenderOptions {
   uint32_t total_kv_heads = 0;  // the model's KV heads (0: the pool's kv_heads x tp_size)
   uint32_t queue_pairs = 2;  // per decode rank, used round robin
   uint32_t signal_every = 16;
-  tcp::Timing timing;
+  net::Timing timing;
+  net::Protection protection = net::Protection::kAuthenticate;
   std::chrono::milliseconds connect_timeout{2000};  // connect, handshake and queue pairs
 };
 
@@ -64,30 +65,31 @@ class RdmaTransport final : public Transport {
   // refused too (the control connection must authenticate). `registered`:
   // the local pool's registration on `fabric`, made up front; null, and the
   // first request makes it.
-  RdmaTransport(tcp::NetThread& net, const LocalPool& local, const AuthKey* key, Fabric* fabric,
+  RdmaTransport(net::NetThread& net, const LocalPool& local, const AuthKey* key, Fabric* fabric,
                 std::string why_not, RdmaSenderOptions options, WaitEvent* doorbell,
                 std::shared_ptr<const RegisteredPool> registered = nullptr);
   ~RdmaTransport() override;
 
+  const char* name() const override { return "rdma"; }
   Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) override;
   Status check_connect(schema::ConnectTask::Reader connect) override;
   void poll(std::vector<TransferCompletion>& out) override { sink_->take(out); }
   bool has_completions() const override { return sink_->any(); }
   // Its sessions over all peers (any thread).
-  const tcp::LinkStats& link_stats() const { return *link_stats_; }
+  const net::LinkStats& link_stats() const { return *link_stats_; }
 
  private:
   Status usable() const;
-  Result<std::shared_ptr<RdmaPeer>> peer_for(const tcp::PeerAddress& at);
+  Result<std::shared_ptr<RdmaPeer>> peer_for(const net::PeerAddress& at);
 
-  tcp::NetThread& net_;
+  net::NetThread& net_;
   const LocalPool& local_;
   const AuthKey* key_;
   Fabric* fabric_;
   std::string why_not_;
   RdmaSenderOptions options_;
-  std::shared_ptr<tcp::CompletionSink> sink_;
-  std::shared_ptr<tcp::LinkStats> link_stats_ = std::make_shared<tcp::LinkStats>();
+  std::shared_ptr<net::CompletionSink> sink_;
+  std::shared_ptr<net::LinkStats> link_stats_ = std::make_shared<net::LinkStats>();
   std::shared_ptr<const RegisteredPool> registration_;  // the local pool, once
   std::unordered_map<std::string, std::shared_ptr<RdmaPeer>> peers_;  // "host:port/instance"
 };

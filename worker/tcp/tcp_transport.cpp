@@ -5,39 +5,27 @@
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <deque>
 #include <optional>
 
 #include "worker/copy_plan.h"
-#include "worker/tcp/client_channel.h"
-#include "worker/tcp/peer_link.h"
+#include "worker/net/client_channel.h"
+#include "worker/tcp/frame_plan.h"
+#include "worker/tcp/frame_wire.h"
 
 namespace kvrelay::worker::tcp {
 
 namespace asio = boost::asio;
 
-void CompletionSink::push(TransferCompletion c) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ready_.push_back(std::move(c));
-    any_.store(true, std::memory_order_release);
-  }
-  if (doorbell_ != nullptr) notify_waiters(*doorbell_);
-}
-
-void CompletionSink::take(std::vector<TransferCompletion>& out) {
-  if (!any()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  out.insert(out.end(), std::make_move_iterator(ready_.begin()),
-             std::make_move_iterator(ready_.end()));
-  ready_.clear();
-  any_.store(false, std::memory_order_release);
-}
-
 namespace {
 
-using Job = LayerJob;
+using Job = net::LayerJob;
+using net::HelloAck;
+using net::Inbound;
+using net::Outgoing;
+using net::WaitGroup;
 
 }  // namespace
 
@@ -49,7 +37,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
  public:
   Peer(asio::io_context& io, std::string host, uint16_t port, uint32_t decode_rank,
        std::string instance, const LocalPool& local, const AuthKey& key, SenderOptions options,
-       std::shared_ptr<CompletionSink> sink, std::shared_ptr<LinkStats> stats)
+       std::shared_ptr<net::CompletionSink> sink, std::shared_ptr<net::LinkStats> stats)
       : io_(io),
         strand_(asio::make_strand(io)),
         host_(std::move(host)),
@@ -63,7 +51,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
         sink_(std::move(sink)) {}
 
   const std::string& name() const { return link_.name(); }
-  const PeerLink& link() const { return link_; }
+  const net::PeerLink& link() const { return link_; }
 
   // On the peer's strand.
   void dispatch(Job job);
@@ -95,26 +83,27 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::string host_;
   uint16_t port_;
   std::string expected_instance_;
-  PeerLink link_;
+  net::PeerLink link_;
   const LocalPool& local_;
   const AuthKey& key_;
   SenderOptions options_;
-  std::shared_ptr<CompletionSink> sink_;
+  std::shared_ptr<net::CompletionSink> sink_;
   std::vector<std::shared_ptr<Lane>> lanes_;
   size_t next_lane_ = 0;
   uint64_t next_transfer_ = 0;
   bool stopped_ = false;  // the transport is going: no new lanes
 };
 
-class Lane final : public ClientChannel {
+class Lane final : public net::ClientChannel {
  public:
   Lane(asio::io_context& io, Peer& peer)
-      : ClientChannel(io, peer.options().timing, peer.name(), peer.key(),
-                      make_hello(peer.options().instance, peer.expected_instance(),
-                                 peer.options().rank, peer.options().tp_size,
-                                 peer.local().geometry(), peer.options().total_kv_heads),
-                      ClientTarget{peer.host(), peer.port(), peer.options().connect_timeout}),
-        peer_(peer) {}
+      : ClientChannel(io, peer.options().timing, peer.name(), peer.key(), peer.options().protection,
+                      net::make_hello(peer.options().instance, peer.expected_instance(),
+                                      peer.options().rank, peer.options().tp_size,
+                                      peer.local().geometry(), peer.options().total_kv_heads),
+                      net::ClientTarget{peer.host(), peer.port(), peer.options().connect_timeout}),
+        peer_(peer),
+        ack_watch_(executor()) {}
 
   void submit(Job job) {
     if (closed()) return peer_.fail(job, close_reason_);  // closed after it was chosen
@@ -126,28 +115,29 @@ class Lane final : public ClientChannel {
   }
 
   void on_serving(Inbound in) override {
-    switch (in.kind) {
-      case schema::TcpEnvelope::HEARTBEAT: return read_next();
-      case schema::TcpEnvelope::ACK: {
-        auto it = in_flight_.find(in.ack_transfer);
-        if (it != in_flight_.end()) {
-          Job job = std::move(it->second);
-          in_flight_.erase(it);
-          peer_.completed(job, in.ack_ok ? Status{}
-                                         : Status(make_error(Errc::kInvalidArgument,
-                                                             fmt::format("the receiver refused "
-                                                                         "it: {}",
-                                                                         in.ack_reason))));
-        }
-        return read_next();
-      }
-      default:
-        return close(fmt::format("unexpected message (kind {}) from the receiver",
-                                 static_cast<int>(in.kind)));
+    if (in.kind == schema::NetEnvelope::HEARTBEAT) return read_next();
+    if (in.kind != schema::NetEnvelope::MESSAGE || in.protocol != kProtocol)
+      return close(
+          fmt::format("unexpected message (kind {}) from the receiver", static_cast<int>(in.kind)));
+    Result<Message> m = decode(in);
+    if (!m) return close(m.error().message);
+    if (m->kind != Message::Kind::kAck) return close("a tcp frame sent to a sender");
+    written_at_.erase(m->ack.transfer);
+    auto it = in_flight_.find(m->ack.transfer);
+    if (it != in_flight_.end()) {
+      Job job = std::move(it->second);
+      in_flight_.erase(it);
+      peer_.completed(
+          job, m->ack.ok
+                   ? Status{}
+                   : Status(make_error(Errc::kInvalidArgument,
+                                       fmt::format("the receiver refused it: {}", m->ack.reason))));
     }
+    return read_next();
   }
 
-  void on_closed(const std::string& why) override {
+  void on_closed(const std::string& raw) override {
+    const std::string why = describe_close(raw);
     stop_connecting();
     const bool was_ready = ready();
     const std::string reason = was_ready ? fmt::format("connection lost: {}", why)
@@ -159,6 +149,8 @@ class Lane final : public ClientChannel {
       peer_.fail(job, reason);
     waiting_.clear();
     in_flight_.clear();
+    written_at_.clear();
+    ack_watch_.cancel();
     asio::post(peer_.strand(), [p = peer_.shared_from_this(), was_ready, why] {
       p->lane_closed(was_ready, why);
     });
@@ -185,7 +177,7 @@ class Lane final : public ClientChannel {
   // Gather-writes every frame of a layer: envelope headers from one arena,
   // payloads straight from the pool.
   void write(Job job) {
-    if (std::optional<std::string> why = layout_refusal(job, ack()))
+    if (std::optional<std::string> why = net::layout_refusal(job, ack()))
       return peer_.completed(job, make_error(Errc::kLayoutMismatch, *why));
     const LocalPool& pool = peer_.local();
     const PoolGeometry& g = pool.geometry();
@@ -199,26 +191,51 @@ class Lane final : public ClientChannel {
     plan_frames(job, g, ack().pool.kv_heads, byte_runs_, frames_);
     if (pool.memory_kind() != kernels::MemoryKind::kHost) return write_staged(std::move(job));
     Outgoing out;
-    std::vector<std::pair<size_t, size_t>> headers;  // (at, length) in out.owned
-    headers.reserve(frames_.size());
+    out.payloads.reserve(frames_.size());
     for (const PlannedFrame& f : frames_) {
-      const size_t at = out.owned.size();
       encode_frame(f.header, out.owned);
-      headers.emplace_back(at, out.owned.size() - at);
-      job.bytes += f.header.bytes;
-    }
-    // Buffers only once every header is encoded: `owned` may move as it grows.
-    out.buffers.reserve(frames_.size() * 2);
-    for (size_t i = 0; i < frames_.size(); ++i) {
-      const PlannedFrame& f = frames_[i];
-      out.buffers.emplace_back(out.owned.data() + headers[i].first, headers[i].second);
-      out.buffers.emplace_back(
+      out.payloads.push_back(Outgoing::Payload{
+          out.owned.size(),
           pool.tensor(layer, static_cast<PoolTensor>(f.header.tensor)) + f.src_offset,
-          f.header.bytes);
+          f.header.bytes});
+      job.bytes += f.header.bytes;
     }
     const uint64_t id = job.transfer;
     in_flight_.emplace(id, std::move(job));
+    out.written = [self = std::static_pointer_cast<Lane>(shared_from_this()), id] {
+      self->sent(id);
+    };
     send(std::move(out));
+  }
+
+  // Every byte of transfer `id` is with the kernel: its ack must follow
+  // within the peer timeout. A receiver that takes the bytes and never acks
+  // (stuck, or hostile) costs this lane, never the worker: the lane closes
+  // and its transfers fail naming the peer, and a withdrawal waiting on
+  // them is confirmed.
+  void sent(uint64_t id) {
+    if (in_flight_.count(id) == 0) return;  // answered already (a refusal)
+    written_at_[id] = std::chrono::steady_clock::now();
+    if (!ack_watching_) watch_acks();
+  }
+  void watch_acks() {
+    ack_watching_ = true;
+    ack_watch_.expires_after(peer_.options().timing.heartbeat);
+    ack_watch_.async_wait([self = std::static_pointer_cast<Lane>(shared_from_this())](
+                              const boost::system::error_code& ec) {
+      self->ack_watching_ = false;
+      if (ec || self->closed() || self->written_at_.empty()) return;
+      const auto limit = self->peer_.options().timing.peer_timeout;
+      const auto now = std::chrono::steady_clock::now();
+      for (const auto& [id, at] : self->written_at_) {
+        if (now - at <= limit) continue;
+        auto job = self->in_flight_.find(id);
+        return self->close(fmt::format(
+            "no ack for layer {} (transfer {}) within {} ms after its last byte was sent",
+            job != self->in_flight_.end() ? job->second.ticket.layer : 0, id, limit.count()));
+      }
+      self->watch_acks();
+    });
   }
 
   // A GPU pool's staging slots, made once.
@@ -263,15 +280,15 @@ class Lane final : public ClientChannel {
       std::byte* const base = slots_->slot(slot);
       uint64_t used = 0;
       std::vector<StagedCopy> copies;
+      std::vector<uint64_t> ends;  // transfers whose last frame is in this batch
       Outgoing out;
-      std::vector<std::pair<size_t, size_t>> headers;  // (at, length) in out.owned
       while (!staged_frames_.empty() &&
              staged_frames_.front().header.bytes <= slots_->slot_bytes() - used) {
         const PlannedFrame f = staged_frames_.front();
         staged_frames_.pop_front();
-        const size_t at = out.owned.size();
+        if (f.header.last) ends.push_back(f.header.transfer);
         encode_frame(f.header, out.owned);
-        headers.emplace_back(at, out.owned.size() - at);
+        out.payloads.push_back(Outgoing::Payload{out.owned.size(), base + used, f.header.bytes});
         copies.push_back(StagedCopy{
             pool.tensor(f.header.layer, static_cast<PoolTensor>(f.header.tensor)) + f.src_offset,
             base + used, f.header.bytes});
@@ -282,14 +299,10 @@ class Lane final : public ClientChannel {
         return close(fmt::format("a frame of {} bytes does not fit a staging slot of {}",
                                  staged_frames_.front().header.bytes, slots_->slot_bytes()));
       }
-      used = 0;
-      for (size_t i = 0; i < headers.size(); ++i) {
-        out.buffers.emplace_back(out.owned.data() + headers[i].first, headers[i].second);
-        out.buffers.emplace_back(base + used, copies[i].bytes);
-        used += copies[i].bytes;
-      }
       auto self = std::static_pointer_cast<Lane>(shared_from_this());
-      out.written = [self, slot] {
+      out.written = [self, slot, ends = std::move(ends)] {
+        for (uint64_t id : ends)
+          self->sent(id);
         self->slots_->give_back(slot);
         self->stage_next();
       };
@@ -321,6 +334,10 @@ class Lane final : public ClientChannel {
   std::string close_reason_;  // what transfers handed to it after it closed are told
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;
+  // Transfers all of whose bytes were handed to the kernel, since when.
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> written_at_;
+  asio::steady_timer ack_watch_;
+  bool ack_watching_ = false;
   std::vector<kernels::CopyRun> byte_runs_;
   std::vector<PlannedFrame> frames_;  // write()'s plan of one job, reused
 };
@@ -381,7 +398,7 @@ void Peer::lane_closed(bool was_ready, const std::string& why) {
   link_.unreachable(why);
 }
 
-void Peer::close_all(const std::string& why, const std::shared_ptr<WaitGroup>& closed) {
+void Peer::close_all(const std::string& why, const std::shared_ptr<net::WaitGroup>& closed) {
   stopped_ = true;
   link_.stop();
   for (auto& l : lanes_) {
@@ -391,22 +408,22 @@ void Peer::close_all(const std::string& why, const std::shared_ptr<WaitGroup>& c
   lanes_.clear();
 }
 
-TcpTransport::TcpTransport(NetThread& net, const LocalPool& local, const AuthKey* key,
+TcpTransport::TcpTransport(net::NetThread& net, const LocalPool& local, const AuthKey* key,
                            SenderOptions options, WaitEvent* doorbell)
     : net_(net),
       local_(local),
       key_(key),
       options_(std::move(options)),
-      sink_(std::make_shared<CompletionSink>(doorbell)) {}
+      sink_(std::make_shared<net::CompletionSink>(doorbell)) {}
 
 TcpTransport::~TcpTransport() {
   // After this no handler reads the local pool, and no staged copy either.
   // Their transfers complete with an error (unread).
-  close_peers(peers_);
+  net::close_peers(peers_);
   if (options_.stager) options_.stager->drain();
 }
 
-Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const PeerAddress& at) {
+Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const net::PeerAddress& at) {
   if (key_ == nullptr)
     return make_error(Errc::kInvalidArgument,
                       "tcp transfers need a pre-shared key: start this instance with "
@@ -422,21 +439,23 @@ Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const PeerAddress& at) {
 }
 
 Result<std::shared_ptr<Destination>> TcpTransport::resolve(schema::CacheDest::Reader dest) {
-  const HeadLayout mine = sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads);
-  Result<PeerPlan> plan = plan_peers(dest, dest.getTcpPorts(), "tcpPorts", options_.rank, mine);
+  const HeadLayout mine =
+      net::sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads);
+  Result<net::PeerPlan> plan =
+      net::plan_peers(dest, dest.getTcpPorts(), "tcpPorts", options_.rank, mine);
   if (!plan) return plan.error();
-  return plan_destination<Peer>(
-      *plan, [this](const PeerAddress& at) { return peer_for(at); },
+  return net::plan_destination<Peer>(
+      *plan, [this](const net::PeerAddress& at) { return peer_for(at); },
       dest.getPeerAddress().cStr(), mine, "tcp");
 }
 
 Status TcpTransport::check_connect(schema::ConnectTask::Reader connect) {
-  Result<std::vector<PeerAddress>> all = connect_addresses(
+  Result<std::vector<net::PeerAddress>> all = net::connect_addresses(
       connect, options_.rank,
-      sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads));
+      net::sender_heads(local_.geometry(), options_.tp_size, options_.total_kv_heads));
   if (!all) return all.error();
-  return connect_all<Peer>(
-      *all, [this](const PeerAddress& at) { return peer_for(at); }, options_.connect_timeout);
+  return net::connect_all<Peer>(
+      *all, [this](const net::PeerAddress& at) { return peer_for(at); }, options_.connect_timeout);
 }
 
 }  // namespace kvrelay::worker::tcp

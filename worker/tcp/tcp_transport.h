@@ -1,6 +1,6 @@
 // The connecting side of the tcp transport (a prefill-role worker): for each
 // decode (address, port) it sends to, a Peer with `lanes` parallel
-// connections, each authenticated (auth_key.h) and handshaken (wire.h). A
+// connections, each authenticated and sealed (net/client_channel.h). A
 // layer's transfer goes whole on one lane, round-robin: its frames are
 // gather-written from the pool (no staging copy; from a GPU pool, from
 // staging slots it was copied into, staging.h), and its completion comes
@@ -28,9 +28,10 @@
 #include "instance/auth_key.h"
 #include "shm/wait_event.h"
 #include "worker/local_pool.h"
-#include "worker/tcp/channel.h"
-#include "worker/tcp/net_thread.h"
-#include "worker/tcp/peer_link.h"
+#include "worker/net/channel.h"
+#include "worker/net/completion_sink.h"
+#include "worker/net/net_thread.h"
+#include "worker/net/peer_plan.h"
 #include "worker/tcp/staging.h"
 #include "worker/transport.h"
 
@@ -43,26 +44,12 @@ struct SenderOptions {
   // The model's KV heads over all ranks (0: the pool's kv_heads x tp_size).
   uint32_t total_kv_heads = 0;
   uint32_t lanes = 2;
-  Timing timing;
+  net::Timing timing;
+  net::Protection protection = net::Protection::kAuthenticate;
   std::chrono::milliseconds connect_timeout{2000};  // connect and handshake
   // A pool in GPU memory: its payloads are copied device->host through
   // staging slots here first (staging.h). None: such a pool is refused.
   std::shared_ptr<Stager> stager;
-};
-
-// Completions on their way from the network thread to the worker's.
-class CompletionSink {
- public:
-  explicit CompletionSink(WaitEvent* doorbell) : doorbell_(doorbell) {}
-  void push(TransferCompletion c);
-  void take(std::vector<TransferCompletion>& out);
-  bool any() const { return any_.load(std::memory_order_acquire); }
-
- private:
-  std::mutex mu_;
-  std::vector<TransferCompletion> ready_;
-  std::atomic<bool> any_{false};
-  WaitEvent* doorbell_;
 };
 
 class Peer;
@@ -71,26 +58,27 @@ class TcpTransport final : public Transport {
  public:
   // `key` null: tcp is not configured here, and every tcp request is refused
   // saying so.
-  TcpTransport(NetThread& net, const LocalPool& local, const AuthKey* key, SenderOptions options,
-               WaitEvent* doorbell);
+  TcpTransport(net::NetThread& net, const LocalPool& local, const AuthKey* key,
+               SenderOptions options, WaitEvent* doorbell);
   ~TcpTransport() override;
 
+  const char* name() const override { return "tcp"; }
   Result<std::shared_ptr<Destination>> resolve(schema::CacheDest::Reader dest) override;
   Status check_connect(schema::ConnectTask::Reader connect) override;
   void poll(std::vector<TransferCompletion>& out) override { sink_->take(out); }
   bool has_completions() const override { return sink_->any(); }
   // Its lanes over all peers (any thread).
-  const LinkStats& link_stats() const { return *link_stats_; }
+  const net::LinkStats& link_stats() const { return *link_stats_; }
 
  private:
-  Result<std::shared_ptr<Peer>> peer_for(const PeerAddress& at);
+  Result<std::shared_ptr<Peer>> peer_for(const net::PeerAddress& at);
 
-  NetThread& net_;
+  net::NetThread& net_;
   const LocalPool& local_;
   const AuthKey* key_;
   SenderOptions options_;
-  std::shared_ptr<CompletionSink> sink_;
-  std::shared_ptr<LinkStats> link_stats_ = std::make_shared<LinkStats>();
+  std::shared_ptr<net::CompletionSink> sink_;
+  std::shared_ptr<net::LinkStats> link_stats_ = std::make_shared<net::LinkStats>();
   std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;  // "host:port/instance"
 };
 

@@ -1,0 +1,60 @@
+#include "worker/tcp/frame_plan.h"
+
+#include <algorithm>
+
+#include "worker/copy_plan.h"
+
+namespace kvrelay::worker::tcp {
+
+void plan_frames(const LayerJob& job, const PoolGeometry& local, uint32_t peer_kv_heads,
+                 std::vector<kernels::CopyRun>& scratch, std::vector<PlannedFrame>& out) {
+  out.clear();
+  const uint32_t layer = job.ticket.layer;
+  for (uint32_t t = 0; t < local.tensors_per_layer(); ++t) {
+    const auto tensor = static_cast<PoolTensor>(t);
+    if (job.share) {
+      const uint64_t head = local.block_bytes(tensor) / local.kv_heads;
+      to_head_runs(job.runs, local.block_bytes(tensor), head * peer_kv_heads, head, *job.share,
+                   scratch);
+    } else {
+      to_byte_runs(job.runs, local.block_bytes(tensor), scratch);
+    }
+    for (const kernels::CopyRun& r : scratch) {
+      PlannedFrame p;
+      p.header.transfer = job.transfer;
+      p.header.request_key = job.ticket.request_key;
+      p.header.handle = job.ticket.handle;
+      p.header.layer = layer;
+      p.header.tensor = t;
+      p.header.dst_offset = r.dst_offset;
+      p.header.bytes = r.bytes;
+      p.src_offset = r.src_offset;
+      out.push_back(p);
+    }
+  }
+  // Only now is the last frame known: a head share of part of a block has a
+  // frame per block, more than the job's coalesced runs. (Counting runs once
+  // marked a frame in the middle `last`: the receiver acked the transfer
+  // before the rest of it had landed.)
+  if (!out.empty()) out.back().header.last = true;
+}
+
+void split_to_fit(const PlannedFrame& frame, const PoolGeometry& local, uint64_t limit,
+                  std::deque<PlannedFrame>& out) {
+  const uint64_t block = local.block_bytes(static_cast<PoolTensor>(frame.header.tensor));
+  if (frame.header.bytes <= limit || block == 0 || block > limit) {
+    out.push_back(frame);
+    return;
+  }
+  const uint64_t piece_max = limit / block * block;
+  for (uint64_t done = 0; done < frame.header.bytes;) {
+    PlannedFrame piece = frame;
+    piece.header.bytes = std::min(piece_max, frame.header.bytes - done);
+    piece.header.dst_offset += done;
+    piece.src_offset += done;
+    done += piece.header.bytes;
+    piece.header.last = frame.header.last && done == frame.header.bytes;
+    out.push_back(piece);
+  }
+}
+}  // namespace kvrelay::worker::tcp
