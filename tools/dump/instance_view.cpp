@@ -146,6 +146,21 @@ InstanceView snapshot(const ControlSegment& control) {
     w.rank = r;
     w.process = view_process(control.worker_slot(r), c, control.rank_liveness(r));
     w.ready = control.status().ready_flags[r].load(std::memory_order_acquire) == 1;
+    // The board before the counters: the worker mirrors its stalled count
+    // before it publishes a listing (worker.cpp), so a listing read here
+    // always finds its count among the counters read after it.
+    if (auto board = request_stalls::read(control.request_stalls().ranks[r])) {
+      const uint64_t now = mono_now_ns();
+      w.stalled = board->stalled;
+      for (const StallRecord& s : board->shown) {
+        const auto reason = static_cast<StallReason>(s.reason);
+        w.stalls.push_back(
+            StallView{request_stalls::text_of(s.request_id), s.slot, stall_reason_name(reason),
+                      stall_reason_text(reason),
+                      now > s.since_ns ? static_cast<double>(now - s.since_ns) / 1e9 : 0.0,
+                      s.in_flight, request_stalls::text_of(s.peer)});
+      }
+    }
     w.counters = view_counters(control.counters(worker_counters_index(r)));
     for (PoolTier tier : {PoolTier::kDevice, PoolTier::kHost}) {
       PoolEntryView p;
@@ -161,18 +176,6 @@ InstanceView snapshot(const ControlSegment& control) {
     }
     w.device_signal_word =
         control.status().device_signals[r].layers.load(std::memory_order_relaxed);
-    if (auto board = request_stalls::read(control.request_stalls().ranks[r])) {
-      const uint64_t now = mono_now_ns();
-      w.stalled = board->stalled;
-      for (const StallRecord& s : board->shown) {
-        const auto reason = static_cast<StallReason>(s.reason);
-        w.stalls.push_back(
-            StallView{request_stalls::text_of(s.request_id), s.slot, stall_reason_name(reason),
-                      stall_reason_text(reason),
-                      now > s.since_ns ? static_cast<double>(now - s.since_ns) / 1e9 : 0.0,
-                      s.in_flight, request_stalls::text_of(s.peer)});
-      }
-    }
     v.workers.push_back(std::move(w));
   }
   if (auto ring = control.submit_ring()) v.rings.push_back(view_mpsc("submit", *ring));
