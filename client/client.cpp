@@ -2,6 +2,7 @@
 
 #include <capnp/message.h>
 #include <fmt/format.h>
+#include <sys/random.h>
 
 #include <algorithm>
 #include <array>
@@ -123,6 +124,16 @@ uint32_t Client::request_tag(std::string_view request_id) {
   return records::request_tag(request_id);
 }
 
+uint64_t Client::random_nonce() {
+  uint64_t n = 0;
+  while (n == 0) {
+    // getrandom() of 8 bytes from the initialised pool neither blocks nor
+    // returns short; EINTR only before it starts.
+    if (getrandom(&n, sizeof n, 0) != static_cast<ssize_t>(sizeof n)) n = 0;
+  }
+  return n;
+}
+
 const InstanceInfo& Client::info() const {
   return impl_->info;
 }
@@ -187,6 +198,7 @@ Status Client::submit(const CacheDestSpec& spec, Deadline deadline) {
   d.setDeviceIds(list_of(spec.device_ids));
   d.setErrorMessage(spec.error_message);
   d.setClientSubmitNs(mono_now_ns());
+  d.setRequestNonce(spec.request_nonce);
   if (Status s = messages::validate(d.asReader(), impl_->limits); !s) return s;
   return impl_->write(MessageType::CACHE_DEST, msg, deadline);
 }
@@ -214,6 +226,8 @@ Status Client::submit(const ExpectSpec& spec, Deadline deadline) {
   e.setRequestId(spec.request_id);
   e.setDestBlockIds(list_of(spec.dest_block_ids));
   e.setDeadlineMs(spec.deadline_ms);
+  e.setFromInstance(spec.from_instance);
+  e.setRequestNonce(spec.request_nonce);
   if (Status v = messages::validate(e.asReader(), impl_->limits); !v) return v;
   // Before the declaration is on its way: prefill workers that write here
   // from now on check the ranks' claims and say what they wrote.

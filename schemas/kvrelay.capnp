@@ -157,6 +157,11 @@ struct CacheDest {
 
   clientSubmitNs @9 :UInt64;
   # As CacheTask.clientSubmitNs.
+
+  requestNonce @10 :UInt64;
+  # tcp/rdma/ipc: a secret the two engines share for this request, as
+  # ExpectArrival.requestNonce (the decode engine chooses it, at random, when
+  # it allocates the blocks, and it travels with destBlockIds). 0: none.
 }
 
 struct SwapTask {
@@ -223,6 +228,22 @@ struct ExpectArrival {
 
   deadlineMs @2 :UInt32;
   # As CacheTask.deadlineMs.
+
+  fromInstance @3 :Text;
+  # The prefill instance whose workers send this request: the instance
+  # named in a connection's authenticated hello (tcp, rdma), or the writing
+  # instance (ipc). Writes of the request from any other instance are
+  # refused and fail nothing, and only its early writes (before this
+  # declaration) count. Empty: any peer that holds the key (weaker: such a
+  # peer can then fill, fail or complete the request).
+
+  requestNonce @4 :UInt64;
+  # A secret the two engines share for this request (CacheDest.requestNonce
+  # of the same request), chosen at random by the decode engine. The data
+  # plane names the request by a keyed hash of its id and this nonce, so a
+  # peer that holds the network key but not the nonce cannot address it at
+  # all. 0: none (the request is named by its id alone, which anyone can
+  # guess).
 }
 
 struct Cancel {
@@ -568,6 +589,9 @@ struct IpcLanded {
   # Heterogeneous TP: only heads [firstHead, firstHead + heads) of each block
   # were written (another prefill rank writes the others). heads 0: whole
   # blocks.
+  writerInstance @7 :Text;
+  # The writing (prefill) instance: checked against
+  # ExpectArrival.fromInstance.
 }
 
 struct NetChallenge {

@@ -286,6 +286,10 @@ Status validate(schema::ExpectArrival::Reader expect, const Limits& limits) {
   if (expect.getDeadlineMs() > kMaxDeadlineMs)
     return invalid(fmt::format("{}: deadline_ms {} exceeds the limit of {} (one hour)", w,
                                expect.getDeadlineMs(), kMaxDeadlineMs));
+  if (const auto from = expect.getFromInstance(); from.size() != 0) {
+    if (Status s = validate_instance_name(std::string_view(from.cStr(), from.size())); !s)
+      return invalid(fmt::format("{}: from_instance: {}", w, s.error().message));
+  }
   return {};
 }
 

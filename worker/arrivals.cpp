@@ -25,9 +25,9 @@ Arrivals::Arrivals(const PoolGeometry& pool, WaitEvent* doorbell)
       owner_(std::max(pool.num_blocks, pool.extra_layer_blocks), 0),
       index_in_owner_(owner_.size(), 0) {}
 
-Status Arrivals::expect(uint64_t handle, const std::string& id,
-                        const std::vector<uint32_t>& blocks) {
-  const uint64_t key = request_key(id);
+Status Arrivals::expect(uint64_t handle, const std::string& id, const std::vector<uint32_t>& blocks,
+                        const std::string& from, uint64_t nonce) {
+  const uint64_t key = request_key(id, nonce);
   std::lock_guard<std::mutex> lock(mu_);
   if (expected_.count(key) != 0)
     return make_error(Errc::kInvalidArgument,
@@ -47,6 +47,7 @@ Status Arrivals::expect(uint64_t handle, const std::string& id,
   Expected e;
   e.handle = handle;
   e.id = id;
+  e.from = from;
   e.blocks = blocks;
   e.missing = uint64_t{pool_.total_layers()} * pool_.tensors_per_layer() * blocks.size();
   e.arrived.assign((e.missing + 63) / 64, 0);
@@ -72,54 +73,73 @@ void Arrivals::credit_early(uint64_t key, Expected& e) {
   forget_old_early();
   auto it = early_.find(key);
   if (it == early_.end()) return;
-  const std::vector<EarlyWrite> writes = std::move(it->second.writes);
-  early_entries_ -= writes.size();
+  std::vector<Early> senders = std::move(it->second);
   early_.erase(it);
-  for (const EarlyWrite& w : writes) {
-    for (uint32_t b = w.first; b <= w.last; ++b) {
-      if (owner_[b] != key) {
-        const std::string why = fmt::format(
-            "a write of request '{}' went to destination block "
-            "{} before it was declared, which it did not declare",
-            e.id, b);
-        e.withdrawn = true;
-        e.failure = why;
-        if (e.writing == 0) finish(key, ArrivalEvent::kFailed, why);
-        return;
+  for (const Early& early : senders) {
+    early_entries_ -= early.writes.size();
+    // Another instance's early writes count for nothing (their order
+    // entries find nothing and go).
+    if (!e.from.empty() && early.sender != e.from) continue;
+    for (const EarlyWrite& w : early.writes) {
+      if (e.withdrawn) break;
+      for (uint32_t b = w.first; b <= w.last; ++b) {
+        if (owner_[b] != key) {
+          const std::string why = fmt::format(
+              "a write of request '{}' went to destination block "
+              "{} before it was declared, which it did not declare",
+              e.id, b);
+          e.withdrawn = true;
+          e.failure = why;
+          if (e.writing == 0) finish(key, ArrivalEvent::kFailed, why);
+          return;
+        }
       }
+      mark(e, w);
     }
-    mark(e, w);
   }
 }
 
-void Arrivals::remember_early(uint64_t key, const Span& span) {
+void Arrivals::remember_early(uint64_t key, std::string_view sender, const Span& span) {
   forget_old_early();
-  Early& early = early_[key];
-  if (early.writes.empty()) {
-    early.since_ns = mono_now_ns();
-    early_order_.push_back(key);
+  std::vector<Early>& senders = early_[key];
+  auto mine = std::find_if(senders.begin(), senders.end(),
+                           [&](const Early& e) { return e.sender == sender; });
+  if (mine == senders.end()) {
+    senders.push_back(Early{std::string(sender), mono_now_ns(), {}});
+    mine = senders.end() - 1;
+    early_order_.push_back(EarlyName{key, mine->sender});
   }
-  early.writes.push_back(span);
+  mine->writes.push_back(span);
   ++early_entries_;
   while (early_entries_ > kRememberEarly && !early_order_.empty()) {
-    auto oldest = early_.find(early_order_.front());
-    if (oldest != early_.end()) {
-      early_entries_ -= oldest->second.writes.size();
-      early_.erase(oldest);
-    }
+    drop_early(early_order_.front().key, early_order_.front().sender);
     early_order_.pop_front();
   }
+}
+
+// Forgets `sender`'s early writes of `key`, if still remembered.
+void Arrivals::drop_early(uint64_t key, const std::string& sender) {
+  auto it = early_.find(key);
+  if (it == early_.end()) return;
+  std::vector<Early>& senders = it->second;
+  auto mine = std::find_if(senders.begin(), senders.end(),
+                           [&](const Early& e) { return e.sender == sender; });
+  if (mine == senders.end()) return;
+  early_entries_ -= mine->writes.size();
+  senders.erase(mine);
+  if (senders.empty()) early_.erase(it);
 }
 
 void Arrivals::forget_old_early() {
   const uint64_t now = mono_now_ns();
   while (!early_order_.empty()) {
-    auto it = early_.find(early_order_.front());
-    if (it != early_.end() && now - it->second.since_ns <= ns_of(kEarly)) break;
-    if (it != early_.end()) {
-      early_entries_ -= it->second.writes.size();
-      early_.erase(it);
+    const EarlyName& oldest = early_order_.front();
+    if (auto it = early_.find(oldest.key); it != early_.end()) {
+      auto mine = std::find_if(it->second.begin(), it->second.end(),
+                               [&](const Early& e) { return e.sender == oldest.sender; });
+      if (mine != it->second.end() && now - mine->since_ns <= ns_of(kEarly)) break;
     }
+    drop_early(oldest.key, oldest.sender);
     early_order_.pop_front();
   }
 }
@@ -194,6 +214,10 @@ Status Arrivals::admit(const LandedWrite& f) {
         Errc::kInvalidArgument,
         fmt::format("request '{}' has already arrived here or was withdrawn", gone->second));
   auto mine = expected_.find(f.request_key);
+  if (mine != expected_.end() && !counts_for(mine->second, f))
+    return make_error(Errc::kPermissionDenied,
+                      fmt::format("request '{}' is expected from instance '{}', not from '{}'",
+                                  mine->second.id, mine->second.from, f.sender));
   for (uint32_t b = first; b <= last; ++b) {
     if (owner_[b] == f.request_key && mine != expected_.end()) continue;
     if (mine != expected_.end()) {
@@ -240,11 +264,19 @@ void Arrivals::landed(const LandedWrite& f) {
   if (it == expected_.end()) {  // undeclared: counts if it is declared soon
     undeclared_write_over(f.request_key);
     if (f.request_key != 0 && gone_ids_.count(f.request_key) == 0)
-      remember_early(f.request_key, span);
+      remember_early(f.request_key, f.sender, span);
     return;
   }
   Expected& e = it->second;
   if (e.writing > 0) --e.writing;
+  if (!counts_for(e, f)) {
+    // Admitted before the declaration, from another instance: it held the
+    // request's withdrawal while it was written, and counts for nothing.
+    if (e.withdrawn && e.writing == 0)
+      finish(f.request_key, e.failure.empty() ? ArrivalEvent::kWithdrawn : ArrivalEvent::kFailed,
+             e.failure);
+    return;
+  }
   // Admitted before the request was declared: its blocks were not checked
   // against the declaration then.
   for (uint32_t b = first; b <= last && !e.withdrawn; ++b) {

@@ -21,6 +21,12 @@
 // an undeclared request wrote in the last minute is remembered, and counts
 // once it is declared (or fails it, if it went outside its blocks).
 //
+// A declaration may name its sender (ExpectArrival.fromInstance): then only
+// that instance's writes count, fail it or hold its blocks; another's are
+// refused, or (admitted before the declaration) counted for nothing, and
+// fail nothing. The request key itself may be keyed by a nonce only the two
+// engines know (request_key.h).
+//
 // Thread-safe: the network threads and the worker's thread call it.
 #pragma once
 
@@ -49,6 +55,9 @@ struct LandedWrite {
   uint32_t tensor = 0;  // PoolTensor
   uint64_t dst_offset = 0;
   uint64_t bytes = 0;
+  // The writing instance: a connection's authenticated hello, or an ipc
+  // writer's record. Must outlive the call.
+  std::string_view sender;
 };
 
 struct ArrivalEvent {
@@ -63,10 +72,12 @@ class Arrivals {
   // `doorbell` is rung when take() has something.
   Arrivals(const PoolGeometry& pool, WaitEvent* doorbell);
 
-  // Declares request `id` (handle `handle`) with its destination blocks.
-  // Refuses a block another declared request holds, or an id declared
-  // already. An empty list arrives at once.
-  Status expect(uint64_t handle, const std::string& id, const std::vector<uint32_t>& blocks);
+  // Declares request `id` (handle `handle`) with its destination blocks,
+  // from instance `from` (empty: any), named on the data plane by
+  // request_key(id, nonce). Refuses a block another declared request holds,
+  // or a request declared already. An empty list arrives at once.
+  Status expect(uint64_t handle, const std::string& id, const std::vector<uint32_t>& blocks,
+                const std::string& from = {}, uint64_t nonce = 0);
   // Withdraws it (cancel, timeout): true when it was declared. Its event
   // (kWithdrawn) comes once no payload of it is being written any more.
   [[nodiscard]] bool withdraw(uint64_t handle);
@@ -99,6 +110,7 @@ class Arrivals {
     uint64_t bytes = 0;
     // Blocks of which only some heads arrived: bit (as in `arrived`) -> head mask.
     std::unordered_map<uint64_t, std::vector<uint64_t>> partial;
+    std::string from;      // the one sender whose writes count; empty: any
     uint32_t writing = 0;  // admitted writes whose bytes are being written
     bool withdrawn = false;
     std::string failure;  // why it failed (a write broke a rule), once writes in progress end
@@ -109,13 +121,20 @@ class Arrivals {
     uint32_t layer, tensor, first, last, first_head, heads;
   };
   using EarlyWrite = Span;
+  // One sender's landed writes of one undeclared request.
   struct Early {
+    std::string sender;
     uint64_t since_ns;
     std::vector<EarlyWrite> writes;
   };
+  // Whether `w` is a write whose request `e` counts (its sender's).
+  static bool counts_for(const Expected& e, const LandedWrite& w) {
+    return e.from.empty() || e.from == w.sender;
+  }
   void credit_early(uint64_t key, Expected& e);
   void undeclared_write_over(uint64_t key);
-  void remember_early(uint64_t key, const Span& span);
+  void remember_early(uint64_t key, std::string_view sender, const Span& span);
+  void drop_early(uint64_t key, const std::string& sender);
   void forget_old_early();
   void mark(Expected& e, const Span& span);
   // What a write covers; false when it is no whole blocks and no head range
@@ -139,8 +158,13 @@ class Arrivals {
   std::deque<Gone> gone_;  // arrived or withdrawn, oldest first
   std::unordered_map<uint64_t, std::string> gone_ids_;
   std::vector<ArrivalEvent> events_;
-  std::unordered_map<uint64_t, Early> early_;  // undeclared requests' landed writes, by key
-  std::deque<uint64_t> early_order_;           // their keys, oldest first
+  // Undeclared requests' landed writes, by key, one entry per sender.
+  std::unordered_map<uint64_t, std::vector<Early>> early_;
+  struct EarlyName {
+    uint64_t key;
+    std::string sender;
+  };
+  std::deque<EarlyName> early_order_;  // oldest first
   size_t early_entries_ = 0;
   std::unordered_map<uint64_t, uint32_t> undeclared_writing_;  // admitted, not yet landed, by key
 };

@@ -41,7 +41,8 @@ struct SendScheduler::Request {
   std::shared_ptr<Destination> destination;
   std::vector<uint32_t> sent;  // per layer: blocks [0, sent[l]) are handed to the transport
   uint64_t serial = 0;         // tells this binding of the handle from an earlier one
-  uint64_t key = 0;            // request_key(id): names it to a receiver
+  uint64_t key = 0;            // request_key(id, its dest's nonce): names it to a receiver
+  uint32_t dst_block_end = 0;  // one past its largest destination block
   uint32_t in_flight = 0;      // transfers handed to the transport and not completed
   // Ended (failed, cancelled) with transfers in flight: reported when they complete.
   bool ending = false;
@@ -222,6 +223,22 @@ void SendScheduler::on_dest(uint64_t handle, schema::CacheDest::Reader dest, uin
   }
   r.destination = std::move(target).value();
   r.dst = messages::to_vector(ids);
+  r.key = request_key(r.id, dest.getRequestNonce());
+  for (uint32_t b : r.dst)
+    r.dst_block_end = std::max(r.dst_block_end, b + 1);
+  // Before anything moves: a block the destination's pool lacks fails the
+  // request with nothing written. A network destination whose pool is not
+  // known yet checks the same before its first byte (TransferTicket).
+  for (uint32_t layer = 0; layer < layers_; ++layer) {
+    const uint32_t there = r.destination->blocks_in_layer(layer);
+    if (there != UINT32_MAX && r.dst_block_end > there) {
+      end(r, ReportKind::kFailed,
+          fmt::format("destination block {} is outside the pool of {}, which has {} blocks in "
+                      "layer {}: nothing of this request was sent",
+                      r.dst_block_end - 1, r.destination->peer(), there, layer));
+      return;
+    }
+  }
   r.prefix = static_cast<uint32_t>(r.src.size() - r.dst.size());
   r.sent.assign(layers_, r.prefix);
   r.has_dest = true;
@@ -464,6 +481,7 @@ void SendScheduler::advance(Request& r, uint64_t signal_ns) {
     ticket.handle = r.handle;
     ticket.request_serial = r.serial;
     ticket.request_key = r.key;
+    ticket.dst_block_end = r.dst_block_end;
     ticket.layer = layer;
     ticket.signal_ns = signal_ns;
     ticket.submit_ns = mono_now_ns();

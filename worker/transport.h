@@ -26,6 +26,11 @@ struct TransferTicket {
   uint64_t handle = 0;          // the request
   uint64_t request_serial = 0;  // which binding of that handle (the scheduler's count)
   uint64_t request_key = 0;     // request_key() of its id: names it to the receiver
+  // One past the request's largest destination block (0: not checked). A
+  // network sender learns the receiver's pool only when it connects, and
+  // checks this against it before the first byte of every layer, so that a
+  // request naming a block the pool lacks writes nothing anywhere.
+  uint32_t dst_block_end = 0;
   uint32_t layer = 0;
   uint64_t signal_ns = 0;  // when the signal that let this layer go was read
   uint64_t submit_ns = 0;

@@ -147,10 +147,11 @@ Status Transports::expect(uint64_t handle, schema::ExpectArrival::Reader expect)
                                   rank_));
   const std::string id = expect.getRequestId().cStr();
   const std::vector<uint32_t> blocks = messages::to_vector(expect.getDestBlockIds());
+  const uint64_t nonce = expect.getRequestNonce();
   if (intake_) {
-    if (Status s = intake_->expect(handle, request_key(id), blocks); !s) return s;
+    if (Status s = intake_->expect(handle, request_key(id, nonce), blocks); !s) return s;
   }
-  Status s = arrivals_->expect(handle, id, blocks);
+  Status s = arrivals_->expect(handle, id, blocks, expect.getFromInstance().cStr(), nonce);
   if (!s && intake_) {
     intake_->close(handle);
     intake_->forget(handle);  // refused: nothing of it is answered later

@@ -41,7 +41,7 @@ void fill_dest(schema::CacheDest::Builder d, uint32_t blocks, schema::TransferPr
     ids.set(i, 100 + i);
   d.setProtocol(p);
   d.setPeerInstance("decode0");
-  d.setPeerAddress("10.0.0.2");
+  d.setPeerAddress("198.18.0.2");
   auto ports = p == schema::TransferProtocol::TCP ? d.initTcpPorts(2) : d.initRdmaPorts(2);
   ports.set(0, 9000);
   ports.set(1, 9001);
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
     auto c = m.initRoot<schema::ConnectTask>();
     c.setTaskId(9);
     c.setProtocol(schema::TransferProtocol::RDMA);
-    c.setPeerAddress("10.0.0.3");
+    c.setPeerAddress("198.18.0.3");
     auto ports = c.initPorts(2);
     ports.set(0, 1);
     ports.set(1, 2);

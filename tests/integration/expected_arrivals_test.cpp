@@ -29,6 +29,16 @@ InstanceArgs args() {
   return RequestDriver::small_pair();
 }
 
+// A declaration from any sender, named by its id alone (the scoped and
+// nonce'd kind: AWriteFromAnotherInstanceIsRefusedAndFailsNothing).
+ExpectSpec expect(std::string id, std::vector<uint32_t> blocks, uint32_t deadline_ms) {
+  ExpectSpec e;
+  e.request_id = std::move(id);
+  e.dest_block_ids = std::move(blocks);
+  e.deadline_ms = deadline_ms;
+  return e;
+}
+
 class ExpectedArrivals : public ::testing::TestWithParam<Protocol> {
  protected:
   void SetUp() override {
@@ -93,7 +103,7 @@ class ExpectedArrivals : public ::testing::TestWithParam<Protocol> {
 
 TEST_P(ExpectedArrivals, TheDecodeEngineLearnsItsKvArrivedExactlyOnce) {
   sim::RequestBlocks r = driver->blocks(4);
-  Status s = decode_engine().submit(ExpectSpec{"arrive", r.dst, 20'000}, Deadline::after(5s));
+  Status s = decode_engine().submit(expect("arrive", r.dst, 20'000), Deadline::after(5s));
   ASSERT_TRUE(s) << s.error().message;
   driver->submit("arrive", r, 0);
   driver->layers_done(0, RequestDriver::kLayers);
@@ -114,8 +124,8 @@ TEST_P(ExpectedArrivals, ManyExpectedRequestsEachArriveOnceWithTheirOwnBytes) {
   std::vector<sim::RequestBlocks> all;
   for (int i = 0; i < 6; ++i) {
     all.push_back(driver->blocks(1 + i % 3));
-    ASSERT_TRUE(decode_engine().submit(
-        ExpectSpec{"many-" + std::to_string(i), all.back().dst, 20'000}, Deadline::after(5s)));
+    ASSERT_TRUE(decode_engine().submit(expect("many-" + std::to_string(i), all.back().dst, 20'000),
+                                       Deadline::after(5s)));
   }
   for (int i = 0; i < 6; ++i) {
     driver->submit("many-" + std::to_string(i), all[i], 0);
@@ -139,7 +149,7 @@ TEST_P(ExpectedArrivals, ManyExpectedRequestsEachArriveOnceWithTheirOwnBytes) {
 TEST_P(ExpectedArrivals, AnExpectedRequestThatNeverComesTimesOutAndItsLateWritesAreRefused) {
   sim::RequestBlocks r = driver->blocks(2);
   const auto t0 = Clock::now();
-  ASSERT_TRUE(decode_engine().submit(ExpectSpec{"never", r.dst, 500}, Deadline::after(5s)));
+  ASSERT_TRUE(decode_engine().submit(expect("never", r.dst, 500), Deadline::after(5s)));
   std::optional<Completion> here = decode_completion();
   ASSERT_TRUE(here);
   EXPECT_EQ(here->kind, CompletionKind::kArrived);
@@ -156,7 +166,7 @@ TEST_P(ExpectedArrivals, AnExpectedRequestThatNeverComesTimesOutAndItsLateWrites
 
 TEST_P(ExpectedArrivals, ACancelIsAnsweredOnceAndRefusesTheWritesThatFollow) {
   sim::RequestBlocks r = driver->blocks(3);
-  ASSERT_TRUE(decode_engine().submit(ExpectSpec{"called-off", r.dst, 20'000}, Deadline::after(5s)));
+  ASSERT_TRUE(decode_engine().submit(expect("called-off", r.dst, 20'000), Deadline::after(5s)));
   ASSERT_TRUE(decode_engine().cancel("called-off", Deadline::after(5s)));
   std::optional<Completion> here = decode_completion();
   ASSERT_TRUE(here);
@@ -174,7 +184,7 @@ TEST_P(ExpectedArrivals, WritesIntoBlocksAnotherRequestDeclaredAreRefusedAndThat
   sim::RequestBlocks owner = driver->blocks(3);
   sim::RequestBlocks intruder = driver->blocks(3);
   intruder.dst = owner.dst;  // a buggy engine sends another request into them
-  ASSERT_TRUE(decode_engine().submit(ExpectSpec{"owner", owner.dst, 20'000}, Deadline::after(5s)));
+  ASSERT_TRUE(decode_engine().submit(expect("owner", owner.dst, 20'000), Deadline::after(5s)));
   wait_until_declared(owner.dst);
   driver->submit("intruder", intruder, 0);
   driver->layers_done(0, RequestDriver::kLayers);
@@ -200,7 +210,7 @@ TEST_P(ExpectedArrivals, ADeclaredRequestWrittenOutsideItsBlocksFailsOnBothSides
   sim::RequestBlocks r = driver->blocks(3);
   std::vector<uint32_t> declared = r.dst;
   declared.back() = driver->blocks(1).dst[0];  // the sender's last block is not among them
-  ASSERT_TRUE(decode_engine().submit(ExpectSpec{"astray", declared, 20'000}, Deadline::after(5s)));
+  ASSERT_TRUE(decode_engine().submit(expect("astray", declared, 20'000), Deadline::after(5s)));
   wait_until_declared(declared);
   driver->submit("astray", r, 0);
   driver->layers_done(0, RequestDriver::kLayers);
@@ -219,6 +229,53 @@ TEST_P(ExpectedArrivals, ADeclaredRequestWrittenOutsideItsBlocksFailsOnBothSides
   EXPECT_FALSE(decode_completion(300ms)) << "exactly one completion";
   for (uint32_t rank = 0; rank < env->tp(); ++rank)
     EXPECT_TRUE(sim::block_is_poisoned(env->dst_pool(rank), 0, 0, r.dst.back()));
+}
+
+// A declaration names its sender: the real prefill instance's writes are
+// then another instance's. They fail nothing here and count for nothing; the
+// request times out. Over tcp the receiver refuses them, and the sender
+// learns why; over ipc (one host: the segment's permissions are the trust)
+// the writer's claim is only checked when its writes are counted.
+TEST_P(ExpectedArrivals, WritesFromAnInstanceOtherThanTheNamedSenderCountForNothing) {
+  sim::RequestBlocks r = driver->blocks(2);
+  ExpectSpec e = expect("scoped", r.dst, 1500);
+  e.from_instance = "someone-else";
+  ASSERT_TRUE(decode_engine().submit(e, Deadline::after(5s)));
+  wait_until_declared(r.dst);
+  driver->submit("scoped", r, 0);
+  driver->layers_done(0, RequestDriver::kLayers);
+  const Completion sent = env->wait_for("scoped");
+  if (GetParam() == Protocol::kTcp) {
+    EXPECT_EQ(sent.status, CompletionStatus::kError);
+    EXPECT_NE(sent.message.find("request 'scoped' is expected from instance 'someone-else', not "
+                                "from '" +
+                                env->prefill().name() + "'"),
+              std::string::npos)
+        << sent.message;
+    EXPECT_TRUE(poisoned(r)) << "nothing written";
+  }
+  std::optional<Completion> here = decode_completion();
+  ASSERT_TRUE(here);
+  EXPECT_EQ(here->request_id, "scoped");
+  EXPECT_EQ(here->status, CompletionStatus::kTimeout) << here->message;
+  EXPECT_FALSE(decode_completion(300ms)) << "exactly one completion";
+}
+
+// A destination block beyond the decode pool fails the request before its
+// first byte: over tcp too, where the sender learns the pool only when it
+// connects, nothing of the request's valid blocks is written.
+TEST_P(ExpectedArrivals, ARequestNamingABlockThePoolLacksWritesNothingAnywhere) {
+  sim::RequestBlocks r = driver->blocks(3);
+  const uint32_t lacks = env->dst_pool(0).geometry().num_blocks;
+  r.dst.back() = lacks;
+  driver->submit("beyond", r, 0);
+  driver->layers_done(0, RequestDriver::kLayers);
+  const Completion sent = env->wait_for("beyond");
+  EXPECT_EQ(sent.status, CompletionStatus::kError);
+  EXPECT_NE(sent.message.find(std::to_string(lacks)), std::string::npos) << sent.message;
+  sim::RequestBlocks valid = r;
+  valid.dst.pop_back();
+  EXPECT_TRUE(poisoned(valid)) << "the valid blocks were written: " << sent.message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Over, ExpectedArrivals, ::testing::Values(Protocol::kIpc, Protocol::kTcp),

@@ -90,7 +90,7 @@ TEST_F(RingCodec, CacheDestRoundTrips) {
   d.setRequestId("req-1");
   kvrelay::testing::set_list(d.initDestBlockIds(2), {30, 31});
   d.setProtocol(schema::TransferProtocol::RDMA);
-  d.setPeerAddress("10.1.2.3");
+  d.setPeerAddress("198.18.2.3");
   auto ports = d.initRdmaPorts(2);
   ports.set(0, 8100);
   ports.set(1, 8101);
@@ -98,7 +98,7 @@ TEST_F(RingCodec, CacheDestRoundTrips) {
   write(MessageType::CACHE_DEST, msg);
   read_one<schema::CacheDest>(MessageType::CACHE_DEST, [](schema::CacheDest::Reader r) {
     EXPECT_EQ(r.getProtocol(), schema::TransferProtocol::RDMA);
-    EXPECT_EQ(std::string(r.getPeerAddress().cStr()), "10.1.2.3");
+    EXPECT_EQ(std::string(r.getPeerAddress().cStr()), "198.18.2.3");
     EXPECT_EQ(r.getRdmaPorts()[1], 8101);
     EXPECT_EQ(r.getDeviceIds()[0], 4u);
     EXPECT_EQ(r.getDestBlockIds()[1], 31u);

@@ -143,7 +143,7 @@ TEST_F(CacheDestRules, DeviceIdMissingForARank) {
 
 TEST_F(CacheDestRules, RdmaPortsNameEveryDecodeRank) {
   dest.setProtocol(schema::TransferProtocol::RDMA);
-  dest.setPeerAddress("10.0.0.2");
+  dest.setPeerAddress("198.18.0.2");
   dest.initRdmaPorts(1).set(0, 9000);  // a decode instance of tp 1: heterogeneous TP
   EXPECT_EQ(check(), "ok");
   dest.initRdmaPorts(0);
@@ -266,7 +266,7 @@ TEST(ConnectRules, PortsAreNeverZero) {
   auto c = msg.initRoot<schema::ConnectTask>();
   c.setTaskId(7);
   c.setProtocol(schema::TransferProtocol::RDMA);
-  c.setPeerAddress("10.0.0.9");
+  c.setPeerAddress("198.18.0.9");
   auto ports = c.initPorts(2);
   ports.set(0, 8100);
   EXPECT_EQ(error_of(validate(c.asReader(), example_limits())),
@@ -278,7 +278,7 @@ TEST(ConnectRules, TcpPortsAreOnePerDecodeRankOfAnyTpSize) {
   auto c = msg.initRoot<schema::ConnectTask>();
   c.setTaskId(8);
   c.setProtocol(schema::TransferProtocol::TCP);
-  c.setPeerAddress("10.0.0.9");
+  c.setPeerAddress("198.18.0.9");
   auto four = c.initPorts(4);  // a decode instance of tp 4 (heterogeneous TP)
   for (uint32_t r = 0; r < 4; ++r)
     four.set(r, static_cast<uint16_t>(8100 + r));
@@ -293,7 +293,7 @@ TEST(ConnectRules, AddressWithASpace) {
   auto c = msg.initRoot<schema::ConnectTask>();
   c.setTaskId(7);
   c.setProtocol(schema::TransferProtocol::TCP);
-  c.setPeerAddress("10.0.0.9 x");
+  c.setPeerAddress("198.18.0.9 x");
   EXPECT_EQ(error_of(validate(c.asReader(), example_limits())),
             "ConnectTask 7: peer_address contains a space or non-printable byte");
 }

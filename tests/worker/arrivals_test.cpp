@@ -178,6 +178,87 @@ TEST(Arrivals, AWriteAdmittedBeforeTheDeclarationOutsideItsBlocksFailsItWhenItLa
             "a write of request 'racing' went to destination block 3, which it did not declare");
 }
 
+// A request declared from instance "p0": another keyed instance's writes of
+// it are refused and fail nothing (it cannot fail, fill or complete another
+// engine's request), and its early writes count for nothing; p0's do.
+TEST(Arrivals, OnlyTheNamedSendersWritesCountAndAnotherInstanceFailsNothing) {
+  Arrivals a(geometry(), nullptr);
+  // Early, before the declaration: the intruder's block 5 and p0's block 6.
+  LandedWrite intruder = frame("scoped", 0, 0, 5);
+  intruder.sender = "mallory";
+  ASSERT_TRUE(deliver(a, intruder));
+  LandedWrite mine = frame("scoped", 0, 0, 6);
+  mine.sender = "p0";
+  ASSERT_TRUE(deliver(a, mine));
+  ASSERT_TRUE(a.expect(1, "scoped", {5, 6}, "p0"));
+
+  // The intruder's write outside the request's blocks would fail it if it
+  // counted; inside them, it would fill them.
+  for (uint32_t block : {5u, 9u}) {
+    LandedWrite w = frame("scoped", 0, 1, block);
+    w.sender = "mallory";
+    Status s = a.admit(w);
+    ASSERT_FALSE(s);
+    EXPECT_EQ(s.error().message,
+              "request 'scoped' is expected from instance 'p0', not from 'mallory'");
+  }
+  EXPECT_FALSE(a.any());
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t t = 0; t < 2; ++t)
+      for (uint32_t block : {5u, 6u}) {
+        if (l == 0 && t == 0 && block == 6) continue;  // p0's early write counted
+        EXPECT_FALSE(a.any()) << "layer " << l << " tensor " << t << " block " << block;
+        LandedWrite w = frame("scoped", l, t, block);
+        w.sender = "p0";
+        ASSERT_TRUE(deliver(a, w));
+      }
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived);
+}
+
+// A write admitted from another instance before the declaration holds the
+// withdrawal while its bytes are written (they land in the blocks) and
+// counts for nothing when it lands.
+TEST(Arrivals, AnotherInstancesWriteInFlightAtTheDeclarationCountsForNothing) {
+  Arrivals a(geometry(), nullptr);
+  LandedWrite intruder = frame("scoped", 0, 0, 2, 2);
+  intruder.sender = "mallory";
+  ASSERT_TRUE(a.admit(intruder));
+  ASSERT_TRUE(a.expect(1, "scoped", {2}, "p0"));
+  a.landed(intruder);  // also went to block 3, undeclared: fails nothing
+  EXPECT_FALSE(a.any());
+  EXPECT_TRUE(a.withdraw(1));
+  auto events = a.take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, ArrivalEvent::kWithdrawn);
+}
+
+// With a nonce the request's key is one that a peer without the nonce
+// cannot compute: a write named by the bare id is some other request's, and
+// may not touch the declared blocks.
+TEST(Arrivals, ARequestDeclaredWithANonceCannotBeNamedByItsIdAlone) {
+  Arrivals a(geometry(), nullptr);
+  const uint64_t nonce = 0x5eed5eed5eed5eedull;
+  ASSERT_NE(request_key("secret", nonce), request_key("secret"));
+  ASSERT_NE(request_key("secret", nonce), request_key("secret", nonce + 1));
+  EXPECT_EQ(request_key("secret", 0), request_key("secret"));
+  ASSERT_TRUE(a.expect(1, "secret", {4}, "", nonce));
+  Status s = a.admit(frame("secret", 0, 0, 4));
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().message,
+            "a write goes to destination block 4, which request 'secret' declared");
+  LandedWrite keyed = frame("secret", 0, 0, 4);
+  keyed.request_key = request_key("secret", nonce);
+  EXPECT_TRUE(deliver(a, keyed));
+}
+
+// request_key() without a nonce is FNV-1a 64 (the published test vectors).
+TEST(Arrivals, TheUnkeyedRequestKeyIsFnv1a64) {
+  EXPECT_EQ(request_key("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(request_key("foobar"), 0x85944171f73967e8ull);
+}
+
 }  // namespace
 }  // namespace kvrelay::worker
 

@@ -283,7 +283,7 @@ TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {
   ASSERT_TRUE(theirs);
   const QpEndpoint offer[] = {(*theirs)->local()};
   Result<std::unique_ptr<RdmaSession>> session =
-      RdmaSession::accept(listener, *arrivals, offer, "test peer");
+      RdmaSession::accept(listener, *arrivals, offer, "test peer", "p0");
   ASSERT_TRUE(session) << session.error().message;
 
   // More runs than the layer has blocks, over several parts: refused before
@@ -301,7 +301,7 @@ TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {
 
   // A second transfer under the immediate of one still open is a protocol error.
   Result<std::unique_ptr<RdmaSession>> fresh =
-      RdmaSession::accept(listener, *arrivals, offer, "test peer");
+      RdmaSession::accept(listener, *arrivals, offer, "test peer", "p0");
   ASSERT_TRUE(fresh);
   part.runs = {BlockSpan{1, 1}};
   part.last = true;

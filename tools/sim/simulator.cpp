@@ -34,6 +34,7 @@ struct SimRequest {
   uint64_t prefilled = 0;
   uint32_t slot = 0;
   uint64_t legacy_step = 0;
+  uint64_t nonce = 0;  // shared by its ExpectSpec and its CacheDestSpec
   bool late_dest = false;
   bool dest_sent = false;
   uint64_t dest_due_step = 0;
@@ -241,8 +242,17 @@ class Simulation {
       r->legacy_step = step;
       r->late_dest = std::uniform_real_distribution<double>(0, 1)(rng_) < o_.late_dest_rate;
       check_untouched(*r);
-      if (o_.expect_arrivals)
-        submit(decode_.submit(ExpectSpec{r->id, r->blocks.dst, 0}, Deadline::after(10s)), r->id);
+      // The decode engine names the sender and chooses the request's nonce,
+      // which travels with the destination blocks (send_dest).
+      r->nonce = Client::random_nonce();
+      if (o_.expect_arrivals) {
+        ExpectSpec e;
+        e.request_id = r->id;
+        e.dest_block_ids = r->blocks.dst;
+        e.from_instance = prefill_.info().instance;
+        e.request_nonce = r->nonce;
+        submit(decode_.submit(e, Deadline::after(10s)), r->id);
+      }
       CacheTaskSpec t;
       t.request_id = r->id;
       t.src_block_ids = r->blocks.src;
@@ -296,6 +306,7 @@ class Simulation {
     CacheDestSpec d;
     d.request_id = r.id;
     d.dest_block_ids = r.blocks.dst;
+    d.request_nonce = r.nonce;
     d.protocol = protocol();
     d.peer_instance = decode_instance_;
     for (uint32_t rank = 0; rank < tp_; ++rank)

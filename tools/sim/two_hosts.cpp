@@ -82,8 +82,8 @@ std::unique_ptr<TwoHosts> TwoHosts::make(const std::string& tag) {
       ip({"link", "add", h->veth_a_, "type", "veth", "peer", "name", h->veth_b_}, &why) &&
       ip({"link", "set", h->veth_a_, "netns", h->ns_a_}, &why) &&
       ip({"link", "set", h->veth_b_, "netns", h->ns_b_}, &why) &&
-      ip({"-n", h->ns_a_, "addr", "add", "10.213.0.1/24", "dev", h->veth_a_}, &why) &&
-      ip({"-n", h->ns_b_, "addr", "add", "10.213.0.2/24", "dev", h->veth_b_}, &why) &&
+      ip({"-n", h->ns_a_, "addr", "add", "198.18.213.1/24", "dev", h->veth_a_}, &why) &&
+      ip({"-n", h->ns_b_, "addr", "add", "198.18.213.2/24", "dev", h->veth_b_}, &why) &&
       ip({"-n", h->ns_a_, "link", "set", "lo", "up"}, &why) &&
       ip({"-n", h->ns_b_, "link", "set", "lo", "up"}, &why) &&
       ip({"-n", h->ns_a_, "link", "set", h->veth_a_, "up"}, &why) &&
@@ -97,8 +97,8 @@ std::unique_ptr<TwoHosts> TwoHosts::make(const std::string& tag) {
     return h;
   }
   h->isolated_ = true;
-  h->address_a_ = "10.213.0.1";
-  h->address_b_ = "10.213.0.2";
+  h->address_a_ = "198.18.213.1";
+  h->address_b_ = "198.18.213.2";
   return h;
 }
 

@@ -1,5 +1,5 @@
 // Two hosts on one machine, for the network tests and the tcp benchmark:
-// two network namespaces joined by a veth pair (10.213.0.1 and 10.213.0.2),
+// two network namespaces joined by a veth pair (198.18.213.1 and 198.18.213.2),
 // made by the caller (root; CI runs as root) and removed when it is done.
 // Where they cannot be made (not root, no `ip`), it falls back to two
 // loopback addresses of this host and says why: what needs a real link

@@ -37,6 +37,8 @@ Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& poo
                               fmt::format("blocks {}..{} of layer {} are outside its {} blocks",
                                           first, first + count, layer, blocks));
         }
+        const std::string_view sender(landed.getWriterInstance().cStr(),
+                                      landed.getWriterInstance().size());
         const auto apply = [&](const LandedWrite& w) {
           // A refused write wrote nothing: admitting it only applies the rules
           // (a declared request's write outside its blocks fails it).
@@ -52,13 +54,13 @@ Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& poo
             const uint64_t block = pool.block_bytes(static_cast<PoolTensor>(t));
             if (heads == 0 || landed.getRefused()) {
               apply(LandedWrite{landed.getRequestKey(), layer, t, firsts[i] * block,
-                                counts[i] * block});
+                                counts[i] * block, sender});
               continue;
             }
             const uint64_t head = block / pool.kv_heads;
             for (uint64_t b = firsts[i]; b < uint64_t{firsts[i]} + counts[i]; ++b)
               apply(LandedWrite{landed.getRequestKey(), layer, t, b * block + first_head * head,
-                                heads * head});
+                                heads * head, sender});
           }
         }
         return {};

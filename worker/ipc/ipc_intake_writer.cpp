@@ -14,7 +14,7 @@
 namespace kvrelay::worker {
 
 Result<std::shared_ptr<IpcIntakeWriter>> IpcIntakeWriter::open(
-    std::shared_ptr<const ControlSegment> owned, uint32_t rank) {
+    std::shared_ptr<const ControlSegment> owned, uint32_t rank, std::string writer) {
   Result<MpscRing> ring = owned->intake_ring(rank);
   if (!ring) return ring.error();
   const uint32_t blocks = intake_blocks(owned->config());
@@ -29,13 +29,18 @@ Result<std::shared_ptr<IpcIntakeWriter>> IpcIntakeWriter::open(
                                                    producer.error().message));
   IntakeWriterView view(table, blocks, producer->slot());
   view.set_announcement(0);  // whatever a dead predecessor in this slot left
-  return std::shared_ptr<IpcIntakeWriter>(
-      new IpcIntakeWriter(std::move(owned), std::move(producer).value(), view, rank));
+  return std::shared_ptr<IpcIntakeWriter>(new IpcIntakeWriter(
+      std::move(owned), std::move(producer).value(), view, rank, std::move(writer)));
 }
 
 IpcIntakeWriter::IpcIntakeWriter(std::shared_ptr<const ControlSegment> control,
-                                 MpscProducer producer, IntakeWriterView view, uint32_t rank)
-    : control_(std::move(control)), producer_(std::move(producer)), view_(view), rank_(rank) {}
+                                 MpscProducer producer, IntakeWriterView view, uint32_t rank,
+                                 std::string writer)
+    : control_(std::move(control)),
+      writer_(std::move(writer)),
+      producer_(std::move(producer)),
+      view_(view),
+      rank_(rank) {}
 
 IpcIntakeWriter::~IpcIntakeWriter() {
   view_.set_announcement(0);
@@ -134,11 +139,12 @@ void IpcIntakeWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockR
   do {
     const size_t n = std::min(kRunsPerRecord, runs.size() - done);
     // The first segment in our own zeroed scratch: no allocation per record.
-    scratch_.assign(16 + n, 0);
+    scratch_.assign(16 + n + (writer_.size() + 8) / 8, 0);
     capnp::MallocMessageBuilder message(
         kj::arrayPtr(reinterpret_cast<capnp::word*>(scratch_.data()), scratch_.size()));
     auto landed = message.initRoot<schema::IpcLanded>();
     landed.setRequestKey(key);
+    landed.setWriterInstance(writer_);
     landed.setLayer(layer);
     landed.setRefused(refused);
     if (share != nullptr) {

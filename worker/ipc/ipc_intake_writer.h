@@ -39,8 +39,9 @@ class IpcIntakeWriter {
   // Decode rank `rank` of the instance whose control segment `control` is
   // (shared: the writer keeps the mapping while it lives). kNotFound when
   // that instance has no intake (it is not a decode instance).
+  // `writer`: this (prefill) instance's name, carried by every record.
   static Result<std::shared_ptr<IpcIntakeWriter>> open(
-      std::shared_ptr<const ControlSegment> control, uint32_t rank);
+      std::shared_ptr<const ControlSegment> control, uint32_t rank, std::string writer = {});
   ~IpcIntakeWriter();
 
   // Whether the decode rank's claims are in use: until its engine declares
@@ -69,12 +70,13 @@ class IpcIntakeWriter {
     uint64_t since_ns;
   };
   IpcIntakeWriter(std::shared_ptr<const ControlSegment> control, MpscProducer producer,
-                  IntakeWriterView view, uint32_t rank);
+                  IntakeWriterView view, uint32_t rank, std::string writer);
   void queue(uint64_t key, uint32_t layer, std::span<const BlockRun> runs, bool refused,
              bool releases_write, const HeadShare* share = nullptr);
   void announce_oldest();
 
   std::shared_ptr<const ControlSegment> control_;
+  std::string writer_;
   MpscProducer producer_;
   IntakeWriterView view_;
   uint32_t rank_;

@@ -47,8 +47,13 @@ class IpcTransport::PoolDestination final : public Destination {
 };
 
 IpcTransport::IpcTransport(uint32_t rank, const LocalPool& local,
-                           std::unique_ptr<kernels::CopyEngine> engine, HeadLayout heads)
-    : rank_(rank), local_(local), heads_(heads), engine_(std::move(engine)) {}
+                           std::unique_ptr<kernels::CopyEngine> engine, HeadLayout heads,
+                           std::string instance)
+    : rank_(rank),
+      local_(local),
+      heads_(heads),
+      instance_(std::move(instance)),
+      engine_(std::move(engine)) {}
 
 IpcTransport::~IpcTransport() {
   // The engine may still read the scratch runs and write the peer pools.
@@ -260,7 +265,8 @@ Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instan
       !s)
     return make_error(s.code(),
                       fmt::format("peer instance '{}': {}", peer_instance, s.error().message));
-  Result<std::shared_ptr<IpcIntakeWriter>> intake = IpcIntakeWriter::open(control, peer_rank);
+  Result<std::shared_ptr<IpcIntakeWriter>> intake =
+      IpcIntakeWriter::open(control, peer_rank, instance_);
   if (!intake)
     return make_error(intake.code(),
                       fmt::format("peer instance '{}': {}", peer_instance, intake.error().message));

@@ -47,9 +47,11 @@ namespace kvrelay::worker {
 
 class IpcTransport final : public Transport {
  public:
-  // `heads`: how this instance spreads the model's KV heads over its ranks.
+  // `heads`: how this instance spreads the model's KV heads over its ranks;
+  // `instance`: this instance's name, which its landed records carry (a
+  // decode engine may expect a request from it alone).
   IpcTransport(uint32_t rank, const LocalPool& local, std::unique_ptr<kernels::CopyEngine> engine,
-               HeadLayout heads = {});
+               HeadLayout heads = {}, std::string instance = {});
   ~IpcTransport() override;
 
   const char* name() const override { return "ipc"; }
@@ -134,6 +136,7 @@ class IpcTransport final : public Transport {
   uint32_t rank_;
   const LocalPool& local_;
   HeadLayout heads_;
+  std::string instance_;  // this instance's: the writer its landed records name
   std::unique_ptr<kernels::CopyEngine> engine_;
   PeerInstances peers_;
   std::unordered_map<std::string, Mapped> pools_;  // by "<instance>/<rank>"

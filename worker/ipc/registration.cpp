@@ -14,7 +14,7 @@ Result<BuiltTransport> build(TransportContext& c) {
   if (!engine) return engine.error();
   BuiltTransport b;
   b.sender = std::make_unique<IpcTransport>(c.rank, c.local, std::move(engine).value(),
-                                            head_layout_of(c.config));
+                                            head_layout_of(c.config), instance_of(c.config));
   return b;
 }
 

@@ -42,7 +42,7 @@ class PeerLink {
            std::shared_ptr<LinkStats> stats)
       : name_(std::move(name)), rank_(rank), connection_(connection), stats_(std::move(stats)) {}
 
-  // "decode rank 1 at 10.0.0.2:7100 over rdma", for messages.
+  // "decode rank 1 at 198.18.0.2:7100 over rdma", for messages.
   const std::string& name() const { return name_; }
   // Any thread. UINT32_MAX until a handshake told: the receiver checks anyway.
   uint32_t blocks_in_layer(uint32_t layer) const;

@@ -50,7 +50,26 @@ HeadLayout sender_heads(const PoolGeometry& pool, uint32_t tp_size, uint32_t tot
                     total_kv_heads != 0 ? total_kv_heads : pool.kv_heads * tp_size};
 }
 
+namespace {
+// The request names a destination block the receiver's pool lacks in some
+// layer (the request writes every layer).
+std::optional<std::string> block_refusal(const LayerJob& job, const PoolGeometry& pool) {
+  const uint32_t end = job.ticket.dst_block_end;
+  if (end == 0) return std::nullopt;
+  for (uint32_t layer : {0u, pool.num_layers}) {
+    if (layer >= pool.total_layers()) continue;
+    if (end > pool.blocks_in_layer(layer))
+      return fmt::format(
+          "destination block {} is outside the decode pool, which has {} blocks in layer {}: "
+          "nothing of this request was sent",
+          end - 1, pool.blocks_in_layer(layer), layer);
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 std::optional<std::string> layout_refusal(const LayerJob& job, const HelloAck& ack) {
+  if (std::optional<std::string> why = block_refusal(job, ack.pool)) return why;
   const HeadLayout& want = job.decode_layout;
   if (want.tp_size == 0) return std::nullopt;
   if (ack.tp_size == 0) {

@@ -38,13 +38,13 @@ Result<std::shared_ptr<const RegisteredPool>> RdmaListener::registration() {
   return registration_;
 }
 
-Result<std::unique_ptr<RdmaSession>> RdmaSession::accept(RdmaListener& listener,
-                                                         Arrivals& arrivals,
+Result<std::unique_ptr<RdmaSession>> RdmaSession::accept(RdmaListener& listener, Arrivals& arrivals,
                                                          std::span<const QpEndpoint> offer,
-                                                         std::string peer) {
+                                                         std::string peer, std::string sender) {
   if (listener.fabric() == nullptr)
     return make_error(Errc::kInvalidArgument, listener.why_not());
   std::unique_ptr<RdmaSession> s(new RdmaSession(listener, arrivals, std::move(peer)));
+  s->sender_ = std::move(sender);
   Result<std::shared_ptr<const RegisteredPool>> reg = listener.registration();
   if (!reg) return reg.error();
   s->registration_ = std::move(reg).value();
@@ -149,7 +149,8 @@ Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
     if (heads == 0) {
       for (uint32_t t = 0; t < geometry.tensors_per_layer() && g.refused.empty(); ++t) {
         const uint64_t bb = geometry.block_bytes(static_cast<PoolTensor>(t));
-        admit(g, LandedWrite{part.request_key, part.layer, t, run.first * bb, run.count * bb});
+        admit(g, LandedWrite{part.request_key, part.layer, t, run.first * bb, run.count * bb,
+                             sender_});
       }
       continue;
     }
@@ -159,7 +160,7 @@ Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
         const uint64_t bb = geometry.block_bytes(static_cast<PoolTensor>(t));
         const uint64_t hb = bb / geometry.kv_heads;
         admit(g, LandedWrite{part.request_key, part.layer, t, b * bb + part.first_head * hb,
-                             heads * hb});
+                             heads * hb, sender_});
       }
     }
   }

@@ -84,7 +84,7 @@ class RdmaSession {
   // Creates and connects a queue pair for each offered one.
   static Result<std::unique_ptr<RdmaSession>> accept(RdmaListener& listener, Arrivals& arrivals,
                                                      std::span<const QpEndpoint> offer,
-                                                     std::string peer);
+                                                     std::string peer, std::string sender);
   ~RdmaSession();
   RdmaSession(const RdmaSession&) = delete;
   RdmaSession& operator=(const RdmaSession&) = delete;
@@ -129,6 +129,7 @@ class RdmaSession {
   RdmaListener& listener_;
   Arrivals& arrivals_;
   std::string peer_;
+  std::string sender_;  // the peer's instance (its authenticated hello): whose writes these are
   std::shared_ptr<const RegisteredPool> registration_;
   std::vector<std::unique_ptr<RcQueuePair>> queue_pairs_;
   std::unordered_map<uint32_t, Granted> transfers_;  // by immediate (the transfer's low 32 bits)

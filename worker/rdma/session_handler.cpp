@@ -53,10 +53,10 @@ class SessionHandler final : public net::MessageHandler {
     const PoolGeometry& g =
         shared_->listener ? shared_->listener->pool().geometry() : PoolGeometry{};
     Result<std::unique_ptr<RdmaSession>> session =
-        shared_->listener
-            ? RdmaSession::accept(*shared_->listener, *shared_->arrivals, offer, link_.peer_name())
-            : Result<std::unique_ptr<RdmaSession>>(
-                  make_error(Errc::kInvalidArgument, shared_->why_not));
+        shared_->listener ? RdmaSession::accept(*shared_->listener, *shared_->arrivals, offer,
+                                                link_.peer_name(), link_.hello().instance)
+                          : Result<std::unique_ptr<RdmaSession>>(
+                                make_error(Errc::kInvalidArgument, shared_->why_not));
     if (!session) {
       spdlog::warn("rank {}: rdma offer from {} refused: {}", shared_->rank, link_.peer_name(),
                    session.error().message);

@@ -28,8 +28,9 @@ constexpr auto kWarnEvery = std::chrono::seconds(10);
 // How often an arriving payload is looked at (its deadline, its request).
 constexpr auto kWatchEvery = std::chrono::milliseconds(100);
 
-LandedWrite landed_write(const FrameHeader& f) {
-  return LandedWrite{f.request_key, f.layer, f.tensor, f.dst_offset, f.bytes};
+// `sender`: the connection's authenticated instance.
+LandedWrite landed_write(const FrameHeader& f, std::string_view sender) {
+  return LandedWrite{f.request_key, f.layer, f.tensor, f.dst_offset, f.bytes, sender};
 }
 
 // What the handlers of one listener share.
@@ -78,12 +79,13 @@ class FrameReceiver final : public net::MessageHandler {
 
   void on_closed(const std::string&) override {
     unwatch();
-    if (payload_in_progress_) arrivals().abandoned(landed_write(*payload_in_progress_));
+    if (payload_in_progress_) arrivals().abandoned(landed_write(*payload_in_progress_, sender()));
     resume_ = nullptr;
     settle_staged();  // what has no copy in flight; the rest as its copies end
   }
 
  private:
+  std::string_view sender() const { return link_.hello().instance; }
   const LocalPool& pool() const { return *shared_->options.pool; }
   Arrivals& arrivals() { return *shared_->options.arrivals; }
   bool staged() const { return pool().memory_kind() != kernels::MemoryKind::kHost; }
@@ -102,7 +104,7 @@ class FrameReceiver final : public net::MessageHandler {
     if (ok && base == nullptr)
       ok = make_error(Errc::kInvalidArgument,
                       fmt::format("layer {} tensor {} does not exist", f.layer, f.tensor));
-    if (ok) ok = arrivals().admit(landed_write(f));  // the declared requests' blocks
+    if (ok) ok = arrivals().admit(landed_write(f, sender()));  // the declared requests' blocks
     if (!ok) {
       ++shared_->stats->refused_frames;
       shared_->warn_refused(link_.peer_name(), f.transfer, ok.error().message);
@@ -125,7 +127,7 @@ class FrameReceiver final : public net::MessageHandler {
     link_.read_payload(base + f.dst_offset, f.bytes, [this, keep, f, after] {
       payload_in_progress_.reset();
       unwatch();
-      arrivals().landed(landed_write(f));
+      arrivals().landed(landed_write(f, sender()));
       after();
     });
   }
@@ -266,10 +268,10 @@ class FrameReceiver final : public net::MessageHandler {
       const bool landed = f.read && !f.failed;
       staged_.pop_front();
       if (!landed) {
-        arrivals().abandoned(landed_write(header));
+        arrivals().abandoned(landed_write(header, sender()));
         continue;
       }
-      arrivals().landed(landed_write(header));
+      arrivals().landed(landed_write(header, sender()));
       if (header.last && !link_.closed()) finish_transfer(header.transfer);
     }
   }

@@ -97,6 +97,9 @@ struct CacheDestSpec {
   std::vector<uint16_t> tcp_ports;
   std::vector<uint32_t> device_ids;
   std::string error_message;  // the decode side refused: fails the request
+  // The secret the decode engine chose for this request (its ExpectSpec's
+  // request_nonce), passed on with dest_block_ids. 0: none.
+  uint64_t request_nonce = 0;
 };
 
 struct SwapSpec {
@@ -115,10 +118,18 @@ struct SwapSpec {
 // why not (error naming the rank, timeout at its deadline). Until then the
 // ranks accept that request's writes only into these blocks and nobody
 // else's writes into them. Refused by an instance that is not a decode one.
+//
+// Name the sender and share a nonce: from_instance, the prefill instance
+// that sends it (only its writes count), and request_nonce, a random
+// number the prefill engine passes on in its CacheDestSpec (a peer that
+// holds the network key but not the nonce cannot address the request).
+// Client::random_nonce() makes one.
 struct ExpectSpec {
   std::string request_id;
   std::vector<uint32_t> dest_block_ids;
   uint32_t deadline_ms = 0;
+  std::string from_instance;   // empty: any peer that holds the key
+  uint64_t request_nonce = 0;  // 0: none
 };
 
 struct ConnectSpec {
@@ -211,6 +222,9 @@ class Client {
  public:
   // The 32-bit tag of a request id, for BatchSlot::request_tag. Never 0.
   static uint32_t request_tag(std::string_view request_id);
+  // A request nonce (ExpectSpec::request_nonce) from the system's CSPRNG.
+  // Never 0.
+  static uint64_t random_nonce();
 
   // Attaches to `instance` and waits (until `ready_by`) for it to be ready;
   // an instance whose coordinator is still starting is waited for. An
