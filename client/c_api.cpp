@@ -165,6 +165,18 @@ kvrelay_status kvrelay_submit_cache_dest(kvrelay_client* client, const char* req
                                          size_t n_ports, const uint32_t* device_ids,
                                          size_t n_devices, const char* error_message,
                                          int64_t timeout_ms) {
+  return kvrelay_submit_cache_dest_nonce(client, request_id, dest_block_ids, n_dest, protocol,
+                                         peer_instance, peer_address, ports, n_ports, device_ids,
+                                         n_devices, error_message, 0, timeout_ms);
+}
+
+kvrelay_status kvrelay_submit_cache_dest_nonce(kvrelay_client* client, const char* request_id,
+                                               const uint32_t* dest_block_ids, size_t n_dest,
+                                               kvrelay_protocol protocol, const char* peer_instance,
+                                               const char* peer_address, const uint16_t* ports,
+                                               size_t n_ports, const uint32_t* device_ids,
+                                               size_t n_devices, const char* error_message,
+                                               uint64_t request_nonce, int64_t timeout_ms) {
   KVRELAY_NEED(client);
   KVRELAY_NEED(request_id);
   KVRELAY_DEADLINE(deadline, timeout_ms);
@@ -177,6 +189,7 @@ kvrelay_status kvrelay_submit_cache_dest(kvrelay_client* client, const char* req
   (protocol == KVRELAY_TCP ? d.tcp_ports : d.rdma_ports) = vec(ports, n_ports);
   d.device_ids = vec(device_ids, n_devices);
   d.error_message = str(error_message);
+  d.request_nonce = request_nonce;
   return from(client->client.submit(d, deadline));
 }
 
@@ -201,6 +214,14 @@ kvrelay_status kvrelay_submit_swap(kvrelay_client* client, const char* request_i
 kvrelay_status kvrelay_expect_arrival(kvrelay_client* client, const char* request_id,
                                       const uint32_t* dest_block_ids, size_t n_dest,
                                       uint32_t deadline_ms, int64_t timeout_ms) {
+  return kvrelay_expect_arrival_from(client, request_id, dest_block_ids, n_dest, deadline_ms,
+                                     nullptr, 0, timeout_ms);
+}
+
+kvrelay_status kvrelay_expect_arrival_from(kvrelay_client* client, const char* request_id,
+                                           const uint32_t* dest_block_ids, size_t n_dest,
+                                           uint32_t deadline_ms, const char* from_instance,
+                                           uint64_t request_nonce, int64_t timeout_ms) {
   KVRELAY_NEED(client);
   KVRELAY_NEED(request_id);
   KVRELAY_DEADLINE(deadline, timeout_ms);
@@ -208,7 +229,13 @@ kvrelay_status kvrelay_expect_arrival(kvrelay_client* client, const char* reques
   e.request_id = request_id;
   e.dest_block_ids = vec(dest_block_ids, n_dest);
   e.deadline_ms = deadline_ms;
+  e.from_instance = str(from_instance);
+  e.request_nonce = request_nonce;
   return from(client->client.submit(e, deadline));
+}
+
+uint64_t kvrelay_random_nonce(void) {
+  return Client::random_nonce();
 }
 
 kvrelay_status kvrelay_connect(kvrelay_client* client, uint64_t task_id, kvrelay_protocol protocol,

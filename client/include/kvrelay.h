@@ -169,6 +169,14 @@ kvrelay_status kvrelay_submit_cache_dest(kvrelay_client* client, const char* req
                                          size_t n_ports, const uint32_t* device_ids,
                                          size_t n_devices, const char* error_message,
                                          int64_t timeout_ms);
+/* As kvrelay_submit_cache_dest, with the decode engine's request nonce. */
+kvrelay_status kvrelay_submit_cache_dest_nonce(kvrelay_client* client, const char* request_id,
+                                               const uint32_t* dest_block_ids, size_t n_dest,
+                                               kvrelay_protocol protocol, const char* peer_instance,
+                                               const char* peer_address, const uint16_t* ports,
+                                               size_t n_ports, const uint32_t* device_ids,
+                                               size_t n_devices, const char* error_message,
+                                               uint64_t request_nonce, int64_t timeout_ms);
 /* load = 0: evict (device -> host); load = 1: load (host -> device). */
 kvrelay_status kvrelay_submit_swap(kvrelay_client* client, const char* request_id, int load,
                                    const uint32_t* device_block_ids, const uint32_t* host_block_ids,
@@ -179,6 +187,17 @@ kvrelay_status kvrelay_submit_swap(kvrelay_client* client, const char* request_i
 kvrelay_status kvrelay_expect_arrival(kvrelay_client* client, const char* request_id,
                                       const uint32_t* dest_block_ids, size_t n_dest,
                                       uint32_t deadline_ms, int64_t timeout_ms);
+/* As kvrelay_expect_arrival, naming the sender and sharing a nonce:
+ * from_instance (NULL or "": any peer holding the key) is the prefill
+ * instance whose writes alone count; request_nonce (0: none) is a secret the
+ * prefill engine passes to kvrelay_submit_cache_dest_nonce, without which a
+ * peer cannot name the request. */
+kvrelay_status kvrelay_expect_arrival_from(kvrelay_client* client, const char* request_id,
+                                           const uint32_t* dest_block_ids, size_t n_dest,
+                                           uint32_t deadline_ms, const char* from_instance,
+                                           uint64_t request_nonce, int64_t timeout_ms);
+/* A request nonce from the system's CSPRNG; never 0. */
+uint64_t kvrelay_random_nonce(void);
 kvrelay_status kvrelay_connect(kvrelay_client* client, uint64_t task_id, kvrelay_protocol protocol,
                                const char* peer_instance, const char* peer_address,
                                const uint16_t* ports, size_t n_ports, int64_t timeout_ms);

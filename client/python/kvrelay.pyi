@@ -174,6 +174,10 @@ class Client:
     @staticmethod
     def request_tag(request_id: str) -> int:
         """The 32-bit tag of a request id (never 0), for batch entries."""
+    @staticmethod
+    def random_nonce() -> int:
+        """A request nonce from the system's CSPRNG (never 0): see
+        expect_arrival's request_nonce."""
 
     # ---- submissions: each waits up to `timeout` for ring room (RingFull) ----
     def submit_cache_task(
@@ -202,11 +206,13 @@ class Client:
         tcp_ports: Optional[BlockIds] = None,
         device_ids: Optional[BlockIds] = None,
         error_message: str = "",
+        request_nonce: int = 0,
         timeout: float = 5.0,
     ) -> None:
         """The decode half. dest_block_ids may be shorter than the source:
         the decode side already holds the first len(src) - len(dest) blocks.
-        A non-empty error_message fails the request with that text."""
+        A non-empty error_message fails the request with that text.
+        request_nonce: the one the decode engine gave expect_arrival."""
     def submit_swap(
         self,
         request_id: str,
@@ -227,11 +233,17 @@ class Client:
         dest_block_ids: BlockIds,
         *,
         deadline_ms: int = 0,
+        from_instance: str = "",
+        request_nonce: int = 0,
         timeout: float = 5.0,
     ) -> None:
         """Decode side (tcp or ipc): this request's KV will arrive into
         dest_block_ids. Its completion (kind 'arrived') comes when every
-        byte is here on every rank; until then only it may write them."""
+        byte is here on every rank; until then only it may write them.
+        from_instance: the prefill instance that sends it (only its writes
+        count; empty: any peer holding the key). request_nonce: a secret
+        shared with the prefill engine's submit_cache_dest (random_nonce());
+        a peer without it cannot name the request."""
     def connect(
         self,
         task_id: int,

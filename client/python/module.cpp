@@ -149,6 +149,7 @@ void define_client(py::module_& m) {
       .def_static(
           "request_tag", [](const std::string& id) { return Client::request_tag(id); },
           py::arg("request_id"))
+      .def_static("random_nonce", [] { return Client::random_nonce(); })
 
       // ---- submissions ----
       .def(
@@ -175,7 +176,8 @@ void define_client(py::module_& m) {
           [](PyClient& c, const std::string& request_id, py::handle dest_block_ids,
              const std::string& protocol, const std::string& peer_instance,
              const std::string& peer_address, py::handle rdma_ports, py::handle tcp_ports,
-             py::handle device_ids, const std::string& error_message, double timeout) {
+             py::handle device_ids, const std::string& error_message, uint64_t request_nonce,
+             double timeout) {
             CacheDestSpec d;
             d.request_id = request_id;
             d.dest_block_ids = to_u32_list(dest_block_ids, "dest_block_ids");
@@ -186,6 +188,7 @@ void define_client(py::module_& m) {
             d.tcp_ports = to_port_list(tcp_ports, "tcp_ports");
             d.device_ids = to_u32_list(device_ids, "device_ids");
             d.error_message = error_message;
+            d.request_nonce = request_nonce;
             const Deadline until = to_deadline(timeout);
             check(c.with_client([&](Client& cl) { return cl.submit(d, until); }));
           },
@@ -193,7 +196,7 @@ void define_client(py::module_& m) {
           py::arg("protocol") = "ipc", py::arg("peer_instance") = "", py::arg("peer_address") = "",
           py::arg("rdma_ports") = py::none(), py::arg("tcp_ports") = py::none(),
           py::arg("device_ids") = py::none(), py::arg("error_message") = "",
-          py::arg("timeout") = 5.0)
+          py::arg("request_nonce") = 0, py::arg("timeout") = 5.0)
       .def(
           "submit_swap",
           [](PyClient& c, const std::string& request_id, const std::string& direction,
@@ -219,16 +222,20 @@ void define_client(py::module_& m) {
       .def(
           "expect_arrival",
           [](PyClient& c, const std::string& request_id, py::handle dest_block_ids,
-             uint32_t deadline_ms, double timeout) {
+             uint32_t deadline_ms, const std::string& from_instance, uint64_t request_nonce,
+             double timeout) {
             ExpectSpec e;
             e.request_id = request_id;
             e.dest_block_ids = to_u32_list(dest_block_ids, "dest_block_ids");
             e.deadline_ms = deadline_ms;
+            e.from_instance = from_instance;
+            e.request_nonce = request_nonce;
             const Deadline d = to_deadline(timeout);
             check(c.with_client([&](Client& cl) { return cl.submit(e, d); }));
           },
           py::arg("request_id"), py::arg("dest_block_ids"), py::kw_only(),
-          py::arg("deadline_ms") = 0, py::arg("timeout") = 5.0)
+          py::arg("deadline_ms") = 0, py::arg("from_instance") = "", py::arg("request_nonce") = 0,
+          py::arg("timeout") = 5.0)
       .def(
           "connect",
           [](PyClient& c, uint64_t task_id, const std::string& protocol,

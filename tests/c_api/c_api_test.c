@@ -317,6 +317,41 @@ int main(int argc, char** argv) {
     CHECK(kvrelay_submit_swap(prefill, "c-bad-swap", 1, dev_blocks, NULL, 3, 0, 0, 0, 1000) !=
           KVRELAY_OK);
   }
+  /* ---- the same, declared on the decode side by its sender and a nonce ---- */
+  {
+    const uint32_t src_blocks[2] = {4, 9};
+    const uint32_t dst_blocks[2] = {31, 2};
+    const uint64_t tokens = 2 * kBlockTokens;
+    for (uint32_t r = 0; r < kTp; ++r) {
+      fill(src[r], 2, r, src_blocks, 2);
+      for (uint32_t l = 0; l < kLayers; ++l)
+        poison(dst[r], l, dst_blocks, 2);
+    }
+    const uint64_t nonce = kvrelay_random_nonce();
+    CHECK(nonce != 0 && nonce != kvrelay_random_nonce());
+    CHECK(kvrelay_expect_arrival_from(decode, "c-req-2", dst_blocks, 2, 0, prefill_name, nonce,
+                                      5000) == KVRELAY_OK);
+    const uint32_t devices[kTp] = {0, 1};
+    CHECK(kvrelay_submit_cache_dest_nonce(prefill, "c-req-2", dst_blocks, 2, KVRELAY_IPC,
+                                          decode_name, NULL, NULL, 0, devices, kTp, NULL, nonce,
+                                          5000) == KVRELAY_OK);
+    CHECK(kvrelay_submit_cache_task(prefill, "c-req-2", src_blocks, 2, tokens, 1, 0, 0, 5000) ==
+          KVRELAY_OK);
+    const kvrelay_batch_slot slot = {1, 0, (uint32_t)tokens, kvrelay_request_tag("c-req-2")};
+    for (uint32_t r = 0; r < kTp; ++r) {
+      CHECK(kvrelay_push_batch(prefill, r, 1, &slot, 1, 5000) == KVRELAY_OK);
+      for (uint32_t l = 0; l < kLayers; ++l)
+        CHECK(kvrelay_push_layer_done(prefill, r, 1, l, 5000) == KVRELAY_OK);
+    }
+    REQUIRE(wait_for(prefill, "c-req-2", &done));
+    CHECK(done.status == KVRELAY_FINISHED);
+    REQUIRE(wait_for(decode, "c-req-2", &done));
+    CHECK(done.kind == KVRELAY_KIND_ARRIVED);
+    CHECK(done.status == KVRELAY_FINISHED);
+    for (uint32_t r = 0; r < kTp; ++r)
+      for (uint32_t l = 0; l < kLayers; ++l)
+        CHECK(wrong_bytes(dst[r], 2, r, l, dst_blocks, 2) == 0);
+  }
 
   /* ---- connect, cancel, register_pool ---- */
   CHECK(kvrelay_connect(prefill, 42, KVRELAY_IPC, decode_name, NULL, NULL, 0, 5000) == KVRELAY_OK);

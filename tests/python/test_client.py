@@ -203,6 +203,18 @@ def test_connect_cancel_and_register_pool_each_get_one_completion(pair, engine):
     assert c.kind == "register_pool" and not c.ok and "py-no-such-segment" in c.message
 
 
+def test_an_expected_request_names_its_sender_and_shares_a_nonce(pair):
+    nonce = kvrelay.Client.random_nonce()
+    assert nonce != 0 and nonce != kvrelay.Client.random_nonce()
+    with kvrelay.Client(pair[1]) as decode:
+        with pytest.raises(kvrelay.InvalidArgument, match="from_instance"):
+            decode.expect_arrival("py-scoped", [1, 2], from_instance="no/such")
+        decode.expect_arrival("py-scoped", [1, 2], deadline_ms=200, from_instance=pair[0],
+                              request_nonce=nonce)
+        c = wait_for(decode, "py-scoped")
+        assert c.kind == "arrived" and c.status == "timeout", c
+
+
 def test_completions_iterates_until_quiet(pair, engine):
     for i in range(3):
         engine.cancel(f"py-iter-{i}")
