@@ -25,6 +25,10 @@ inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;  // HMAC-SHA256
 inline constexpr size_t kMinKeyBytes = 16;
 inline constexpr size_t kMaxKeyBytes = 4096;
+// A key must carry about this many bits by the estimate of its alphabet
+// (check_key_strength), and have at least this many distinct byte values.
+inline constexpr unsigned kMinKeyBits = 128;
+inline constexpr size_t kMinDistinctKeyBytes = 8;
 
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Mac = std::array<uint8_t, kMacBytes>;
@@ -40,7 +44,9 @@ class AuthKey {
  public:
   // Reads a key file. Refuses (naming the file and what to do) one that is
   // not a regular file, belongs to another user, can be read by group or
-  // others, or is shorter than kMinKeyBytes.
+  // others, is shorter than kMinKeyBytes, or is obviously weak
+  // (check_key_strength). A symbolic link is followed, and its target is
+  // what must pass.
   static Result<AuthKey> load(const std::string& path);
   static AuthKey from_bytes(std::vector<uint8_t> bytes) { return AuthKey(std::move(bytes)); }
 
@@ -54,6 +60,11 @@ class AuthKey {
   explicit AuthKey(std::vector<uint8_t> bytes) : key_(std::move(bytes)) {}
   std::vector<uint8_t> key_;
 };
+
+// Ok, or why `key` (read from `path`) is obviously weak: fewer than
+// kMinDistinctKeyBytes distinct bytes, or fewer than kMinKeyBits by the
+// estimate of its alphabet (a 16-character password, hex of 16 bytes).
+Status check_key_strength(std::span<const uint8_t> key, const std::string& path);
 
 // Random bytes from the system's CSPRNG.
 Nonce random_nonce();

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <future>
 #include <fstream>
 
 #include "instance/auth_key.h"
@@ -186,16 +187,31 @@ TEST(TcpWire, AHelloIsRefusedNamingTheFieldThatDiffers) {
 class KeyFile : public ::testing::Test {
  protected:
   std::string path = ::testing::TempDir() + "kvrelay-test-key-" + std::to_string(getpid());
+  std::string link = path + "-link";
   void write(const std::string& bytes, mode_t mode) {
     ::unlink(path.c_str());
     std::ofstream(path) << bytes;
     ::chmod(path.c_str(), mode);
   }
-  void TearDown() override { ::unlink(path.c_str()); }
+  static std::string random_bytes(size_t n) {
+    std::string out(n, '\0');
+    const Nonce a = random_nonce(), b = random_nonce();
+    for (size_t i = 0; i < n; ++i)
+      out[i] = static_cast<char>(i < 32 ? a[i] : b[i % 32]);
+    return out;
+  }
+  std::string refusal() {
+    Result<AuthKey> key = AuthKey::load(path);
+    return key ? std::string("(accepted)") : key.error().message;
+  }
+  void TearDown() override {
+    ::unlink(path.c_str());
+    ::unlink(link.c_str());
+  }
 };
 
 TEST_F(KeyFile, AnOwnerOnlyFileOfEnoughBytesIsAKey) {
-  write(std::string(32, 'k'), 0600);
+  write(random_bytes(32), 0600);
   Result<AuthKey> key = AuthKey::load(path);
   ASSERT_TRUE(key) << key.error().message;
   const Nonce a = random_nonce(), b = random_nonce();
@@ -208,21 +224,85 @@ TEST_F(KeyFile, AnOwnerOnlyFileOfEnoughBytesIsAKey) {
 }
 
 TEST_F(KeyFile, AKeyOthersCanReadIsRefusedSayingHowToFixIt) {
-  write(std::string(32, 'k'), 0644);
-  Result<AuthKey> key = AuthKey::load(path);
-  ASSERT_FALSE(key);
-  EXPECT_NE(key.error().message.find("chmod 600"), std::string::npos) << key.error().message;
+  write(random_bytes(32), 0644);
+  EXPECT_NE(refusal().find("chmod 600"), std::string::npos) << refusal();
 }
 
 TEST_F(KeyFile, AShortKeyIsRefused) {
   write("short", 0600);
-  Result<AuthKey> key = AuthKey::load(path);
-  ASSERT_FALSE(key);
-  EXPECT_NE(key.error().message.find("head -c 32 /dev/urandom"), std::string::npos);
+  EXPECT_NE(refusal().find("head -c 32 /dev/urandom"), std::string::npos);
 }
 
 TEST_F(KeyFile, AMissingFileIsRefused) {
   EXPECT_FALSE(AuthKey::load(path + "-missing"));
+}
+
+// Obviously weak keys are refused saying how to make a good one; random
+// bytes, and their hex or base64 (with the newline the tools leave), pass.
+TEST_F(KeyFile, ObviouslyWeakKeysAreRefusedAndRandomOnesInAnyCommonEncodingPass) {
+  write(std::string(32, '\0'), 0600);
+  EXPECT_NE(refusal().find("weak key: only 1 distinct byte values"), std::string::npos)
+      << refusal();
+  write("correcthorse2026", 0600);  // a 16-character password
+  EXPECT_NE(refusal().find("weak key: its 16 bytes of text carry at most about 96 bits"),
+            std::string::npos)
+      << refusal();
+  EXPECT_NE(refusal().find("head -c 32 /dev/urandom"), std::string::npos) << refusal();
+  write("0123456789abcdef0123456789abcdef", 0600);  // hex of 16 bytes: 128 bits at most
+  EXPECT_EQ(refusal(), "(accepted)");
+  write("0123456789abcdef0123456789abcde", 0600);
+  EXPECT_NE(refusal().find("weak key"), std::string::npos) << refusal();
+
+  const std::string raw = random_bytes(32);
+  write(raw, 0600);
+  EXPECT_EQ(refusal(), "(accepted)");
+  std::string hex;
+  for (unsigned char c : raw)
+    hex += fmt::format("{:02x}", c);
+  write(hex + "\n", 0600);
+  EXPECT_EQ(refusal(), "(accepted)");
+  static const char* const kB64 =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string b64;
+  for (size_t i = 0; i < 30; i += 3) {  // 40 characters of base64
+    const uint32_t v = (uint8_t(raw[i]) << 16) | (uint8_t(raw[i + 1]) << 8) | uint8_t(raw[i + 2]);
+    for (int k = 3; k >= 0; --k)
+      b64 += kB64[(v >> (6 * k)) & 63];
+  }
+  write(b64 + "\n", 0600);
+  EXPECT_EQ(refusal(), "(accepted)");
+}
+
+// A FIFO is refused at once (opening one for reading would wait for a
+// writer and hang the coordinator at startup).
+TEST_F(KeyFile, AFifoIsRefusedWithoutWaitingForAWriter) {
+  ::unlink(path.c_str());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto load = std::async(std::launch::async, [&] { return refusal(); });
+  ASSERT_EQ(load.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "load() waits on the FIFO";
+  EXPECT_NE(load.get().find("is a FIFO; a key is a regular file"), std::string::npos);
+}
+
+// A symbolic link (how a Kubernetes secret volume presents a key) is
+// followed, and its target must pass every check; messages name both.
+TEST_F(KeyFile, ASymlinkedKeyIsFollowedAndItsTargetIsWhatIsChecked) {
+  write(random_bytes(32), 0600);
+  ASSERT_EQ(::symlink(path.c_str(), link.c_str()), 0);
+  Result<AuthKey> key = AuthKey::load(link);
+  ASSERT_TRUE(key) << key.error().message;
+  ::chmod(path.c_str(), 0644);
+  key = AuthKey::load(link);
+  ASSERT_FALSE(key);
+  EXPECT_NE(key.error().message.find(link + " (a link to "), std::string::npos)
+      << key.error().message;
+  EXPECT_NE(key.error().message.find("has mode 644"), std::string::npos) << key.error().message;
+  ::unlink(path.c_str());
+  key = AuthKey::load(link);
+  ASSERT_FALSE(key);
+  EXPECT_NE(key.error().message.find("a symbolic link that does not lead to a file"),
+            std::string::npos)
+      << key.error().message;
 }
 
 // The sender's plan of a layer's frames: exactly one is `last`, the final
