@@ -6,9 +6,14 @@
 #   2. A soak that SIGKILLs a random worker every 700 ms: every request gets
 #      exactly one completion, failures name the killed rank, no finished
 #      request has a wrong byte, nothing hangs.
-#   sim_in_guest.sh <kvrelay-sim>
+#   3. Long prompts: 128k-token requests in 16-token blocks (8,192 blocks in
+#      a layer), declared and byte-verified; and kvrelay-bench-rdma moving
+#      64 MiB of scattered 16 KiB blocks (a long backlog of granted writes:
+#      both once failed with "rdma session lost", then a crash on exit).
+#   sim_in_guest.sh <kvrelay-sim> [<kvrelay-bench-rdma>]
 set -euo pipefail
 sim=$1
+bench=${2:-}
 # The guest is emulated (TCG) and shares the host's cores with other tests:
 # a second of silence there is slowness, not a dead peer. Killed workers are
 # still noticed at once (their sockets close, their pidfds fire).
@@ -23,3 +28,12 @@ echo "== rdma: heterogeneous TP, prefill tp 2 into decode tp 4, byte-verified he
 echo "== rdma: soak, a worker SIGKILLed every 700 ms"
 "$sim" "${common[@]}" --requests 200 --layer-compute-us 1000 --prefill rdma-kp --decode rdma-kd \
   --kill-every-ms 700 2>&1 | grep -v 'requests, .* MiB moved$' || exit 1
+echo "== rdma: long prompts, 128k tokens in 16-token blocks, byte-verified"
+"$sim" --start --protocol rdma --tp 1 --layers 4 --blocks 8200 --block-size 16 --head-dim 64 \
+  --min-tokens 131072 --max-tokens 131072 --chunk-tokens 8192 --requests 2 --layer-compute-us 1000 \
+  --log-level error --peer-timeout-ms 5000 --prefill rdma-lp --decode rdma-ld --expect-arrivals \
+  2>&1 | grep -v 'requests, .* MiB moved$' || exit 1
+if [ -n "$bench" ]; then
+  echo "== rdma: a 64 MiB backlog of scattered 16 KiB blocks (kvrelay-bench-rdma)"
+  "$bench" --mib 64 --block-kib 16 || exit 1
+fi

@@ -76,6 +76,37 @@ class WritePosterTest : public ::testing::Test {
   FakeQueuePair receiver_{"peer", 1024};
 };
 
+// One call posts about kMaxPostBytesPerCall to a queue pair, and the rest
+// as completions come: a software device (soft-RoCE) does its work inside
+// the post, and a backlog posted at once stalled the thread past its
+// heartbeats (a 64 MiB backlog closed the session).
+TEST_F(WritePosterTest, OneCallPostsAboutAMebibyteAndTheRestAsCompletionsCome) {
+  constexpr uint32_t kBig = 512u << 10;
+  src_.assign(8u << 20, 0);
+  dst_.assign(8u << 20, 0);
+  for (size_t i = 0; i < src_.size(); ++i)
+    src_[i] = static_cast<uint8_t>(i * 13 + 5);
+  FakeQueuePair& q = qp("qp0", 256);
+  WritePoster poster({&q}, 16);
+  LayerWrite t = transfer(1, 0, 0);
+  for (uint32_t i = 0; i < 16; ++i) {
+    WriteRequest w;
+    w.local_address = reinterpret_cast<uint64_t>(src_.data()) + uint64_t{i} * kBig;
+    w.remote_address = reinterpret_cast<uint64_t>(dst_.data()) + uint64_t{i} * kBig;
+    w.length = kBig;
+    w.rkey = kRkey;
+    t.writes.push_back(w);
+  }
+  poster.submit(std::move(t));
+  EXPECT_EQ(q.executed.size(), WritePoster::kMaxPostBytesPerCall / kBig)
+      << "a call posts about a MiB, not the whole transfer";
+  const std::vector<TransferDone> done = run(poster);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status) << done[0].status.error().message;
+  EXPECT_EQ(q.executed.size(), 16u);
+  EXPECT_TRUE(std::equal(src_.begin(), src_.end(), dst_.begin()));
+}
+
 TEST_F(WritePosterTest, ATransferGoesOutInChainsOfAtMost32AndEndsWithOneSignaledImmediate) {
   FakeQueuePair& q = qp("qp0", 256);
   WritePoster poster({&q}, 16);

@@ -8,6 +8,7 @@
 // tools/rxe-vm (where only the ratio means anything), or on a NIC
 // (tools/rdma-check). Exits 77, saying why, where there is no device.
 #include <fmt/format.h>
+#include <spdlog/cfg/env.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,10 +34,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-
-// kvrelay: MB/s (10^6 bytes) moving `total` bytes as layers of scattered blocks.
-double kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes, uint64_t layer_bytes,
-                    uint64_t total, uint32_t queue_pairs) {
+// kvrelay: MB/s (10^6 bytes) moving `total` bytes as layers of scattered
+// blocks, or why not. A failure returns through every destructor (the
+// session, the net thread, the pools), so that the error path is exercised
+// as a worker runs it, not cut short by exit().
+Result<double> kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes,
+                            uint64_t layer_bytes, uint64_t total, uint32_t queue_pairs) {
   const PoolGeometry g = geometry_for(block_bytes, layer_bytes);
   const std::string tag = fmt::format("kvrelay-bench-rdma-{}", getpid());
   auto src = make_pool(tag + "-src", g);
@@ -66,11 +69,11 @@ double kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes, uint64_t
   std::mt19937 rng(1);
   std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
   auto runs = worker::plan_block_runs(src_ids, dst_ids, g.num_blocks, g.num_blocks, 0, 0);
-  if (!runs) std::exit(1);
+  if (!runs) return runs.error();
   const uint64_t per_layer = uint64_t{g.num_blocks} * 2 * block_bytes;
   const uint64_t layers = std::max<uint64_t>(kLayers, total / per_layer);
 
-  auto send = [&](uint64_t n) {
+  auto send = [&](uint64_t n) -> Status {
     std::vector<worker::TransferCompletion> done;
     for (uint64_t i = 0; i < n; ++i) {
       worker::TransferTicket t;
@@ -84,18 +87,16 @@ double kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes, uint64_t
       std::this_thread::sleep_for(100us);
     }
     for (const auto& c : done)
-      if (!c.status) {
-        fmt::print(stderr, "a transfer failed: {}\n", c.status.error().message);
-        std::exit(1);
-      }
-    if (done.size() < n) {
-      fmt::print(stderr, "transfers did not complete\n");
-      std::exit(1);
-    }
+      if (!c.status)
+        return make_error(c.status.code(),
+                          fmt::format("a transfer failed: {}", c.status.error().message));
+    if (done.size() < n) return make_error(Errc::kTimeout, "transfers did not complete");
+    return {};
   };
-  send(kLayers);  // the session, its queue pairs and registrations
+  // The first: the session, its queue pairs and registrations.
+  if (Status s = send(kLayers); !s) return s.error();
   const auto t0 = std::chrono::steady_clock::now();
-  send(layers);
+  if (Status s = send(layers); !s) return s.error();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return static_cast<double>(layers * per_layer) / s / 1e6;
 }
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
   app.add_option("--block-kib", sizes_kib, "block (message) sizes")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug: what the sessions say
 
   worker::rdma::FabricOptions fo;
   fo.device = device;
@@ -163,8 +165,13 @@ int main(int argc, char** argv) {
     Row row;
     row.name = fmt::format("{} KiB blocks", kib);
     row.unit = "MB/s";
-    row.ours = kvrelay_mbps(**fabric, bytes, std::min<uint64_t>(total / kLayers, 8ull << 20), total,
-                            queue_pairs);
+    Result<double> ours = kvrelay_mbps(
+        **fabric, bytes, std::min<uint64_t>(total / kLayers, 8ull << 20), total, queue_pairs);
+    if (!ours) {
+      fmt::print(stderr, "{} KiB blocks: {}\n", kib, ours.error().message);
+      return 1;
+    }
+    row.ours = *ours;
     row.baseline =
         perftest_mbps(dev, gid_index, queue_pairs, bytes, std::max<uint64_t>(16, total / bytes));
     print_row(row);

@@ -77,8 +77,14 @@ void Channel::watch() {
     // nothing is sent that the peer has not asked for.
     if (self->in_session()) {
       const auto now = Clock::now();
-      const auto silent =
-          std::chrono::duration_cast<std::chrono::milliseconds>(now - self->last_rx_);
+      auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - self->last_rx_);
+      // Bytes waiting in the socket mean this thread was busy (an rdma post
+      // under soft-RoCE copies inline), not that the peer fell silent.
+      boost::system::error_code available_ec;
+      if (silent > self->timing_.peer_timeout && self->socket_.available(available_ec) > 0) {
+        self->last_rx_ = now;
+        silent = std::chrono::milliseconds(0);
+      }
       if (silent > self->timing_.peer_timeout) {
         self->close(fmt::format("nothing received for {} ms (peer hung or network partitioned)",
                                 silent.count()));

@@ -27,6 +27,11 @@ inline constexpr uint8_t kProtocol = 2;
 inline constexpr size_t kMaxQueuePairs = 16;
 // Runs per intent part: keeps every part far below net::kMaxEnvelopeBytes.
 inline constexpr size_t kMaxIntentRuns = 4096;
+// The slowest rate either side allows granted writes to land at, for their
+// deadlines: 16 MiB/s (soft-RoCE in a VM moves about 50 MB/s). A peer that
+// holds a grant is cut no later than this allows, and at once when the
+// grant's request is withdrawn.
+inline constexpr uint64_t kMinRateBytesPerSecond = 16ull << 20;
 
 struct BlockSpan {
   uint32_t first = 0;

@@ -174,6 +174,8 @@ Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
   }
   g.granted = true;
   g.granted_at = std::chrono::steady_clock::now();
+  granted_open_bytes_ += g.bytes;
+  g.queued_bytes = granted_open_bytes_;
   return std::optional<Status>(Status{});
 }
 
@@ -187,7 +189,8 @@ std::optional<std::string> RdmaSession::overdue(std::chrono::milliseconds grace)
             "the request of granted rdma transfer {} was withdrawn before its "
             "writes landed",
             g.transfer);
-    const auto allowed = grace + std::chrono::milliseconds(g.bytes / (256u << 20) * 1000);
+    const auto allowed =
+        grace + std::chrono::milliseconds(g.queued_bytes * 1000 / kMinRateBytesPerSecond);
     if (now - g.granted_at > allowed)
       return fmt::format(
           "the writes of granted rdma transfer {} ({} bytes) did not land within "
@@ -219,6 +222,7 @@ Status RdmaSession::poll(std::vector<Ack>& acks) {
           arrivals_.landed(w);
         open_writes_ -= g.writes.size();
         bytes_landed_ += g.bytes;
+        granted_open_bytes_ -= g.bytes;
         acks.push_back({g.transfer, listener_.pool().check_intact()});
         transfers_.erase(it);
         if (Status s = qp.post_receive(wc.wr_id); !s) return s;

@@ -168,6 +168,7 @@ class Session final : public net::ClientChannel {
       peer_.fail(job, reason);
     waiting_.clear();
     in_flight_.clear();
+    posted_bytes_ = 0;
     due_.clear();
     answer_watch_.cancel();
     asio::post(peer_.strand(), [p = peer_.shared_from_this(), was_ready, why] {
@@ -332,9 +333,13 @@ class Session final : public net::ClientChannel {
       }
     }
     poster_->submit(std::move(lw));
+    // Its writes go after every transfer posted before it and not yet
+    // acked: its ack may take as long as all of them need.
+    job.posted = true;
+    posted_bytes_ += job.bytes;
     expect_answer(job.transfer, "ack",
                   peer_.options().timing.peer_timeout +
-                      std::chrono::milliseconds(job.bytes / (256u << 20) * 1000));
+                      std::chrono::milliseconds(posted_bytes_ * 1000 / kMinRateBytesPerSecond));
     drain();
   }
 
@@ -342,6 +347,7 @@ class Session final : public net::ClientChannel {
     due_.erase(transfer);
     auto it = in_flight_.find(transfer);
     if (it == in_flight_.end()) return;  // failed here already
+    if (it->second.posted) posted_bytes_ -= it->second.bytes;
     peer_.completed(it->second, ok ? Status{}
                                    : Status(make_error(Errc::kInvalidArgument,
                                                        fmt::format("the receiver refused it: {}",
@@ -380,6 +386,7 @@ class Session final : public net::ClientChannel {
     std::chrono::milliseconds within;
   };
   std::unordered_map<uint64_t, Due> due_;  // the answer each in-flight transfer waits for
+  uint64_t posted_bytes_ = 0;              // of transfers whose writes are posted, not acked
   boost::asio::steady_timer answer_watch_;
   bool answer_watching_ = false;
   std::vector<kernels::CopyRun> byte_runs_;

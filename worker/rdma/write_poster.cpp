@@ -64,11 +64,21 @@ void WritePoster::replace(size_t index, QueuePair* queue_pair) {
 }
 
 void WritePoster::post(Lane& lane, std::vector<TransferDone>& done) {
-  while (!lane.waiting.empty() && lane.outstanding < lane.capacity) {
+  uint64_t budget = kMaxPostBytesPerCall;
+  while (!lane.waiting.empty() && lane.outstanding < lane.capacity && budget > 0) {
     Waiting& w = lane.waiting.front();
     const std::vector<WriteRequest>& writes = w.transfer.writes;
     const size_t room = lane.capacity - lane.outstanding;
-    const size_t n = std::min({kMaxChain, room, writes.size() - w.next});
+    size_t n = std::min({kMaxChain, room, writes.size() - w.next});
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      bytes += writes[w.next + i].length;
+      if (bytes >= budget) {
+        n = i + 1;
+        break;
+      }
+    }
+    budget -= std::min(budget, bytes);
     chain_.assign(writes.begin() + static_cast<std::ptrdiff_t>(w.next),
                   writes.begin() + static_cast<std::ptrdiff_t>(w.next + n));
     uint32_t since = lane.uncovered;

@@ -43,6 +43,13 @@ struct TransferDone {
 class WritePoster {
  public:
   static constexpr size_t kMaxChain = 32;
+  // Bytes posted to one queue pair per call at most (and at least one
+  // write): posting to a software device (soft-RoCE, about 50 MB/s in a VM)
+  // does the device's work inline, and a thread that posted a whole backlog
+  // at once would miss its heartbeats for seconds. The rest goes as
+  // completions come (a posted chain's last write is signaled, so one
+  // always comes).
+  static constexpr uint64_t kMaxPostBytesPerCall = 1u << 20;
 
   // `queue_pairs`: a peer rank's, not owned, at least one.
   explicit WritePoster(std::vector<QueuePair*> queue_pairs, uint32_t signal_every = 16);
