@@ -23,7 +23,7 @@ Result<std::unique_ptr<Receiver>> Receiver::start(net::NetThread& net, const Loc
   fo.arrivals = o.arrivals;
   fo.stager = o.stager;
   fo.payload_grace = o.timing.peer_timeout;
-  lo.handlers.push_back(tcp::frame_receiver(fo, r->frames_, o.stage_at_handshake));
+  if (o.frames) lo.handlers.push_back(tcp::frame_receiver(fo, r->frames_, o.stage_at_handshake));
   lo.handlers.push_back(rdma::session_handler(o.rdma,
                                               "rank does not accept rdma (no rdma listener here)",
                                               o.arrivals, o.rank, r->sessions_));

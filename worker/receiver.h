@@ -32,6 +32,9 @@ struct ReceiverOptions {
   bool stage_at_handshake = false;
   // rdma sessions; none: offers are refused, saying rdma is not served here.
   std::shared_ptr<rdma::RdmaListener> rdma;
+  // tcp frames; false: as a decode rank without tcp in --protocol (frames
+  // close the connection).
+  bool frames = true;
 };
 
 class Receiver {

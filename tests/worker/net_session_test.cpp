@@ -154,6 +154,26 @@ TEST_F(NetSessionTest, AKeylessRelayOfTheHandshakeGetsNothingItCanUse) {
 
 // A keyed session whose payload bytes change on the way: the tag fails, the
 // connection closes, and the transfer is never acked.
+// A listener that does not serve tcp frames (a decode rank with rdma but
+// not tcp in --protocol) closes a keyed peer's connection at its first
+// frame, naming the protocol, and writes nothing.
+TEST_F(NetSessionTest, AListenerWithoutTcpClosesAConnectionThatSendsItAFrame) {
+  receiver.reset();
+  ReceiverOptions o;
+  o.instance = "d";
+  o.frames = false;
+  Result<std::unique_ptr<Receiver>> r = Receiver::start(net, *dst, key, o);
+  ASSERT_TRUE(r) << r.error().message;
+  receiver = std::move(r).value();
+  auto c = session();
+  c->send(frame(1));
+  c->write_raw(c->seal_payload(
+      std::vector<std::byte>(session_geometry().block_bytes(PoolTensor::kKey), std::byte{0x44})));
+  EXPECT_TRUE(closed_by_listener(*c));
+  EXPECT_EQ(receiver->frames().frames.load(), 0u);
+  EXPECT_TRUE(untouched());
+}
+
 TEST_F(NetSessionTest, AnAlteredPayloadByteClosesTheConnectionWithoutAnAck) {
   auto c = session();
   const uint64_t block = session_geometry().block_bytes(PoolTensor::kKey);

@@ -318,6 +318,42 @@ TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {
   EXPECT_EQ(fabric.live_queue_pairs(), 1u);
 }
 
+// Open transfers are capped by the bytes they hold granted, not only by
+// their count: one that would pass the limit is refused naming it, and a
+// grant is possible again once bytes land.
+TEST_F(RdmaTransportTest, ASessionRefusesAGrantThatWouldPassItsGrantedBytes) {
+  RdmaListener listener(&fabric, "", *dst, 0);
+  const uint64_t block = dst->geometry().block_bytes(PoolTensor::kKey);
+  const uint64_t per_block = block * dst->geometry().tensors_per_layer();
+  listener.max_granted_bytes = 3 * per_block;  // three blocks of a layer
+  Result<std::unique_ptr<RcQueuePair>> theirs = fabric.create_queue_pair();
+  ASSERT_TRUE(theirs);
+  const QpEndpoint offer[] = {(*theirs)->local()};
+  Result<std::unique_ptr<RdmaSession>> session =
+      RdmaSession::accept(listener, *arrivals, offer, "test peer", "p0");
+  ASSERT_TRUE(session) << session.error().message;
+  Intent part;
+  part.layer = 0;
+  part.last = true;
+  part.transfer = 1;
+  part.runs = {BlockSpan{0, 2}};
+  Result<std::optional<Status>> first = (*session)->on_intent(part);
+  ASSERT_TRUE(first && *first && **first) << "two blocks fit";
+  part.transfer = 2;
+  part.runs = {BlockSpan{4, 2}};
+  Result<std::optional<Status>> second = (*session)->on_intent(part);
+  ASSERT_TRUE(second && *second);
+  ASSERT_FALSE(**second) << "four blocks would pass three";
+  EXPECT_NE((*second)->error().message.find("bytes are granted on this session and not landed "
+                                            "yet"),
+            std::string::npos)
+      << (*second)->error().message;
+  part.transfer = 3;
+  part.runs = {BlockSpan{4, 1}};
+  Result<std::optional<Status>> third = (*session)->on_intent(part);
+  ASSERT_TRUE(third && *third && **third) << "one more block fits";
+}
+
 TEST_F(RdmaTransportTest, AListenerWithoutRdmaRefusesTheOfferSayingSo) {
   listen(/*with_rdma=*/false);
   connect();

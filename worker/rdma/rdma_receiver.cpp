@@ -172,6 +172,18 @@ Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
     spdlog::warn("rank {}: refused an rdma transfer from {}: {}", listener_.rank(), peer_, why);
     return std::optional<Status>(make_error(Errc::kInvalidArgument, why));
   }
+  // What a peer may have in the air at once, and so how long its grants may
+  // take (overdue()): 4 GiB is several layers of a 128k-token prompt of a
+  // large model.
+  if (granted_open_bytes_ + g.bytes > listener_.max_granted_bytes) {
+    const std::string why = fmt::format(
+        "{} bytes are granted on this session and not landed yet; {} more would pass the limit "
+        "of {} bytes",
+        granted_open_bytes_, g.bytes, listener_.max_granted_bytes);
+    abandon(g);
+    transfers_.erase(it);
+    return std::optional<Status>(make_error(Errc::kFull, why));
+  }
   g.granted = true;
   g.granted_at = std::chrono::steady_clock::now();
   granted_open_bytes_ += g.bytes;

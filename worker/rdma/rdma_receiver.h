@@ -65,6 +65,11 @@ class RdmaListener {
   // was not given.
   Result<std::shared_ptr<const RegisteredPool>> registration();
 
+  // Bytes a session may hold granted and not landed; a transfer that would
+  // pass it is refused, naming the limit.
+  static constexpr uint64_t kMaxGrantedBytes = 4ull << 30;
+  uint64_t max_granted_bytes = kMaxGrantedBytes;  // tests set less
+
  private:
   Fabric* fabric_;
   std::string why_not_;
