@@ -187,9 +187,18 @@ TEST_F(TcpFaults, BothSidesCountTheSameTrafficAndTheDumpShowsIt) {
   for (int i = 0; i < 3; ++i)
     ASSERT_TRUE(a_new_request_goes_through("counted-" + std::to_string(i) + "-"));
   const std::string prefill = env->prefill().name(), decode = env->decode().name();
-  const uint64_t sent = worker_counter_once(prefill, "bytes_copied", 1);
+  // Each worker mirrors its counters on its own turn, after the completion
+  // may already be out: wait until both sides have counted everything (the
+  // two agree and stay so), rather than read a counter that lags.
+  uint64_t sent = 0, received = 0;
+  const Deadline until = Deadline::after(10s);
+  for (int agreed = 0; agreed < 3 && !until.passed(); std::this_thread::sleep_for(20ms)) {
+    sent = worker_counter_sum(prefill, "bytes_copied");
+    received = worker_counter_sum(decode, "tcp_bytes_received");
+    agreed = sent > 0 && sent == received ? agreed + 1 : 0;
+  }
   ASSERT_GT(sent, 0u);
-  EXPECT_EQ(worker_counter_once(decode, "tcp_bytes_received", sent), sent);
+  EXPECT_EQ(received, sent);
   EXPECT_GE(worker_counter_sum(decode, "tcp_frames_received"),
             3ull * RequestDriver::kLayers * env->tp());
   const uint64_t lanes = 2ull * env->tp();  // --tcp-lanes 2 (the default) per rank
