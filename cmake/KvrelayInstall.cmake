@@ -1,4 +1,4 @@
-# What `cmake --install` puts where (README: Installing), and the Debian
+# What `cmake --install` puts where (docs/operating.md: Installing), and the Debian
 # package CPack makes of it (`cpack -G DEB` in the build directory):
 #   bin/      kvrelay-coordinator, kvrelay-worker, kvrelay-dump, kvrelay-sim
 #   lib/      libkvrelay.so.0 (the C ABI and the C++ client), its namelink
@@ -8,7 +8,7 @@
 #   lib/python3/dist-packages/ (under /usr; lib/python3.X/dist-packages elsewhere)
 #             the Python module and its stubs
 #   lib/systemd/system/  kvrelay.service, kvrelay@.service
-#   share/doc/kvrelay/   README.md, examples/kvrelay.env (the units' flags)
+#   share/doc/kvrelay/   README.md, docs/, examples/kvrelay.env (the units' flags)
 include(CMakePackageConfigHelpers)
 
 install(TARGETS kvrelay-coordinator kvrelay-worker kvrelay-dump kvrelay-sim
@@ -64,6 +64,7 @@ install(CODE "
 install(FILES ${PROJECT_SOURCE_DIR}/tools/systemd/kvrelay.env
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
 
 # The Debian package: the whole install, its library dependencies found by
 # dpkg-shlibdeps.

@@ -31,11 +31,11 @@ enum CoordinatorCounter : uint32_t {
 
 enum CoordinatorHistogram : uint32_t {
   kRequestLatencyNs,  // first half submitted -> completion written
-  // Hops of the dispatch and completion paths (README "Latency"):
-  kSubmitToReadNs,              // the engine submitted a CacheTask/CacheDest -> read here
-  kReadToTaskWrittenNs,         // read -> its WorkerTask written to every rank's ring
-  kReportWrittenToReadNs,       // a worker wrote a report -> read here
-  kReportReadToCompletionNs,    // the final report read -> the completion written
+  // Hops of the dispatch and completion paths (docs/latency.md):
+  kSubmitToReadNs,            // the engine submitted a CacheTask/CacheDest -> read here
+  kReadToTaskWrittenNs,       // read -> its WorkerTask written to every rank's ring
+  kReportWrittenToReadNs,     // a worker wrote a report -> read here
+  kReportReadToCompletionNs,  // the final report read -> the completion written
   kCoordinatorHistogramCount,
 };
 

@@ -175,7 +175,7 @@ Status network_options(const InstanceConfig& c, const std::string& listen_addres
     if (listens || rdma_listens)
       return make_error(Errc::kInvalidArgument,
                         fmt::format("{} needs --auth-key-file: a listener must authenticate "
-                                    "its peers (README: Cross-host transfer)",
+                                    "its peers (docs/transports.md: Cross-host transfer)",
                                     listens ? "--tcp-ports" : "--rdma-ports"));
     return {};
   }
@@ -222,7 +222,7 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   app.add_option("--total-kv-heads", d.total_kv_heads,
                  "the model's KV heads over all ranks (0: kv-heads x tp-size). Below tp-size, "
                  "heads are replicated over ranks (GQA): kv-heads must be 1. A decode instance "
-                 "of another tp-size accepts blocks when the totals match (README: "
+                 "of another tp-size accepts blocks when the totals match (docs/transports.md: "
                  "Heterogeneous TP)")
       ->capture_default_str();
   app.add_option("--head-dim", d.head_dim, "head dimension (original: --head_dim)")
@@ -252,14 +252,14 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--auth-key-file", auth_key_file,
                  "pre-shared key for tcp transfers, both roles: a 0600 file of >= 16 random "
-                 "bytes (README: Cross-host transfer)");
+                 "bytes (docs/transports.md: Cross-host transfer)");
   app.add_option("--tcp-lanes", tcp_lanes, "parallel tcp connections per decode rank, 1-8")
       ->capture_default_str();
   std::string net_protection = "authenticate";
   app.add_option("--net-protection", net_protection,
                  "tcp and rdma sessions, once the key is proved: authenticate (every byte carries "
                  "an AES-GCM tag; readable on the wire) or encrypt (and encrypted); both "
-                 "instances must agree (README: Cross-host transfer)")
+                 "instances must agree (docs/transports.md: Cross-host transfer)")
       ->check(CLI::IsMember({"authenticate", "encrypt"}))
       ->capture_default_str();
   uint32_t copy_max_sms = 16;

@@ -1,5 +1,5 @@
 // kvrelay-coordinator's command line. The original cache messager's flags
-// appear under clear names (the README has the mapping table); the result is
+// appear under clear names (docs/operating.md has the mapping table); the result is
 // an InstanceConfig plus how to run the processes.
 #pragma once
 

@@ -1,5 +1,5 @@
 // What lets the coordinator's dispatch path allocate nothing once warm
-// (README "Latency"): the nodes of its maps and the buffers of its messages
+// (docs/latency.md): the nodes of its maps and the buffers of its messages
 // are kept when an entry or a message goes, and given to the next.
 //
 //   NodePool<Map>   spare nodes of a std::map / unordered_map (C++17 node

@@ -5,7 +5,7 @@
 //
 // The key is a file of 32 or more random bytes that only its owner may read
 // (mode 0600 or stricter), e.g. `head -c 32 /dev/urandom > kvrelay.key &&
-// chmod 600 kvrelay.key`, copied to every host of the deployment (README:
+// chmod 600 kvrelay.key`, copied to every host of the deployment (docs/transports.md:
 // "Cross-host transfer"). The whole content is the key.
 #pragma once
 

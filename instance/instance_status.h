@@ -46,7 +46,7 @@ struct alignas(64) InstanceStatus {
   // clients that push the slot's batch entries, which stamp an untagged
   // entry with it. An untagged entry then names its request exactly, however
   // late the CacheTask reaches the worker and however often the slot was
-  // reused before it did (see "Untagged signals" in the README).
+  // reused before it did (see "Untagged signals" in docs/engine-api.md).
   std::atomic<uint32_t> slot_request_tags[kEngineSlots];
 };
 

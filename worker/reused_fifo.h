@@ -1,6 +1,6 @@
 // A FIFO queue that keeps its memory: std::deque allocates and frees a chunk
 // every few elements as items pass through it, which the hot paths must not
-// (README "Latency"). Items live in one vector; popping advances a head, and
+// (docs/latency.md). Items live in one vector; popping advances a head, and
 // the vector is emptied (its capacity kept) whenever the queue drains, or
 // compacted once the popped prefix outgrows the live part.
 #pragma once

@@ -51,10 +51,11 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
     for (const TransportRow& row : rows) {
       const uint16_t port = row.listen_port != nullptr ? row.listen_port(config, rank) : 0;
       if (port != 0 && context.receives)
-        return make_error(Errc::kInvalidArgument,
-                          fmt::format("rank {} has {} port {} but no --auth-key-file: a listener "
-                                      "must authenticate its peers (README: Cross-host transfer)",
-                                      rank, row.name, port));
+        return make_error(
+            Errc::kInvalidArgument,
+            fmt::format("rank {} has {} port {} but no --auth-key-file: a listener "
+                        "must authenticate its peers (docs/transports.md: Cross-host transfer)",
+                        rank, row.name, port));
     }
   } else {
     Result<AuthKey> key = AuthKey::load(network.auth_key_file);

@@ -46,10 +46,10 @@ enum WorkerHistogram : uint32_t {
   kLayerCopyNs,         // one layer's copy for one request (the memcpys alone)
   kLayerCopyBytes,
   kLayerCopyMBps,
-  // Hops of the dispatch and completion paths (README "Latency"):
-  kTaskWrittenToReadNs,   // coordinator wrote a task -> this worker read it
-  kDestReadToCopyNs,      // a CacheDest read -> its first copy began (layers already computed)
-  kCopyDoneToReportNs,    // a request's last copy seen done -> its report written
+  // Hops of the dispatch and completion paths (docs/latency.md):
+  kTaskWrittenToReadNs,  // coordinator wrote a task -> this worker read it
+  kDestReadToCopyNs,     // a CacheDest read -> its first copy began (layers already computed)
+  kCopyDoneToReportNs,   // a request's last copy seen done -> its report written
   kWorkerHistogramCount,
 };
 

@@ -24,7 +24,7 @@
  * a new batch all the same (it never merges with an earlier one). Signals
  * with a request tag may come before or after the request's CacheTask;
  * untagged ones (tag 0) must come after it, and are then stamped with the
- * request their slot was last given (README, "Untagged signals").
+ * request their slot was last given (docs/engine-api.md, "Untagged signals").
  *
  * Contract (as for the C++ client, client/include/kvrelay/client.h): exactly
  * one completion per request; every attach is an engine session (if its

@@ -1,5 +1,5 @@
 // The dispatch path through the coordinator allocates nothing once warm
-// (README "Latency"): submissions read from the submit ring and decoded as
+// (docs/latency.md): submissions read from the submit ring and decoded as
 // the coordinator reads them (dispatch_submission, engine sessions), the
 // task table (admission, its copies, the
 // tasks it encodes once for every rank, the workers' reports, timers,

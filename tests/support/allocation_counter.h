@@ -1,5 +1,5 @@
 // Counts every operator new of the process inside a window, for the tests
-// that prove a hot path allocates nothing once warm (README "Latency").
+// that prove a hot path allocates nothing once warm (docs/latency.md).
 //
 // Link allocation_counter.cpp into the test binary itself (never into a
 // library): it replaces the global operator new and delete.

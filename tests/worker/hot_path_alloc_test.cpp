@@ -1,5 +1,5 @@
-// The layer signal -> copy path allocates nothing once warm (README
-// "Latency"): a real prefill rank's data plane (its pool, the ipc transport,
+// The layer signal -> copy path allocates nothing once warm
+// (docs/latency.md): a real prefill rank's data plane (its pool, the ipc transport,
 // the scheduler) copies into a real decode rank's pool, and every operator
 // new of this process is counted while the signals of steady-state requests
 // are applied and their copies complete. Binding a request (its CacheTask and

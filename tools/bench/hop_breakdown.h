@@ -1,6 +1,6 @@
 // Where a request's time goes, hop by hop: the hop histograms the
 // coordinator, the workers and the clients keep in shared memory
-// (README "Latency"), read around each measured request only, so that
+// (docs/latency.md), read around each measured request only, so that
 // warm-up and set-up traffic stay out of the figures.
 #pragma once
 

@@ -202,7 +202,7 @@ uint32_t spinners(IdleStrategy idle, uint32_t processes) {
   return idle == IdleStrategy::kSpin ? processes : 0;
 }
 
-// "ours against the floor" rows and the target (README "Latency"). A spin
+// "ours against the floor" rows and the target (docs/latency.md). A spin
 // target holds only on dedicated cores: with more spinning processes than
 // CPUs the scheduler time-slices them, and that is all either side shows.
 void report_against_floor(const std::string& what, const Percentiles& ours,

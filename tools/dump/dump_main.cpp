@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
   app.add_option("instance", instance, "the instance to show (--instance of its coordinator)");
   app.add_flag("--list", list,
                "list every kvrelay segment in /dev/shm: live, stale (creator gone) or foreign");
-  app.add_flag("--json", json, "machine-readable output (schema kvrelay-dump/1, see the README)");
+  app.add_flag("--json", json,
+               "machine-readable output (schema kvrelay-dump/1, see docs/operating.md)");
   app.add_flag("--prometheus", prometheus,
                "the counters and histograms in the Prometheus text exposition format 0.0.4");
   app.add_option("--serve", serve,

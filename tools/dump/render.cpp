@@ -43,7 +43,7 @@ const char* const kColumnHelp = R"(Columns:
   latency       histograms as p50 / p90 / p99 / p99.9 / max with their unit; log-linear buckets,
                 so a quantile is within 1.6% of the exact value (max is exact). Hops of the
                 dispatch path (submit -> copy start) and the completion path (copy done ->
-                engine read) have a histogram each; see the README's "Latency" section
+                engine read) have a histogram each; see docs/latency.md
 )";
 
 namespace {

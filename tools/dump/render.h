@@ -1,6 +1,6 @@
 // Rendering a snapshot: text for people (with --help explaining every
 // column) and JSON for scripts (schema "kvrelay-dump/1", documented in the
-// README; fields are only ever added, never renamed).
+// docs/operating.md; fields are only ever added, never renamed).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -464,9 +464,10 @@ RdmaTransport::~RdmaTransport() {
 Status RdmaTransport::usable() const {
   if (fabric_ == nullptr) return make_error(Errc::kInvalidArgument, why_not_);
   if (key_ == nullptr)
-    return make_error(Errc::kInvalidArgument,
-                      "rdma transfers need a pre-shared key for their control connection: start "
-                      "this instance with --auth-key-file (README: Cross-host transfer)");
+    return make_error(
+        Errc::kInvalidArgument,
+        "rdma transfers need a pre-shared key for their control connection: start "
+        "this instance with --auth-key-file (docs/transports.md: Cross-host transfer)");
   return {};
 }
 

@@ -62,7 +62,7 @@ Result<BuiltTransport> build(TransportContext& c) {
   } else if (c.key == nullptr) {
     b.unavailable =
         "rdma transfers need a pre-shared key for their control connection: start this instance "
-        "with --auth-key-file (README: Cross-host transfer)";
+        "with --auth-key-file (docs/transports.md: Cross-host transfer)";
     return b;
   }
   auto res = std::make_shared<Resources>();

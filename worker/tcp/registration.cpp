@@ -38,7 +38,8 @@ Result<BuiltTransport> build(TransportContext& c) {
   BuiltTransport b;
   if (c.key == nullptr) {
     b.unavailable =
-        "tcp transfers need a pre-shared key: start this instance with --auth-key-file (README: "
+        "tcp transfers need a pre-shared key: start this instance with --auth-key-file "
+        "(docs/transports.md: "
         "Cross-host transfer)";
     return b;
   }

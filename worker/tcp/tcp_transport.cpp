@@ -427,7 +427,7 @@ Result<std::shared_ptr<Peer>> TcpTransport::peer_for(const net::PeerAddress& at)
   if (key_ == nullptr)
     return make_error(Errc::kInvalidArgument,
                       "tcp transfers need a pre-shared key: start this instance with "
-                      "--auth-key-file (README: Cross-host transfer)");
+                      "--auth-key-file (docs/transports.md: Cross-host transfer)");
   if (at.host.empty()) return make_error(Errc::kInvalidArgument, "tcp: the peer address is empty");
   if (at.port == 0) return make_error(Errc::kInvalidArgument, "tcp: port 0 is not a port");
   auto it = peers_.find(at.key());

@@ -41,7 +41,7 @@
 //    the request's CacheTask was submitted: an untagged entry is stamped, as
 //    it is pushed, with the request its slot was last given by a CacheTask
 //    of this instance (any process's), so it then reaches that request
-//    exactly (README, "Untagged signals").
+//    exactly (docs/engine-api.md, "Untagged signals").
 //  - Any number of processes may submit requests.
 //  - No call waits forever: blocking calls take a Deadline. If the
 //    coordinator dies, every call returns Errc::kCoordinatorGone within

@@ -19,7 +19,7 @@ There is nothing to poll every millisecond and no barrier to line up: the
 halves are merged by kvrelay's coordinator, the ranks are synchronised by its
 workers, and each request gets exactly one completion.
 
-Run against two running instances (see the README):
+Run against two running instances (see docs/engine-api.md):
 
     python3 cache_info_adapter.py --prefill P --decode D
 """
