@@ -1,7 +1,8 @@
 // A pool this worker can address: its rank's own pools, and a peer's pool
 // mapped for the ipc transport. The scheduler, the transports and the swap
-// engine see only this, so that host-memory segments (now) and CUDA memory
-// (GPU issue) are interchangeable behind it.
+// engine see only this, so that a shared-memory segment (HostSegmentPool,
+// below) and an engine's own memory, host memfds or GPU memory
+// (ImportedPool, imported_pool.h), are interchangeable behind it.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// One completion reader per instance, enforced (issue 40, second part): many
+// One completion reader per instance, enforced: many
 // engine processes attached to one instance at once, each submitting and
 // trying to read. Exactly one becomes the reader and receives every
 // completion whole and once; every other is refused with kBusy naming the

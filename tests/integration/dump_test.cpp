@@ -1,4 +1,4 @@
-// kvrelay-dump against real instances (issue 7): known traffic, JSON, a stale
+// kvrelay-dump against real instances: known traffic, JSON, a stale
 // segment, corrupted headers, and decoding a waiting CacheTask.
 #include <gtest/gtest.h>
 #include <signal.h>

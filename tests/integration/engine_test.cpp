@@ -1,5 +1,4 @@
-// Engines that die and restart, and engines that send what they should not
-// (issue 14, first and input parts; issue 13, completions and validation),
+// Engines that die and restart, and engines that send what they should not,
 // against real coordinator and worker processes.
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-// Faults and hostile input across real processes (issue 8): workers and
+// Faults and hostile input across real processes: workers and
 // coordinators SIGKILLed, an engine killed in the middle of a submit, full
 // rings, hostile records written straight into the submit ring, and other
 // users. Nothing may hang, and every request gets exactly one completion.

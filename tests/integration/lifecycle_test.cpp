@@ -1,4 +1,4 @@
-// The request lifecycle across real processes (issue 4): a prefill and a
+// The request lifecycle across real processes: a prefill and a
 // decode instance, each a coordinator with tp workers, driven through the
 // client library. tp = 1, 2 and 4.
 #include <gtest/gtest.h>

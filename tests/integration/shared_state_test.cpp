@@ -1,5 +1,4 @@
-// Shared memory is input (issue 14, second and third parts; issue 13, PID
-// namespaces): a same-uid process scribbles on a live instance's rings and
+// Shared memory is input, and PID namespaces: a same-uid process scribbles on a live instance's rings and
 // header, truncates its segments, zeroes the coordinator's recorded pid,
 // owns a pool name as another user, or runs the coordinator in another pid
 // namespace. Each costs at most the records it touched, is repaired or ends

@@ -1,5 +1,5 @@
 // Swap between the device tier and the host tier across real processes
-// (issue 6): evict, then load layer by layer while a simulated forward pass
+//: evict, then load layer by layer while a simulated forward pass
 // waits on each layer in turn; swaps concurrent with prefill->decode sends; a
 // load cancelled midway; bad tasks.
 #include <gtest/gtest.h>

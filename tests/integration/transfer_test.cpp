@@ -1,4 +1,4 @@
-// Layer-wise prefill->decode transfer across real processes (issue 5).
+// Layer-wise prefill->decode transfer across real processes.
 //
 // The randomized differential test runs a small reference model of DESIGN.md
 // section 5 beside the real processes. After every engine step it waits until

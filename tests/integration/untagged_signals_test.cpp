@@ -1,6 +1,6 @@
 // Untagged layer signals (the original's protocol: batch entries without a
-// request tag) under load, against real coordinator and worker processes
-// (issue 40, first part). Several engines, each an engine process on its own
+// request tag) under load, against real coordinator and worker processes.
+// Several engines, each an engine process on its own
 // prefill/decode pair, run at once on this machine's cores. Each pushes
 // untagged batches right after submitting the tasks they cover; most
 // requests' only chunk is their final one at an offset above 0 (the prefill

@@ -361,7 +361,7 @@ TEST_F(SchedulerTest, CancelReportsAndForgetsTheRequest) {
   EXPECT_EQ(reports.back().kind, ReportKind::kCancelled);
 }
 
-// The input of the issue that found it (block size 16 here): request A
+// The input that found it (block size 16 here): request A
 // (slot 5, two blocks) is withdrawn before the engine learns so, and the
 // engine pushes A's chunk, untagged, at step 7. Then B takes slot 5 and
 // prefills in two chunks at steps 8 and 9. B must adopt nothing of A's: its
@@ -408,7 +408,7 @@ TEST_F(SchedulerTest, UntaggedSignalsAfterTheSubmissionButBeforeTheBindAreAdopte
   EXPECT_EQ(reports.at(0).kind, ReportKind::kFinished);
 }
 
-// Issue 40's shape, at the scheduler: A is bound on slot 5 and withdrawn;
+// The shape of a lost final chunk, at the scheduler: A is bound on slot 5 and withdrawn;
 // its chunk, pushed as the engine aborted it, arrives after the withdrawal
 // and becomes a leftover untagged session. B then takes slot 5 with a cached
 // prefix: its only chunk is its final one, at an offset, and is read before

@@ -8,7 +8,7 @@
 //   wake:    futex wake of a parked process  vs  a blocking pipe read; the
 //            latency is from just before the wake call to the sleeper running.
 //
-// Target (issue 2): 2-process barrier p50 <= 10 us. The original's
+// Target: 2-process barrier p50 <= 10 us. The original's
 // manager-proxied barrier measured p50 161 us on these machines.
 #include <fmt/format.h>
 #include <pthread.h>

@@ -5,7 +5,7 @@
 //   contiguous: block ids 0..n-1 on both sides (one run per tensor)
 //   scattered:  a random permutation on both sides (one memcpy per block)
 //
-// for block sizes 16 KiB .. 1 MiB. Target (issue 5): >= 90% of memcpy.
+// for block sizes 16 KiB .. 1 MiB. Target: >= 90% of memcpy.
 #include <fmt/format.h>
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
 // The GPU paths against their baselines, measured side by side in one run
-// (issue 17's targets):
+// (the GPU targets):
 //
 //   swap     host<->device gather of scattered 16 KiB blocks through the
 //            CUDA copy engine (cudaMemcpyBatchAsync) vs one large pinned
@@ -15,7 +15,7 @@
 //   tcp      the tcp transport over loopback between GPU pools (staged
 //            through pinned slots on both sides, worker/tcp/staging.h) vs
 //            the same transport between host pools of the same shape: what
-//            staging costs (reported; the issue sets no target)
+//            staging costs (reported; no target)
 //
 // Without a GPU it says so and exits 0 (tools/bench/run skips it).
 #include <capnp/message.h>

@@ -7,7 +7,7 @@
 // Per block, a prefill rank sends one run per decode rank it shares heads
 // with, so heterogeneous runs never coalesce across blocks: the case that
 // matters is the size of a head slice (the heads one prefill rank sends one
-// decode rank, in one block), 16 KiB .. 256 KiB. Target (issue 18): >= 90%
+// decode rank, in one block), 16 KiB .. 256 KiB. Target: >= 90%
 // of the homogeneous case at >= 16 KiB per slice.
 #include <fmt/format.h>
 #include <unistd.h>

@@ -6,7 +6,7 @@
 //   MPSC:  kvrelay MpscRing  vs  boost::interprocess::message_queue, 1 and 2
 //          producer processes into one consumer, blocking calls on both.
 //
-// Target (issue 2): SPSC throughput at least 2x Boost.Lockfree's.
+// Target: SPSC throughput at least 2x Boost.Lockfree's.
 #include <fmt/format.h>
 #include <unistd.h>
 
