@@ -92,7 +92,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (m->kind == rdma::Message::Kind::kOffer) {
         if (session) return 0;  // a second offer closes the connection
         Result<std::unique_ptr<rdma::RdmaSession>> s =
-            rdma::RdmaSession::accept(*side.listener, *side.arrivals, m->offer, "fuzz");
+            rdma::RdmaSession::accept(*side.listener, *side.arrivals, m->offer, "fuzz", "p0");
         if (s) session = std::move(s).value();
       } else if (m->kind == rdma::Message::Kind::kIntent) {
         if (!session) return 0;                        // closed: an intent before an offer
