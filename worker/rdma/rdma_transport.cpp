@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "worker/copy_plan.h"
+#include "worker/net/answer_deadlines.h"
 #include "worker/net/client_channel.h"
 #include "worker/rdma/completion_watch.h"
 #include "worker/rdma/control_wire.h"
@@ -118,7 +119,7 @@ class Session final : public net::ClientChannel {
                                         "connection, handshake and queue pairs"}),
         peer_(peer),
         watch_(socket_.get_executor()),
-        answer_watch_(socket_.get_executor()) {}
+        answers_(socket_.get_executor(), peer.options().timing.heartbeat) {}
 
   void submit(Job job) {
     if (closed()) return peer_.fail(job, close_reason_);
@@ -169,8 +170,7 @@ class Session final : public net::ClientChannel {
     waiting_.clear();
     in_flight_.clear();
     posted_bytes_ = 0;
-    due_.clear();
-    answer_watch_.cancel();
+    answers_.clear();
     asio::post(peer_.strand(), [p = peer_.shared_from_this(), was_ready, why] {
       p->session_closed(was_ready, why);
     });
@@ -256,37 +256,26 @@ class Session final : public net::ClientChannel {
     send(std::move(out));
   }
 
-  // A receiver that never grants, or never acks writes that landed, costs
-  // this session, never the worker: the session ends and its transfers fail
-  // naming the peer (and a withdrawal waiting on them is confirmed).
+  // A receiver that never grants, or never acks writes that landed
+  // (net/answer_deadlines.h).
   void expect_answer(uint64_t id, const char* what, std::chrono::milliseconds within) {
-    due_[id] = Due{std::chrono::steady_clock::now() + within, what, within};
-    if (!answer_watching_) watch_answers();
-  }
-  void watch_answers() {
-    answer_watching_ = true;
-    answer_watch_.expires_after(peer_.options().timing.heartbeat);
-    answer_watch_.async_wait([self = std::static_pointer_cast<Session>(shared_from_this())](
-                                 const boost::system::error_code& ec) {
-      self->answer_watching_ = false;
-      if (ec || self->closed() || self->due_.empty()) return;
-      const auto now = std::chrono::steady_clock::now();
-      for (const auto& [id, due] : self->due_) {
-        if (now <= due.at) continue;
-        auto job = self->in_flight_.find(id);
-        return self->close(fmt::format("no {} for layer {} (transfer {}) within {} ms", due.what,
-                                       job != self->in_flight_.end() ? job->second.ticket.layer : 0,
-                                       id, due.within.count()));
-      }
-      self->watch_answers();
-    });
+    answers_.expect(id, what, within, std::static_pointer_cast<Session>(shared_from_this()));
   }
 
+ public:
+  void answer_overdue(uint64_t id, const net::AnswerDeadlines::Due& due) {
+    auto job = in_flight_.find(id);
+    close(fmt::format("no {} for layer {} (transfer {}) within {} ms", due.what,
+                      job != in_flight_.end() ? job->second.ticket.layer : 0, id,
+                      due.within.count()));
+  }
+
+ private:
   void on_grant(uint64_t transfer, bool ok, const std::string& reason) {
     auto it = in_flight_.find(transfer);
     if (it == in_flight_.end())
       return close(fmt::format("a grant for transfer {}, which is not waiting for one", transfer));
-    due_.erase(transfer);
+    answers_.answered(transfer);
     if (!ok) {
       peer_.completed(it->second,
                       make_error(Errc::kInvalidArgument,
@@ -344,7 +333,7 @@ class Session final : public net::ClientChannel {
   }
 
   void on_ack(uint64_t transfer, bool ok, const std::string& reason) {
-    due_.erase(transfer);
+    answers_.answered(transfer);
     auto it = in_flight_.find(transfer);
     if (it == in_flight_.end()) return;  // failed here already
     if (it->second.posted) posted_bytes_ -= it->second.bytes;
@@ -380,15 +369,8 @@ class Session final : public net::ClientChannel {
   uint64_t next_transfer_ = 0;
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;  // asked for, granted or posted
-  struct Due {
-    std::chrono::steady_clock::time_point at;
-    const char* what;
-    std::chrono::milliseconds within;
-  };
-  std::unordered_map<uint64_t, Due> due_;  // the answer each in-flight transfer waits for
-  uint64_t posted_bytes_ = 0;              // of transfers whose writes are posted, not acked
-  boost::asio::steady_timer answer_watch_;
-  bool answer_watching_ = false;
+  net::AnswerDeadlines answers_;                 // the answer each in-flight transfer waits for
+  uint64_t posted_bytes_ = 0;                    // of transfers whose writes are posted, not acked
   std::vector<kernels::CopyRun> byte_runs_;
   std::vector<TransferDone> done_;
 };

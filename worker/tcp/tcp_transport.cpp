@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "worker/copy_plan.h"
+#include "worker/net/answer_deadlines.h"
 #include "worker/net/client_channel.h"
 #include "worker/tcp/frame_plan.h"
 #include "worker/tcp/frame_wire.h"
@@ -103,7 +104,7 @@ class Lane final : public net::ClientChannel {
                                       peer.local().geometry(), peer.options().total_kv_heads),
                       net::ClientTarget{peer.host(), peer.port(), peer.options().connect_timeout}),
         peer_(peer),
-        ack_watch_(executor()) {}
+        acks_(executor(), peer.options().timing.heartbeat) {}
 
   void submit(Job job) {
     if (closed()) return peer_.fail(job, close_reason_);  // closed after it was chosen
@@ -122,7 +123,7 @@ class Lane final : public net::ClientChannel {
     Result<Message> m = decode(in);
     if (!m) return close(m.error().message);
     if (m->kind != Message::Kind::kAck) return close("a tcp frame sent to a sender");
-    written_at_.erase(m->ack.transfer);
+    acks_.answered(m->ack.transfer);
     auto it = in_flight_.find(m->ack.transfer);
     if (it != in_flight_.end()) {
       Job job = std::move(it->second);
@@ -149,8 +150,7 @@ class Lane final : public net::ClientChannel {
       peer_.fail(job, reason);
     waiting_.clear();
     in_flight_.clear();
-    written_at_.clear();
-    ack_watch_.cancel();
+    acks_.clear();
     asio::post(peer_.strand(), [p = peer_.shared_from_this(), was_ready, why] {
       p->lane_closed(was_ready, why);
     });
@@ -209,35 +209,23 @@ class Lane final : public net::ClientChannel {
   }
 
   // Every byte of transfer `id` is with the kernel: its ack must follow
-  // within the peer timeout. A receiver that takes the bytes and never acks
-  // (stuck, or hostile) costs this lane, never the worker: the lane closes
-  // and its transfers fail naming the peer, and a withdrawal waiting on
-  // them is confirmed.
+  // within the peer timeout (net/answer_deadlines.h).
   void sent(uint64_t id) {
     if (in_flight_.count(id) == 0) return;  // answered already (a refusal)
-    written_at_[id] = std::chrono::steady_clock::now();
-    if (!ack_watching_) watch_acks();
-  }
-  void watch_acks() {
-    ack_watching_ = true;
-    ack_watch_.expires_after(peer_.options().timing.heartbeat);
-    ack_watch_.async_wait([self = std::static_pointer_cast<Lane>(shared_from_this())](
-                              const boost::system::error_code& ec) {
-      self->ack_watching_ = false;
-      if (ec || self->closed() || self->written_at_.empty()) return;
-      const auto limit = self->peer_.options().timing.peer_timeout;
-      const auto now = std::chrono::steady_clock::now();
-      for (const auto& [id, at] : self->written_at_) {
-        if (now - at <= limit) continue;
-        auto job = self->in_flight_.find(id);
-        return self->close(fmt::format(
-            "no ack for layer {} (transfer {}) within {} ms after its last byte was sent",
-            job != self->in_flight_.end() ? job->second.ticket.layer : 0, id, limit.count()));
-      }
-      self->watch_acks();
-    });
+    acks_.expect(id, "ack", peer_.options().timing.peer_timeout,
+                 std::static_pointer_cast<Lane>(shared_from_this()));
   }
 
+ public:
+  // A receiver that takes the bytes and never acks (stuck, or hostile).
+  void answer_overdue(uint64_t id, const net::AnswerDeadlines::Due& due) {
+    auto job = in_flight_.find(id);
+    close(fmt::format("no {} for layer {} (transfer {}) within {} ms after its last byte was sent",
+                      due.what, job != in_flight_.end() ? job->second.ticket.layer : 0, id,
+                      due.within.count()));
+  }
+
+ private:
   // A GPU pool's staging slots, made once.
   Status ensure_slots() {
     if (slots_) return {};
@@ -335,9 +323,7 @@ class Lane final : public net::ClientChannel {
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;
   // Transfers all of whose bytes were handed to the kernel, since when.
-  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> written_at_;
-  asio::steady_timer ack_watch_;
-  bool ack_watching_ = false;
+  net::AnswerDeadlines acks_;  // of transfers whose last byte was sent
   std::vector<kernels::CopyRun> byte_runs_;
   std::vector<PlannedFrame> frames_;  // write()'s plan of one job, reused
 };
