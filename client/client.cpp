@@ -24,7 +24,7 @@
 #include "schemas/records.h"
 #include "schemas/validate.h"
 #include "shm/counters.h"
-#include "shm/intake_table.h"
+#include "shm/claim_table.h"
 #include "shm/liveness.h"
 #include "shm/process_identity.h"
 
@@ -232,8 +232,8 @@ Status Client::submit(const ExpectSpec& spec, Deadline deadline) {
   // Before the declaration is on its way: prefill workers that write here
   // from now on check the ranks' claims and say what they wrote.
   for (uint32_t r = 0; r < impl_->config.tp_size; ++r)
-    if (std::span<std::byte> table = impl_->control.intake_table(r); !table.empty())
-      mark_intake_in_use(table);
+    if (std::span<std::byte> table = impl_->control.claim_table(r); !table.empty())
+      mark_claim_table_in_use(table);
   return impl_->write(MessageType::EXPECT_ARRIVAL, msg, deadline);
 }
 

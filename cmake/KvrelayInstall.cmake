@@ -2,7 +2,7 @@
 # package CPack makes of it (`cpack -G DEB` in the build directory):
 #   bin/      kvrelay-coordinator, kvrelay-worker, kvrelay-dump, kvrelay-sim
 #   lib/      libkvrelay.so.0 (the C ABI and the C++ client), its namelink
-#   include/  kvrelay.h and kvrelay/*.h (client/include, nothing else)
+#   include/  kvrelay.h and kvrelay/*.h (client/include and the vocabulary in include/, nothing else)
 #   lib/cmake/kvrelay/  find_package(kvrelay CONFIG): kvrelay::client, kvrelay::c
 #   lib/pkgconfig/kvrelay.pc
 #   lib/python3/dist-packages/ (under /usr; lib/python3.X/dist-packages elsewhere)

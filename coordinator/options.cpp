@@ -4,17 +4,14 @@
 #include <sys/statvfs.h>
 
 #include <CLI/CLI.hpp>
-#include <boost/asio/ip/address.hpp>
-#include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "instance/auth_key.h"
 #include "instance/names.h"
 #include "instance/pool_geometry.h"
 #include "instance/pool_segment.h"
 #include "shm/cpu_affinity.h"
+#include "worker/transport_options.h"
 
 namespace kvrelay::coordinator {
 
@@ -103,90 +100,6 @@ Status apply_speculative(const std::string& json, InstanceConfig& c) {
   return {};
 }
 
-// The rdma transport's device flags (worker/transports.h), handed to every
-// worker as they are: each takes its rank's device.
-struct RdmaFlags {
-  std::string devices;  // comma-separated, one for all ranks or one per rank; "auto": the first
-  uint32_t ib_port = 1;
-  uint32_t gid_index = 1;
-  uint32_t traffic_class = 0;
-  uint32_t queue_pairs = 2;
-};
-
-Status rdma_options(const InstanceConfig& c, const RdmaFlags& f,
-                    std::vector<std::string>& worker_args) {
-  const bool any = !f.devices.empty() || f.ib_port != 1 || f.gid_index != 1 ||
-                   f.traffic_class != 0 || f.queue_pairs != 2;
-  if ((c.protocols & 4U) == 0) {
-    if (any)
-      return make_error(Errc::kInvalidArgument, "--rdma-* device options need rdma in --protocol");
-    return {};
-  }
-  size_t n = 0;
-  for (size_t at = 0; !f.devices.empty() && at != std::string::npos; ++n) {
-    const size_t comma = f.devices.find(',', at);
-    if ((comma == std::string::npos ? f.devices.size() : comma) == at)
-      return make_error(Errc::kInvalidArgument,
-                        fmt::format("--rdma-devices '{}' has an empty name", f.devices));
-    at = comma == std::string::npos ? comma : comma + 1;
-  }
-  if (n > 1 && n != c.tp_size)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("--rdma-devices names {} devices for {} ranks (one for all, or "
-                                  "one per rank)",
-                                  n, c.tp_size));
-  if (f.ib_port < 1 || f.ib_port > 255)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("--rdma-ib-port {} must be in [1, 255]", f.ib_port));
-  if (f.gid_index > 255 || f.traffic_class > 255)
-    return make_error(Errc::kInvalidArgument,
-                      "--rdma-gid-index and --rdma-traffic-class must be in [0, 255]");
-  if (f.queue_pairs < 1 || f.queue_pairs > 16)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("--rdma-queue-pairs {} must be in [1, 16]", f.queue_pairs));
-  if (!f.devices.empty()) worker_args.insert(worker_args.end(), {"--rdma-devices", f.devices});
-  worker_args.insert(worker_args.end(), {"--rdma-ib-port", std::to_string(f.ib_port),
-                                         "--rdma-gid-index", std::to_string(f.gid_index),
-                                         "--rdma-traffic-class", std::to_string(f.traffic_class),
-                                         "--rdma-queue-pairs", std::to_string(f.queue_pairs)});
-  return {};
-}
-
-// The tcp transport's flags, checked here so that a mistake stops the
-// coordinator with a message instead of every worker failing to start.
-Status network_options(const InstanceConfig& c, const std::string& listen_address,
-                       const std::string& key_file, uint32_t lanes,
-                       std::vector<std::string>& worker_args) {
-  boost::system::error_code ec;
-  boost::asio::ip::make_address(listen_address, ec);
-  if (ec)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("--listen-address '{}' is not an IP address", listen_address));
-  if (lanes < 1 || lanes > 8)
-    return make_error(Errc::kInvalidArgument,
-                      fmt::format("--tcp-lanes {} must be in [1, 8]", lanes));
-  const auto any_port = [](const uint16_t(&ports)[kMaxTpSize]) {
-    return std::any_of(std::begin(ports), std::end(ports), [](uint16_t p) { return p != 0; });
-  };
-  const bool receives = c.role != static_cast<uint32_t>(Role::kPrefill);
-  const bool listens = receives && any_port(c.tcp_ports);
-  const bool rdma_listens = receives && (c.protocols & 4U) != 0 && any_port(c.rdma_ports);
-  if (key_file.empty()) {
-    if (listens || rdma_listens)
-      return make_error(Errc::kInvalidArgument,
-                        fmt::format("{} needs --auth-key-file: a listener must authenticate "
-                                    "its peers (docs/transports.md: Cross-host transfer)",
-                                    listens ? "--tcp-ports" : "--rdma-ports"));
-    return {};
-  }
-  const std::string absolute = std::filesystem::absolute(key_file).string();
-  Result<AuthKey> key = AuthKey::load(absolute);
-  if (!key) return make_error(key.code(), "--auth-key-file: " + key.error().message);
-  worker_args = {"--listen-address", listen_address, "--auth-key-file",
-                 absolute,           "--tcp-lanes",  std::to_string(lanes)};
-  return {};
-}
-
 }  // namespace
 
 uint64_t pool_bytes_per_rank(const InstanceConfig& c) {
@@ -245,51 +158,10 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   app.add_option("--rdma-ports", rdma_ports,
                  "per-rank RDMA handshake ports, comma-separated (original: --rdma_port)");
   app.add_option("--tcp-ports", tcp_ports, "per-rank TCP transport ports, comma-separated");
-  std::string listen_address = "127.0.0.1", auth_key_file;
-  uint32_t tcp_lanes = 2;
-  app.add_option("--listen-address", listen_address,
-                 "address the decode ranks' tcp listeners bind (with --tcp-ports)")
-      ->capture_default_str();
-  app.add_option("--auth-key-file", auth_key_file,
-                 "pre-shared key for tcp transfers, both roles: a 0600 file of >= 16 random "
-                 "bytes (docs/transports.md: Cross-host transfer)");
-  app.add_option("--tcp-lanes", tcp_lanes, "parallel tcp connections per decode rank, 1-8")
-      ->capture_default_str();
-  std::string net_protection = "authenticate";
-  app.add_option("--net-protection", net_protection,
-                 "tcp and rdma sessions, once the key is proved: authenticate (every byte carries "
-                 "an AES-GCM tag; readable on the wire) or encrypt (and encrypted); both "
-                 "instances must agree (docs/transports.md: Cross-host transfer)")
-      ->check(CLI::IsMember({"authenticate", "encrypt"}))
-      ->capture_default_str();
-  uint32_t copy_max_sms = 16;
-  app.add_option("--copy-max-sms", copy_max_sms,
-                 "GPU pools: the most SMs a GPU-to-GPU copy's gather kernel takes from the model")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  uint32_t tcp_staging_mib = 8;
-  app.add_option("--tcp-staging-mib", tcp_staging_mib,
-                 "GPU pools over tcp: each connection stages payloads through two page-locked "
-                 "slots of this many MiB")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  RdmaFlags rdma;
-  app.add_option("--rdma-devices", rdma.devices,
-                 "rdma: the RDMA device of each rank, comma-separated (one for all ranks, or one "
-                 "per rank; 'auto' or empty: the first device ibv_devices lists)");
-  app.add_option("--rdma-ib-port", rdma.ib_port, "rdma: the device port to use")
-      ->capture_default_str();
-  app.add_option("--rdma-gid-index", rdma.gid_index,
-                 "rdma over RoCE: the GID index (show_gids lists them; RoCE v2 over IPv4 is "
-                 "usually 1 or 3)")
-      ->capture_default_str();
-  app.add_option("--rdma-traffic-class", rdma.traffic_class,
-                 "rdma over RoCE: the traffic class (DSCP << 2) of its packets, for lossless "
-                 "queues")
-      ->capture_default_str();
-  app.add_option("--rdma-queue-pairs", rdma.queue_pairs,
-                 "rdma: RC queue pairs per decode rank, used round robin, 1-16")
-      ->capture_default_str();
+  // The data plane's and the network transports' flags: declared by their
+  // owners, once for both programs, and handed on to every worker.
+  worker::NetworkOptions network;
+  worker::declare_transport_options(app, network);
   app.add_option(
       "--speculative-config", speculative,
       "the original's JSON: {\"num_extra_cache_layer\": N, \"num_gpu_block_expand_ratio\": R} "
@@ -397,12 +269,9 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   c.protocols = *p;
   if (Status s = parse_ports(rdma_ports, tp, c.rdma_ports, "--rdma-ports"); !s) return s.error();
   if (Status s = parse_ports(tcp_ports, tp, c.tcp_ports, "--tcp-ports"); !s) return s.error();
-  if (Status s = network_options(c, listen_address, auth_key_file, tcp_lanes, o.worker_args); !s)
-    return s.error();
-  if (Status s = rdma_options(c, rdma, o.worker_args); !s) return s.error();
-  o.worker_args.insert(o.worker_args.end(),
-                       {"--copy-max-sms", std::to_string(copy_max_sms), "--tcp-staging-mib",
-                        std::to_string(tcp_staging_mib), "--net-protection", net_protection});
+  if (Status s = worker::settle_transport_options(c, network); !s) return s.error();
+  const std::vector<std::string> handed_on = worker::hand_on_transport_options(c, network);
+  o.worker_args.insert(o.worker_args.end(), handed_on.begin(), handed_on.end());
   if (Status s = apply_speculative(speculative, c); !s) return s.error();
   if (extra_layers_flag != 0) c.extra_layers = extra_layers_flag;
   if (extra_blocks_flag != 0) c.extra_layer_blocks = extra_blocks_flag;

@@ -22,8 +22,9 @@ struct CoordinatorOptions {
   bool group_access = false;  // segments 0660 instead of 0600
   std::chrono::milliseconds startup_timeout{60'000};
   std::chrono::milliseconds drain_timeout{10'000};
-  // Passed to every worker this coordinator starts: the tcp transport's
-  // --listen-address, --auth-key-file (absolute) and --tcp-lanes.
+  // Passed to every worker this coordinator starts: the data plane's and
+  // the network transports' flags (worker/transport_options.h), and
+  // --idle-strategy and --cpu-list.
   std::vector<std::string> worker_args;
   // --idle-strategy and --cpu-list (also passed to every worker it starts).
   IdleStrategy idle = IdleStrategy::kPark;

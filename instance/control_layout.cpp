@@ -48,8 +48,8 @@ ControlLayout plan_control_layout(const InstanceConfig& c) {
   }
   if (c.role == static_cast<uint32_t>(Role::kDecode)) {
     for (uint32_t r = 0; r < c.tp_size; ++r) {
-      p.add(RegionKind::kIntakeTable, r, intake_table_bytes(intake_blocks(c)));
-      p.add(RegionKind::kIntakeRing, r, MpscRing::bytes_for(kIntakeRingBytes));
+      p.add(RegionKind::kClaimTable, r, claim_table_bytes(claim_table_blocks(c)));
+      p.add(RegionKind::kLandedRing, r, MpscRing::bytes_for(kLandedRingBytes));
     }
   }
   return p.finish();

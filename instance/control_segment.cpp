@@ -256,10 +256,10 @@ Status ControlSegment::initialize(const InstanceConfig& config, const ControlLay
         s = initialize_spsc_region(at, r.bytes, config.report_ring_records,
                                    config.report_record_bytes);
         break;
-      case RegionKind::kIntakeTable: initialize_intake_table({at, r.bytes}); break;
-      case RegionKind::kIntakeRing:
-        s = MpscRing::initialize(at, r.bytes, kIntakeRingBytes,
-                                 MpscRing::default_max_payload(kIntakeRingBytes));
+      case RegionKind::kClaimTable: initialize_claim_table({at, r.bytes}); break;
+      case RegionKind::kLandedRing:
+        s = MpscRing::initialize(at, r.bytes, kLandedRingBytes,
+                                 MpscRing::default_max_payload(kLandedRingBytes));
         break;
     }
     if (!s) return s;

@@ -109,10 +109,10 @@ class ControlSegment {
   Result<MpscRing> completion_ring() const { return mpsc(RegionKind::kCompletionRing, 0); }
   Result<MpscRing> task_ring(uint32_t rank) const { return mpsc(RegionKind::kTaskRing, rank); }
   // Decode role only: what ipc writers into rank's pool say landed, and
-  // the claims they check first (intake_table.h). Empty / kNotFound otherwise.
-  Result<MpscRing> intake_ring(uint32_t rank) const { return mpsc(RegionKind::kIntakeRing, rank); }
-  std::span<std::byte> intake_table(uint32_t rank) const {
-    return region(RegionKind::kIntakeTable, rank);
+  // the claims they check first (claim_table.h). Empty / kNotFound otherwise.
+  Result<MpscRing> landed_ring(uint32_t rank) const { return mpsc(RegionKind::kLandedRing, rank); }
+  std::span<std::byte> claim_table(uint32_t rank) const {
+    return region(RegionKind::kClaimTable, rank);
   }
   template <class T>
   Result<SpscRing<T>> signal_ring(uint32_t rank) const {

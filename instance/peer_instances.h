@@ -3,7 +3,7 @@
 // once and kept while their coordinator lives, judged by its owner lock at
 // most every 10 ms. A peer that restarted has a new segment (and epoch),
 // which the next lookup attaches afresh; whoever still shares the old
-// mapping (a worker's intake writer with writes in flight) keeps it until
+// mapping (a worker's pool writer with writes in flight) keeps it until
 // done. The coordinator and the workers both use it.
 //
 // Not thread-safe: one owner (a process's loop).

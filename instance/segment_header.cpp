@@ -20,7 +20,7 @@ const char* instance_state_name(uint32_t state) {
   return "invalid";
 }
 
-uint32_t intake_blocks(const InstanceConfig& config) {
+uint32_t claim_table_blocks(const InstanceConfig& config) {
   return std::max(config.num_blocks, config.extra_layer_blocks);
 }
 
@@ -37,8 +37,8 @@ const char* region_kind_name(uint32_t kind) {
     case RegionKind::kStatus: return "status";
     case RegionKind::kPoolDirectory: return "pool_directory";
     case RegionKind::kSwapProgress: return "swap_progress";
-    case RegionKind::kIntakeTable: return "intake_table";
-    case RegionKind::kIntakeRing: return "intake_ring";
+    case RegionKind::kClaimTable: return "claim_table";
+    case RegionKind::kLandedRing: return "landed_ring";
     case RegionKind::kRequestStalls: return "request_stalls";
   }
   return "unknown";

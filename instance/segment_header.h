@@ -27,7 +27,7 @@
 #include "instance/swap_progress.h"
 #include "shm/barrier.h"
 #include "shm/counters.h"
-#include "shm/intake_table.h"
+#include "shm/claim_table.h"
 #include "shm/liveness.h"
 #include "shm/mpsc_ring.h"
 #include "shm/result.h"
@@ -83,15 +83,15 @@ enum class RegionKind : uint32_t {
   kStatus = 9,          // InstanceStatus: ready flags and doorbells
   kPoolDirectory = 10,  // PoolDirectory: where each rank's pools live
   kSwapProgress = 11,   // SwapProgressTable: per-layer progress of swap loads
-  kIntakeTable = 12,    // IntakeTable per rank (decode role): claims on its pool's blocks
-  kIntakeRing = 13,     // MpscRing per rank (decode role): ipc writers -> worker (what landed)
+  kClaimTable = 12,    // ClaimTable per rank (decode role): claims on its pool's blocks
+  kLandedRing = 13,     // MpscRing per rank (decode role): ipc writers -> worker (what landed)
   kRequestStalls = 14,  // StallBoard: each rank's stalled requests, for kvrelay-dump
 };
 
-// The intake ring's size: its records say which runs of a layer landed.
-inline constexpr uint64_t kIntakeRingBytes = 256 * 1024;
-// Blocks an intake table covers: the larger of a pool's layer kinds.
-uint32_t intake_blocks(const InstanceConfig& config);
+// The landed ring's size: its records say which runs of a layer landed.
+inline constexpr uint64_t kLandedRingBytes = 256 * 1024;
+// Blocks an claim table covers: the larger of a pool's layer kinds.
+uint32_t claim_table_blocks(const InstanceConfig& config);
 const char* region_kind_name(uint32_t kind);
 
 // Checks the preamble of a mapped segment: size, magic (published or not),
@@ -172,11 +172,11 @@ consteval uint64_t compute_layout_hash() {
       kMaxHistograms,
       kHistogramBuckets,
       kLabelBytes,
-      sizeof(IntakeTableHeader),
-      sizeof(IntakeEntry),
-      sizeof(IntakeWriterSlot),
-      kIntakeEntries,
-      kIntakeWriters,
+      sizeof(ClaimTableHeader),
+      sizeof(ClaimEntry),
+      sizeof(ClaimWriterSlot),
+      kClaimEntries,
+      kClaimWriters,
   };
   uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the facts' bytes
   for (uint64_t f : facts) {

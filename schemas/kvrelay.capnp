@@ -407,7 +407,7 @@ struct WorkerTask {
     # An engine session (its id: producer slot << 16 | generation & 0xffff)
     # died: forget the signals it pushed that no request has claimed yet.
     expect @12 :ExpectArrival;
-    # Track the arrival of this request's writes (tcp receiver, ipc intake).
+    # Track the arrival of this request's writes (tcp receiver, ipc receiver).
   }
 
   writtenNs @13 :UInt64;
@@ -569,7 +569,7 @@ struct TcpFrameHeader {
 }
 
 struct IpcLanded {
-  # Written by a prefill worker into a decode rank's intake ring (ipc, same
+  # Written by a prefill worker into a decode rank's landed ring (ipc, same
   # host) once a layer's copies into that rank's pool completed, or in their
   # place when the rank's claims refused the write: the decode worker counts
   # what landed for its expected requests (ExpectArrival) and fails one

@@ -3,7 +3,7 @@
 // tensors have arrived, and when a request is complete. Both ways in feed
 // it: the tcp receiver asks it about every frame before reading the payload
 // (admit) and tells it when the payload is in the pool (landed); the ipc
-// intake (ipc_intake.h) replays what prefill workers on this host say they
+// receiver (ipc_receiver.h) replays what prefill workers on this host say they
 // wrote. The worker declares and withdraws requests and reports what take()
 // returns.
 //

@@ -29,14 +29,14 @@ Result<std::unique_ptr<DataPlane>> DataPlane::open(const ControlSegment& control
                                                    const NetworkOptions& network,
                                                    WaitEvent& doorbell, Hooks hooks) {
   std::unique_ptr<DataPlane> d(new DataPlane(control, rank, network, doorbell, std::move(hooks)));
-  Result<std::unique_ptr<FdIntake>> intake = FdIntake::start(control.instance(), rank);
-  if (intake) {
-    d->fd_intake_ = std::move(intake).value();
+  Result<std::unique_ptr<FdSocketServer>> server = FdSocketServer::start(control.instance(), rank);
+  if (server) {
+    d->fd_server_ = std::move(server).value();
   } else {
     // Not fatal: only pools registered by fd need it.
-    d->no_fd_intake_ = intake.error().message;
+    d->no_fd_server_ = server.error().message;
     spdlog::warn("rank {}: no fd socket, so pools cannot be registered by fd: {}", rank,
-                 d->no_fd_intake_);
+                 d->no_fd_server_);
   }
   Result<std::unique_ptr<LocalPool>> device = open_or_create_pool(control, rank, PoolTier::kDevice);
   if (!device) return device.error();
@@ -112,10 +112,10 @@ Result<std::unique_ptr<LocalPool>> DataPlane::import_tensor_table(schema::PoolDe
   const Location where = d.getLocation();
   ticket = d.getFdTicket();
   if (where != Location::CUDA_IPC) {
-    if (!fd_intake_)
+    if (!fd_server_)
       return make_error(Errc::kUnsupported,
-                        fmt::format("rank {} has no fd socket: {}", rank_, no_fd_intake_));
-    Result<std::vector<UniqueFd>> claimed = fd_intake_->claim(ticket);
+                        fmt::format("rank {} has no fd socket: {}", rank_, no_fd_server_));
+    Result<std::vector<UniqueFd>> claimed = fd_server_->claim(ticket);
     if (!claimed) return claimed.error();
     fds = std::move(claimed).value();
   } else {
@@ -187,9 +187,9 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
   publish_pool(control_, rank_, tier, owned->name(), owned->bytes(), false,
                static_cast<PoolLocation>(where), d.getDeviceId());
   if (ours && replaced && *replaced != owned->name()) (void)SharedSegment::unlink(*replaced);
-  if (fd_intake_) {
+  if (fd_server_) {
     if (where == Location::HOST_SEGMENT) {
-      fd_intake_->unpublish(tier);
+      fd_server_->unpublish(tier);
     } else {
       // What a peer asks for: the registration as the engine made it (a
       // RegisterPool, which the peer validates like the coordinator did),
@@ -198,7 +198,7 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
       msg.initRoot<schema::RegisterPool>().setPool(d);
       const kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
       const kj::ArrayPtr<const kj::byte> bytes = words.asBytes();
-      fd_intake_->publish(tier, ticket,
+      fd_server_->publish(tier, ticket,
                           std::vector<std::byte>(reinterpret_cast<const std::byte*>(bytes.begin()),
                                                  reinterpret_cast<const std::byte*>(bytes.end())),
                           std::move(fds));
@@ -245,7 +245,7 @@ PoolRegistration DataPlane::release_orphaned_pools() {
         (tier == PoolTier::kHost ? host_pool_ : device_pool_)->name());
     owner_[t].reset();
     owner_pid_[t] = 0;
-    if (fd_intake_) fd_intake_->unpublish(tier);
+    if (fd_server_) fd_server_->unpublish(tier);
     Result<std::unique_ptr<LocalPool>> own = open_or_create_pool(control_, rank_, tier);
     if (!own) {
       out.broken = true;

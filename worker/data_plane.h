@@ -12,7 +12,7 @@
 // Pools the engine registers: a host segment (by name), or a tensor table
 // of memory the engine allocated (CUDA IPC handles, CUDA VMM fds, memfds;
 // worker/imported_pool.h), whose fds reach the worker through its fd
-// socket (worker/fd_intake.h). A tensor-table pool is offered to peer
+// socket (worker/fd_socket_server.h). A tensor-table pool is offered to peer
 // workers through that socket too, so that a prefill worker on this host
 // can map it for ipc. A GPU device pool gets the CUDA copy engine, and the
 // host tier is pinned for its copies. The process that allocated such a
@@ -30,7 +30,7 @@
 #include "kernels/host_pinning.h"
 #include "schemas/kvrelay.capnp.h"
 #include "shm/wait_event.h"
-#include "worker/fd_intake.h"
+#include "worker/fd_socket_server.h"
 #include "worker/local_pool.h"
 #include "worker/send_scheduler.h"
 #include "worker/swap_engine.h"
@@ -83,7 +83,7 @@ class DataPlane {
   PoolRegistration release_orphaned_pools();
   // The rank's fd socket; none when it could not listen (fd registrations
   // are then refused, saying why).
-  FdIntake* fd_intake() { return fd_intake_.get(); }
+  FdSocketServer* fd_socket_server() { return fd_server_.get(); }
 
  private:
   DataPlane(const ControlSegment& control, uint32_t rank, NetworkOptions network,
@@ -106,12 +106,12 @@ class DataPlane {
   // Replaces the rank's pool of `tier` with `pool` and rebuilds what sits on it.
   PoolRegistration serve(PoolTier tier, std::unique_ptr<LocalPool> pool);
 
-  std::unique_ptr<FdIntake> fd_intake_;
+  std::unique_ptr<FdSocketServer> fd_server_;
   // Per tier: the process that owns the engine-registered pool being served
   // (a pidfd, readable once it exited), or none.
   UniqueFd owner_[2];
   uint32_t owner_pid_[2] = {0, 0};
-  std::string no_fd_intake_;  // why there is none
+  std::string no_fd_server_;  // why there is none
   std::unique_ptr<LocalPool> device_pool_;
   std::unique_ptr<LocalPool> host_pool_;
   std::vector<kernels::PinnedHostRange> pinned_host_;  // the host tier, while a GPU pool swaps

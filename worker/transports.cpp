@@ -36,10 +36,10 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   if (decode) {
     t->arrivals_ = std::make_shared<Arrivals>(local.geometry(), doorbell);
     if (control != nullptr) {
-      Result<std::unique_ptr<IpcIntake>> intake =
-          IpcIntake::open(*control, rank, local.geometry(), t->arrivals_);
-      if (!intake) return intake.error();
-      t->intake_ = std::move(intake).value();
+      Result<std::unique_ptr<IpcReceiver>> receiver =
+          IpcReceiver::open(*control, rank, local.geometry(), t->arrivals_);
+      if (!receiver) return receiver.error();
+      t->ipc_receiver_ = std::move(receiver).value();
     }
   }
   TransportContext context{config,  rank,    local,   network, doorbell,
@@ -47,7 +47,7 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
   context.receives = config.role != static_cast<uint32_t>(Role::kPrefill);
   context.arrivals =
       t->arrivals_ ? t->arrivals_ : std::make_shared<Arrivals>(local.geometry(), doorbell);
-  if (network.auth_key_file.empty()) {
+  if (network.net.auth_key_file.empty()) {
     for (const TransportRow& row : rows) {
       const uint16_t port = row.listen_port != nullptr ? row.listen_port(config, rank) : 0;
       if (port != 0 && context.receives)
@@ -58,10 +58,12 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
                         rank, row.name, port));
     }
   } else {
-    Result<AuthKey> key = AuthKey::load(network.auth_key_file);
+    Result<AuthKey> key = AuthKey::load(network.net.auth_key_file);
     if (!key) return key.error();
     t->key_ = std::make_unique<AuthKey>(std::move(key).value());
-    t->net_ = std::make_unique<net::NetThread>(std::clamp<uint32_t>(network.lanes, 2, 8));
+    t->net_ = std::make_unique<net::NetThread>(
+        // A thread per lane a peer keeps open, between 2 and 8.
+        std::clamp<uint32_t>(network.tcp.lanes, 2, 8));
     context.key = t->key_.get();
     context.net = t->net_.get();
   }
@@ -78,14 +80,14 @@ Result<std::unique_ptr<Transports>> Transports::create(const InstanceConfig& con
         owner.row->listen_port != nullptr ? owner.row->listen_port(config, rank) : 0;
     if (port == 0 || owner.built.handlers.empty()) continue;
     net::ListenerOptions o;
-    o.address = network.listen_address;
+    o.address = network.net.listen_address;
     o.port = port;
     o.instance = instance_of(config);
     o.rank = rank;
     o.pool = local.geometry();
     o.heads = head_layout_of(config);
     o.timing = net::timing_of(config);
-    o.protection = network.protection;
+    o.protection = network.net.protection;
     o.handlers = owner.built.handlers;
     for (const Row& other : t->rows_) {
       if (&other == &owner || !other.row->rides_along) continue;
@@ -149,26 +151,26 @@ Status Transports::expect(uint64_t handle, schema::ExpectArrival::Reader expect)
   const std::string id = expect.getRequestId().cStr();
   const std::vector<uint32_t> blocks = messages::to_vector(expect.getDestBlockIds());
   const uint64_t nonce = expect.getRequestNonce();
-  if (intake_) {
-    if (Status s = intake_->expect(handle, request_key(id, nonce), blocks); !s) return s;
+  if (ipc_receiver_) {
+    if (Status s = ipc_receiver_->expect(handle, request_key(id, nonce), blocks); !s) return s;
   }
   Status s = arrivals_->expect(handle, id, blocks, expect.getFromInstance().cStr(), nonce);
-  if (!s && intake_) {
-    intake_->close(handle);
-    intake_->forget(handle);  // refused: nothing of it is answered later
+  if (!s && ipc_receiver_) {
+    ipc_receiver_->close(handle);
+    ipc_receiver_->forget(handle);  // refused: nothing of it is answered later
   }
   return s;
 }
 
 bool Transports::withdraw(uint64_t handle) {
   if (!arrivals_ || !arrivals_->expects(handle)) return false;
-  if (intake_) intake_->close(handle);  // refused by ipc writers from now on
+  if (ipc_receiver_) ipc_receiver_->close(handle);  // refused by ipc writers from now on
   return arrivals_->withdraw(handle);
 }
 
 bool Transports::tick() {
   bool busy = false;
-  if (intake_) busy = intake_->drain() > 0;
+  if (ipc_receiver_) busy = ipc_receiver_->drain() > 0;
   for (Row& r : rows_)
     if (r.built.sender) busy = r.built.sender->tick() || busy;
   return busy;
@@ -176,9 +178,9 @@ bool Transports::tick() {
 
 bool Transports::has_arrivals() const {
   if (!arrivals_) return false;
-  if (arrivals_->any() || (intake_ && intake_->readable())) return true;
+  if (arrivals_->any() || (ipc_receiver_ && ipc_receiver_->readable())) return true;
   return std::any_of(held_.begin(), held_.end(),
-                     [&](const ArrivalEvent& e) { return intake_->settled(e.handle); });
+                     [&](const ArrivalEvent& e) { return ipc_receiver_->settled(e.handle); });
 }
 
 std::vector<ArrivalEvent> Transports::take_arrivals() {
@@ -186,14 +188,14 @@ std::vector<ArrivalEvent> Transports::take_arrivals() {
   std::vector<ArrivalEvent> ready;
   std::vector<ArrivalEvent> events = std::exchange(held_, {});
   for (ArrivalEvent& e : arrivals_->take()) {
-    if (intake_) intake_->close(e.handle);
+    if (ipc_receiver_) ipc_receiver_->close(e.handle);
     events.push_back(std::move(e));
   }
   for (ArrivalEvent& e : events) {
     // An arrived request's writers have all said they are done; a failed or
     // withdrawn one may still have writes of ipc writers in progress.
-    if (e.kind == ArrivalEvent::kArrived || !intake_ || intake_->settled(e.handle)) {
-      if (intake_) intake_->forget(e.handle);
+    if (e.kind == ArrivalEvent::kArrived || !ipc_receiver_ || ipc_receiver_->settled(e.handle)) {
+      if (ipc_receiver_) ipc_receiver_->forget(e.handle);
       ready.push_back(std::move(e));
     } else {
       held_.push_back(std::move(e));

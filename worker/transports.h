@@ -3,7 +3,7 @@
 // connects): ipc between instances of one host, tcp and rdma across hosts.
 //
 // A decode rank also keeps its expected requests (ExpectArrival) here: one
-// Arrivals, fed by the network transports' handlers and by the ipc intake
+// Arrivals, fed by the network transports' handlers and by the ipc receiver
 // alike. A failed or withdrawn expected request is answered only once no ipc
 // writer can still be writing under its claim.
 //
@@ -25,7 +25,7 @@
 #include "shm/counters.h"
 #include "shm/wait_event.h"
 #include "worker/arrivals.h"
-#include "worker/ipc/ipc_intake.h"
+#include "worker/ipc/ipc_receiver.h"
 #include "worker/net/listener.h"
 #include "worker/net/net_thread.h"
 #include "worker/network_options.h"
@@ -37,7 +37,7 @@ namespace kvrelay::worker {
 class Transports final : public Transport {
  public:
   // `doorbell`: rung when a network completion is ready. `control`: the
-  // instance's (a decode rank's ipc intake lives there); none in tests.
+  // instance's (a decode rank's ipc receiver lives there); none in tests.
   // `rows`: the registry (a test adds its own transports).
   static Result<std::unique_ptr<Transports>> create(
       const InstanceConfig& config, uint32_t rank, const LocalPool& local,
@@ -83,7 +83,7 @@ class Transports final : public Transport {
 
   uint32_t rank_;
   std::shared_ptr<Arrivals> arrivals_;  // decode ranks
-  std::unique_ptr<IpcIntake> intake_;   // decode ranks of an instance (not in unit tests)
+  std::unique_ptr<IpcReceiver> ipc_receiver_;   // decode ranks of an instance (not in unit tests)
   std::vector<ArrivalEvent> held_;      // failed or withdrawn, until their claims are settled
   std::unique_ptr<AuthKey> key_;
   std::unique_ptr<net::NetThread> net_;                    // before the users of its threads

@@ -20,6 +20,7 @@
 #include "shm/liveness.h"
 #include "shm/process_logging.h"
 #include "worker/data_plane.h"
+#include "worker/transport_options.h"
 #include "worker/device_signal_watch.h"
 #include "worker/report_outbox.h"
 #include "worker/stall_watch.h"
@@ -398,7 +399,12 @@ int run_worker(const WorkerOptions& o) {
   if (!reports)
     return give_up(*control, o.rank, kExitRefused,
                    fmt::format("its report ring: {}", reports.error().message));
-  Worker worker(std::move(control).value(), o.rank, std::move(reports).value(), o.network);
+  // The same checks the coordinator ran on its flags: a worker started by
+  // another supervisor gets the same messages.
+  NetworkOptions network = o.network;
+  if (Status s = settle_transport_options(control->config(), network); !s)
+    return give_up(*control, o.rank, kExitRefused, s.error().message);
+  Worker worker(std::move(control).value(), o.rank, std::move(reports).value(), network);
   if (Status s = worker.set_up(); !s) {
     const bool permanent = s.code() == Errc::kPermissionDenied || s.code() == Errc::kBusy;
     return give_up(worker.control(), o.rank, permanent ? kExitRefused : kExitError,

@@ -32,12 +32,12 @@ Result<PinnedHostRange> PinnedHostRange::pin(void* address, size_t bytes, bool m
     return s.error();
   }
   if (mapped) {
-    void* device = nullptr;
-    if (Status s =
-            cuda::check(cudaHostGetDevicePointer(&device, r.base_, 0), "cudaHostGetDevicePointer");
+    void* device_address = nullptr;
+    if (Status s = cuda::check(cudaHostGetDevicePointer(&device_address, r.base_, 0),
+                               "cudaHostGetDevicePointer");
         !s)
       return s.error();  // r unregisters
-    r.device_base_ = reinterpret_cast<uint64_t>(device);
+    r.device_base_ = reinterpret_cast<uint64_t>(device_address);
   }
   return r;
 }

@@ -1,4 +1,4 @@
-// libFuzzer target: a decode worker's intake ring record (IpcLanded), as a
+// libFuzzer target: a decode worker's landed ring record (IpcLanded), as a
 // prefill worker on the same host, or anything that scribbles on the ring,
 // could write it. Each input is one record's payload, replayed exactly as the
 // decode worker does (replay_landed) into an Arrivals that expects a few
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fuzz_geometry.h"
-#include "worker/ipc/ipc_intake.h"
+#include "worker/ipc/ipc_receiver.h"
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include "instance/control_segment.h"
 #include "integration/request_driver.h"
 #include "integration/tcp_hosts.h"
-#include "shm/intake_table.h"
+#include "shm/claim_table.h"
 
 namespace kvrelay::testing {
 namespace {
@@ -70,17 +70,17 @@ class ExpectedArrivals : public ::testing::TestWithParam<Protocol> {
     return r.dst.size() * RequestDriver::kLayers * 2 * block * env->tp();
   }
   // Waits until every decode rank has taken the declaration of `blocks`
-  // (its claims are visible in the rank's intake table): the rule that
+  // (its claims are visible in the rank's claim table): the rule that
   // nobody else writes into them holds from then on. Nothing tells an
   // engine when that is; these tests need the order exact.
   void wait_until_declared(const std::vector<uint32_t>& blocks) {
     Result<ControlSegment> c = ControlSegment::attach(
         env->decode().name(), AttachOptions{.access = SegmentAccess::kReadOnly});
     ASSERT_TRUE(c) << c.error().message;
-    const uint32_t n = intake_blocks(c->config());
+    const uint32_t n = claim_table_blocks(c->config());
     const Deadline until = Deadline::after(5s);
     for (uint32_t rank = 0; rank < env->tp(); ++rank) {
-      const IntakeWriterView claims(c->intake_table(rank), n, 0);  // only read
+      const ClaimWriterView claims(c->claim_table(rank), n, 0);  // only read
       while (!std::all_of(blocks.begin(), blocks.end(),
                           [&](uint32_t b) { return claims.claim_of(b) != 0; })) {
         ASSERT_FALSE(until.passed()) << "rank " << rank << " never took the declaration";

@@ -174,7 +174,7 @@ TEST_F(TensorTablePoolTest, MemfdsPassedByTicketBecomeTheDevicePoolTensorByTenso
   ASSERT_TRUE(r.registered) << r.message;
   expect_pattern(data_->device_pool());
   EXPECT_EQ(data_->device_pool().name(), fmt::format("host-fd:{:016x}", ticket));
-  EXPECT_EQ(data_->fd_intake()->unclaimed(), 0U);
+  EXPECT_EQ(data_->fd_socket_server()->unclaimed(), 0U);
   // Writes through the worker's mapping are the engine's memory.
   *data_->device_pool().tensor(1, PoolTensor::kValue) = std::byte{0x5a};
   EXPECT_EQ(*pool.tensor(3), std::byte{0x5a});
@@ -212,8 +212,8 @@ TEST_F(TensorTablePoolTest, MoreFdsThanOneMessageCarriesArriveUnderOneTicketInOr
   }
   Result<uint64_t> ticket = pass_fds(config_.instance, 0, fds, Deadline::after(5s));
   ASSERT_TRUE(ticket) << ticket.error().message;
-  EXPECT_EQ(data_->fd_intake()->unclaimed(), 1U) << "one set, not two";
-  Result<std::vector<UniqueFd>> claimed = data_->fd_intake()->claim(*ticket);
+  EXPECT_EQ(data_->fd_socket_server()->unclaimed(), 1U) << "one set, not two";
+  Result<std::vector<UniqueFd>> claimed = data_->fd_socket_server()->claim(*ticket);
   ASSERT_TRUE(claimed) << claimed.error().message;
   ASSERT_EQ(claimed->size(), 300U);
   for (size_t i = 0; i < 300; ++i) {

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
       ->default_str("1000");
   app.add_option(
       "--ring", ring,
-      "decode the records waiting in a ring: submit, completion, task[R], intake[R] (decode "
+      "decode the records waiting in a ring: submit, completion, task[R], landed[R] (decode "
       "instances), signal[R], report[R]");
   app.add_option("--peek", peek, "with --ring: how many records to show")->capture_default_str();
   app.footer(dump::kColumnHelp);

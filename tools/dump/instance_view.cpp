@@ -187,8 +187,8 @@ InstanceView snapshot(const ControlSegment& control) {
       v.rings.push_back(view_spsc("signal[" + std::to_string(r) + "]", *ring));
     if (auto ring = control.report_ring<records::WorkerReport>(r))
       v.rings.push_back(view_spsc("report[" + std::to_string(r) + "]", *ring));
-    if (auto ring = control.intake_ring(r))  // decode instances
-      v.rings.push_back(view_mpsc("intake[" + std::to_string(r) + "]", *ring));
+    if (auto ring = control.landed_ring(r))  // decode instances
+      v.rings.push_back(view_mpsc("landed[" + std::to_string(r) + "]", *ring));
   }
   const BarrierSnapshot b = Barrier(control.barrier()).snapshot();
   v.barrier = BarrierView{b.generation,       b.parties,         b.arrived,

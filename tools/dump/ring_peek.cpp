@@ -79,7 +79,7 @@ std::string render_report(const records::WorkerReport& r) {
 
 Result<std::string> peek_ring(const ControlSegment& control, const std::string& name,
                               size_t max_records) {
-  static const std::regex per_rank(R"((task|intake|signal|report)[\[:](\d+)\]?)");
+  static const std::regex per_rank(R"((task|landed|signal|report)[\[:](\d+)\]?)");
   std::smatch m;
   std::string out;
   if (name == "submit" || name == "completion") {
@@ -95,8 +95,8 @@ Result<std::string> peek_ring(const ControlSegment& control, const std::string& 
       return make_error(Errc::kInvalidArgument,
                         fmt::format("no rank {}: instance '{}' has {} ranks", rank,
                                     control.instance(), control.config().tp_size));
-    if (m[1] == "task" || m[1] == "intake") {
-      Result<MpscRing> ring = m[1] == "task" ? control.task_ring(rank) : control.intake_ring(rank);
+    if (m[1] == "task" || m[1] == "landed") {
+      Result<MpscRing> ring = m[1] == "task" ? control.task_ring(rank) : control.landed_ring(rank);
       if (!ring) return ring.error();
       for (const auto& r : ring->peek(max_records))
         out += fmt::format("@{} {}: {}\n", r.position,
@@ -116,7 +116,7 @@ Result<std::string> peek_ring(const ControlSegment& control, const std::string& 
   } else {
     return make_error(
         Errc::kInvalidArgument,
-        fmt::format("no ring '{}': use submit, completion, task[R], intake[R] (decode), signal[R] "
+        fmt::format("no ring '{}': use submit, completion, task[R], landed[R] (decode), signal[R] "
                     "or report[R]",
                     name));
   }

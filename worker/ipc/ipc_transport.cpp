@@ -17,7 +17,7 @@
 namespace kvrelay::worker {
 
 namespace {
-const std::shared_ptr<IpcIntakeWriter> kNone;
+const std::shared_ptr<IpcPoolWriter> kNone;
 }
 
 class IpcTransport::PoolDestination final : public Destination {
@@ -73,7 +73,7 @@ Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
   }
   const auto give_back = [&] {
     for (const Part* p : scratch->tracked)
-      p->intake->abandon_last();
+      p->writer->abandon_last();
     scratch->tracked.clear();
     spare_scratch_.push_back(std::move(scratch));
   };
@@ -82,9 +82,9 @@ Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
   for (const Part& p : *parts) {
     // Until the decode engine asks for an expected request, its ranks'
     // claims are empty and nobody counts: skip them (one load).
-    if (p.intake && p.intake->in_use()) {
-      if (Status s = p.intake->admit(ticket.request_key, layer, runs); !s) {
-        if (p.intake->backlog()) note_backlog(p.intake);
+    if (p.writer && p.writer->in_use()) {
+      if (Status s = p.writer->admit(ticket.request_key, layer, runs); !s) {
+        if (p.writer->backlog()) note_backlog(p.writer);
         give_back();
         return s;
       }
@@ -104,13 +104,13 @@ Status IpcTransport::submit(const TransferTicket& ticket, uint32_t layer,
   return {};
 }
 
-void IpcTransport::note_backlog(const std::shared_ptr<IpcIntakeWriter>& intake) {
-  if (std::find(backlogged_.begin(), backlogged_.end(), intake) == backlogged_.end())
-    backlogged_.push_back(intake);
+void IpcTransport::note_backlog(const std::shared_ptr<IpcPoolWriter>& writer) {
+  if (std::find(backlogged_.begin(), backlogged_.end(), writer) == backlogged_.end())
+    backlogged_.push_back(writer);
 }
 
-void IpcTransport::flush_intake() {
-  std::erase_if(backlogged_, [](const std::shared_ptr<IpcIntakeWriter>& w) { return w->flush(); });
+void IpcTransport::flush_landed() {
+  std::erase_if(backlogged_, [](const std::shared_ptr<IpcPoolWriter>& w) { return w->flush(); });
 }
 
 void IpcTransport::poll(std::vector<TransferCompletion>& out) {
@@ -131,9 +131,9 @@ void IpcTransport::poll(std::vector<TransferCompletion>& out) {
     for (const Part& p : *f.parts)
       if (c.status) c.status = p.pool->check_intact();
     for (const Part* p : f.scratch->tracked) {
-      p->intake->landed(f.ticket.request_key, f.layer, f.scratch->runs,
+      p->writer->landed(f.ticket.request_key, f.layer, f.scratch->runs,
                         p->share ? &*p->share : nullptr);
-      if (p->intake->backlog()) note_backlog(p->intake);
+      if (p->writer->backlog()) note_backlog(p->writer);
     }
     f.scratch->tracked.clear();
     out.push_back(std::move(c));
@@ -265,20 +265,20 @@ Result<IpcTransport::Mapped> IpcTransport::mapped(const std::string& peer_instan
       !s)
     return make_error(s.code(),
                       fmt::format("peer instance '{}': {}", peer_instance, s.error().message));
-  Result<std::shared_ptr<IpcIntakeWriter>> intake =
-      IpcIntakeWriter::open(control, peer_rank, instance_);
-  if (!intake)
-    return make_error(intake.code(),
-                      fmt::format("peer instance '{}': {}", peer_instance, intake.error().message));
-  Mapped m{control, std::move(pool), std::move(intake).value()};
+  Result<std::shared_ptr<IpcPoolWriter>> writer =
+      IpcPoolWriter::open(control, peer_rank, instance_);
+  if (!writer)
+    return make_error(writer.code(),
+                      fmt::format("peer instance '{}': {}", peer_instance, writer.error().message));
+  Mapped m{control, std::move(pool), std::move(writer).value()};
   pools_[key] = m;
   return m;
 }
 
 std::shared_ptr<Destination> IpcTransport::destination_for(
     std::shared_ptr<const LocalPool> peer, std::string peer_name,
-    std::shared_ptr<IpcIntakeWriter> intake) {
-  std::vector<Part> parts{Part{std::move(peer), std::move(intake), std::nullopt}};
+    std::shared_ptr<IpcPoolWriter> writer) {
+  std::vector<Part> parts{Part{std::move(peer), std::move(writer), std::nullopt}};
   return std::make_shared<PoolDestination>(*this, std::move(parts), std::move(peer_name));
 }
 
@@ -301,7 +301,7 @@ Result<std::shared_ptr<Destination>> IpcTransport::resolve_split(schema::CacheDe
   for (const HeadShare& share : head_shares(heads_, rank_, theirs)) {
     Result<Mapped> m = mapped(instance, share.decode_rank);
     if (!m) return m.error();
-    parts.push_back(Part{m->pool, m->intake, share});
+    parts.push_back(Part{m->pool, m->writer, share});
     ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", share.decode_rank);
   }
   return std::shared_ptr<Destination>(std::make_shared<PoolDestination>(
@@ -326,7 +326,7 @@ Result<std::shared_ptr<Destination>> IpcTransport::resolve(schema::CacheDest::Re
   if (!m) return m.error();
   return destination_for(
       m->pool, fmt::format("decode instance '{}' rank {} over ipc", instance, devices[rank_]),
-      m->intake);
+      m->writer);
 }
 
 Status IpcTransport::check_connect(schema::ConnectTask::Reader connect) {

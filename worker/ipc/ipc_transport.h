@@ -8,7 +8,7 @@
 // completion ring) sees the bytes.
 //
 // The decode rank's claims are checked before each layer is written, and
-// the rank is told what landed after (ipc_intake_writer.h), so that its
+// the rank is told what landed after (ipc_pool_writer.h), so that its
 // expected requests (ExpectArrival) work as over tcp.
 //
 // The decode rank's pool is whatever its directory entry says: a host
@@ -37,7 +37,7 @@
 #include "instance/control_segment.h"
 #include "instance/head_layout.h"
 #include "instance/peer_instances.h"
-#include "worker/ipc/ipc_intake_writer.h"
+#include "worker/ipc/ipc_pool_writer.h"
 #include "worker/layer_copy.h"
 #include "worker/local_pool.h"
 #include "worker/reused_fifo.h"
@@ -59,15 +59,15 @@ class IpcTransport final : public Transport {
   Status check_connect(schema::ConnectTask::Reader connect) override;
   void poll(std::vector<TransferCompletion>& out) override;
   bool has_completions() const override { return !in_flight_.empty(); }
-  // flush_intake() and release_stale().
+  // flush_landed() and release_stale().
   bool tick() override {
-    flush_intake();
+    flush_landed();
     release_stale();
     return false;
   }
-  // Sends the landed records that waited for room in a decode rank's intake
+  // Sends the landed records that waited for room in a decode rank's writer
   // ring (call every turn; cheap when none wait).
-  void flush_intake();
+  void flush_landed();
   // Drops the mappings of peers whose segment or published pool changed
   // (looks at most every 200 ms; call every turn). Returns how many went.
   size_t release_stale();
@@ -78,11 +78,11 @@ class IpcTransport final : public Transport {
   // the peer's coordinator lives).
   Result<std::shared_ptr<const LocalPool>> peer_pool(const std::string& peer_instance,
                                                      uint32_t peer_rank);
-  // A destination for an already mapped pool (benchmarks, tests); `intake`
+  // A destination for an already mapped pool (benchmarks, tests); `writer`
   // (optional) is the decode rank's.
   std::shared_ptr<Destination> destination_for(std::shared_ptr<const LocalPool> peer,
                                                std::string peer_name,
-                                               std::shared_ptr<IpcIntakeWriter> intake = {});
+                                               std::shared_ptr<IpcPoolWriter> writer = {});
   // The same into several mapped pools, a head range into each
   // (heterogeneous TP; benchmarks, tests).
   std::shared_ptr<Destination> split_destination_for(
@@ -93,14 +93,14 @@ class IpcTransport final : public Transport {
   // One decode rank a destination writes into.
   struct Part {
     std::shared_ptr<const LocalPool> pool;
-    std::shared_ptr<IpcIntakeWriter> intake;  // none for pools mapped by hand
+    std::shared_ptr<IpcPoolWriter> writer;  // none for pools mapped by hand
     std::optional<HeadShare> share;           // heterogeneous TP: only these heads
   };
   struct Scratch {
     LayerCopyScratch copy;  // the runs the engine reads until done
     std::vector<CopyTarget> targets;
-    std::vector<BlockRun> runs;        // for the decode ranks' intakes
-    std::vector<const Part*> tracked;  // the parts whose intakes were told (same order)
+    std::vector<BlockRun> runs;        // for the decode ranks' receivers
+    std::vector<const Part*> tracked;  // the parts whose receivers were told (same order)
   };
   struct InFlight {
     TransferTicket ticket;
@@ -123,7 +123,7 @@ class IpcTransport final : public Transport {
     // can never be mistaken for it).
     std::shared_ptr<const ControlSegment> control;
     std::shared_ptr<const LocalPool> pool;
-    std::shared_ptr<IpcIntakeWriter> intake;
+    std::shared_ptr<IpcPoolWriter> writer;
   };
   Result<Mapped> mapped(const std::string& peer_instance, uint32_t peer_rank);
   // The decode rank's engine-registered pool, from its fd socket.
@@ -131,7 +131,7 @@ class IpcTransport final : public Transport {
                                                               uint32_t peer_rank,
                                                               const ControlSegment& control,
                                                               const PublishedPool& published);
-  void note_backlog(const std::shared_ptr<IpcIntakeWriter>& intake);
+  void note_backlog(const std::shared_ptr<IpcPoolWriter>& writer);
 
   uint32_t rank_;
   const LocalPool& local_;
@@ -143,7 +143,7 @@ class IpcTransport final : public Transport {
   uint64_t next_stale_check_ns_ = 0;
   ReusedFifo<InFlight> in_flight_;
   std::vector<std::unique_ptr<Scratch>> spare_scratch_;       // no allocation per layer
-  std::vector<std::shared_ptr<IpcIntakeWriter>> backlogged_;  // intakes with records waiting
+  std::vector<std::shared_ptr<IpcPoolWriter>> backlogged_;  // receivers with records waiting
 };
 
 }  // namespace kvrelay::worker

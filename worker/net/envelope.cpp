@@ -21,14 +21,6 @@ std::vector<uint8_t> bytes_of(capnp::Data::Reader d, size_t max) {
 
 }  // namespace
 
-const char* protection_name(Protection p) {
-  switch (p) {
-    case Protection::kAuthenticate: return "authenticate";
-    case Protection::kEncrypt: return "encrypt";
-  }
-  return "unknown";
-}
-
 void append_envelope(capnp::MessageBuilder& message, std::vector<std::byte>& out) {
   const size_t body = messages::encoded_bytes(message);
   const size_t at = out.size();

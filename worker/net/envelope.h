@@ -21,6 +21,7 @@
 #include "schemas/kvrelay.capnp.h"
 #include "shm/result.h"
 #include "worker/net/hello.h"
+#include "worker/net/protection.h"
 
 namespace kvrelay::worker::net {
 
@@ -29,14 +30,6 @@ namespace kvrelay::worker::net {
 inline constexpr uint32_t kMaxEnvelopeBytes = 64 * 1024;
 // Texts a peer sends (reasons, names) are cut to this.
 inline constexpr size_t kMaxTextBytes = 1024;
-
-// How a session is protected once both sides have proved the key
-// (session_seal.h). Both sides must run the same.
-enum class Protection : uint8_t {
-  kAuthenticate = 1,  // every byte authenticated (AES-GCM tags over plaintext)
-  kEncrypt = 2,       // every byte encrypted and authenticated (AES-GCM)
-};
-const char* protection_name(Protection p);
 
 // One decoded envelope. The handshake's fields are copied out; a transport
 // message's body stays in the receive buffer: `body` (the whole envelope)

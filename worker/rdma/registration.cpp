@@ -23,21 +23,19 @@ bool wanted(const InstanceConfig& config) {
 // The rank's fabric, or why there is none.
 Result<std::shared_ptr<Fabric>> open_fabric(const InstanceConfig& config, uint32_t rank,
                                             const NetworkOptions& network) {
-  if (network.rdma_fabric) return network.rdma_fabric;
+  const RdmaOptions& rdma = network.rdma;
+  if (rdma.fabric) return rdma.fabric;
+  // rdma_options.cpp checked the list's length against the instance.
+  if (rdma.devices.size() > 1 && rdma.devices.size() != config.tp_size)
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("--rdma-devices names {} devices for {} ranks (one for all, "
+                                  "or one per rank)",
+                                  rdma.devices.size(), config.tp_size));
   FabricOptions o;
-  if (!network.rdma_devices.empty()) {
-    if (network.rdma_devices.size() != 1 && network.rdma_devices.size() != config.tp_size)
-      return make_error(Errc::kInvalidArgument,
-                        fmt::format("--rdma-devices names {} devices for {} ranks (one for all, "
-                                    "or one per rank)",
-                                    network.rdma_devices.size(), config.tp_size));
-    o.device =
-        network.rdma_devices.size() == 1 ? network.rdma_devices[0] : network.rdma_devices[rank];
-    if (o.device == "auto") o.device.clear();
-  }
-  o.port = static_cast<uint8_t>(network.rdma_port);
-  o.gid_index = network.rdma_gid_index;
-  o.traffic_class = static_cast<uint8_t>(network.rdma_traffic_class);
+  o.device = rdma.device_of(rank);
+  o.port = static_cast<uint8_t>(rdma.port);
+  o.gid_index = static_cast<int>(rdma.gid_index);
+  o.traffic_class = static_cast<uint8_t>(rdma.traffic_class);
   Result<std::unique_ptr<Fabric>> f = open_verbs_fabric(o);
   if (!f) return f.error();
   return std::shared_ptr<Fabric>(std::move(f).value());
@@ -112,9 +110,9 @@ Result<BuiltTransport> build(TransportContext& c) {
   o.rank = c.rank;
   o.tp_size = c.config.tp_size;
   o.total_kv_heads = head_layout_of(c.config).total_heads;
-  o.queue_pairs = std::clamp<uint32_t>(c.network.rdma_queue_pairs, 1, 16);
+  o.queue_pairs = c.network.rdma.queue_pairs;  // 1-16 (rdma_options.cpp)
   o.timing = net::timing_of(c.config);
-  o.protection = c.network.protection;
+  o.protection = c.network.net.protection;
   if (res->fabric) {
     auto transport = std::make_unique<RdmaTransport>(*c.net, c.local, c.key, res->fabric.get(), "",
                                                      o, c.doorbell, res->registered);

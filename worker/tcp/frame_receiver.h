@@ -32,7 +32,7 @@ namespace kvrelay::worker::tcp {
 struct FrameReceiverOptions {
   uint32_t rank = 0;
   const LocalPool* pool = nullptr;
-  // The rank's expected requests, which the ipc intake feeds too.
+  // The rank's expected requests, which the ipc receiver feeds too.
   std::shared_ptr<Arrivals> arrivals;
   // A pool in GPU memory: payloads land in staging slots and are copied
   // host->device before they count (staging.h). None: its frames are refused.

@@ -23,7 +23,7 @@ Result<std::shared_ptr<Stager>> make_stager(const LocalPool& local, const Networ
       kernels::CudaCopyOptions{local.cuda_device(), network.copy_max_sms});
   if (!engine) return engine.error();
   Stager::Options o;
-  o.slot_bytes = uint64_t{network.staging_slot_mib} << 20;
+  o.slot_bytes = uint64_t{network.tcp.staging_slot_mib} << 20;
   o.device = local.cuda_device();
   return std::make_shared<Stager>(std::move(engine).value(), local.memory_kind(), o);
 }
@@ -64,9 +64,9 @@ Result<BuiltTransport> build(TransportContext& c) {
   sender.rank = c.rank;
   sender.tp_size = c.config.tp_size;
   sender.total_kv_heads = head_layout_of(c.config).total_heads;
-  sender.lanes = std::clamp<uint32_t>(c.network.lanes, 1, 8);
+  sender.lanes = c.network.tcp.lanes;  // 1-8 (tcp_options.cpp)
   sender.timing = net::timing_of(c.config);
-  sender.protection = c.network.protection;
+  sender.protection = c.network.net.protection;
   sender.stager = send_stager;
   auto transport = std::make_unique<TcpTransport>(*c.net, c.local, c.key, sender, c.doorbell);
   const TcpTransport* t = transport.get();

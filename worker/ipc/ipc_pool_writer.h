@@ -1,11 +1,11 @@
-// The prefill side of a decode rank's ipc intake (ipc_intake.h): the ipc
-// transport asks it before it writes a layer into that rank's pool
+// The prefill side of ipc into one decode rank (ipc_receiver.h is the decode
+// side): a pool writer. The ipc transport asks it before it writes a layer into that rank's pool
 // (admit), and tells it once the copies completed (landed); it checks the
 // rank's claims and tells the rank what landed.
 //
 // It attaches the decode instance's control segment itself, so that writes
 // still in flight keep the mapping they announce in, whatever the peer
-// cache does meanwhile, and leases a producer slot on the rank's intake
+// cache does meanwhile, and leases a producer slot on the rank's landed
 // ring: the slot's owner lock is what proves to the decode rank that this
 // writer is still alive while its announcement stands.
 //
@@ -24,13 +24,13 @@
 #include <vector>
 
 #include "instance/control_segment.h"
-#include "shm/intake_table.h"
+#include "shm/claim_table.h"
 #include "shm/mpsc_ring.h"
 #include "worker/copy_plan.h"
 
 namespace kvrelay::worker {
 
-class IpcIntakeWriter {
+class IpcPoolWriter {
  public:
   static constexpr Nanos kGiveUpAfter = std::chrono::seconds(2);
   // Runs per record: well inside the ring's record limit.
@@ -38,11 +38,11 @@ class IpcIntakeWriter {
 
   // Decode rank `rank` of the instance whose control segment `control` is
   // (shared: the writer keeps the mapping while it lives). kNotFound when
-  // that instance has no intake (it is not a decode instance).
+  // that instance has no claim table (it is not a decode instance).
   // `writer`: this (prefill) instance's name, carried by every record.
-  static Result<std::shared_ptr<IpcIntakeWriter>> open(
+  static Result<std::shared_ptr<IpcPoolWriter>> open(
       std::shared_ptr<const ControlSegment> control, uint32_t rank, std::string writer = {});
-  ~IpcIntakeWriter();
+  ~IpcPoolWriter();
 
   // Whether the decode rank's claims are in use: until its engine declares
   // a request, admit() and landed() need not be called.
@@ -69,8 +69,8 @@ class IpcIntakeWriter {
     bool releases_write;  // the last record of an admitted write
     uint64_t since_ns;
   };
-  IpcIntakeWriter(std::shared_ptr<const ControlSegment> control, MpscProducer producer,
-                  IntakeWriterView view, uint32_t rank, std::string writer);
+  IpcPoolWriter(std::shared_ptr<const ControlSegment> control, MpscProducer producer,
+                  ClaimWriterView view, uint32_t rank, std::string writer);
   void queue(uint64_t key, uint32_t layer, std::span<const BlockRun> runs, bool refused,
              bool releases_write, const HeadShare* share = nullptr);
   void announce_oldest();
@@ -78,7 +78,7 @@ class IpcIntakeWriter {
   std::shared_ptr<const ControlSegment> control_;
   std::string writer_;
   MpscProducer producer_;
-  IntakeWriterView view_;
+  ClaimWriterView view_;
   uint32_t rank_;
   std::deque<uint64_t> writes_;  // epochs the admitted writes read, oldest first
   std::deque<Pending> pending_;

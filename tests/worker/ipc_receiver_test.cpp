@@ -1,9 +1,9 @@
-// Both sides of a decode rank's ipc intake in one process, over a real
+// Both sides of ipc into a decode rank (the pool writer and the receiver) in one process, over a real
 // decode control segment: the writer (a prefill worker's) checks the rank's
 // claims before each write and says what landed; the rank replays that into
 // its expected requests. A record the full ring has no room for waits at the
 // writer, with its announcement, and goes out in order once there is room.
-#include "worker/ipc/ipc_intake.h"
+#include "worker/ipc/ipc_receiver.h"
 
 #include <gtest/gtest.h>
 
@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "support/processes.h"
-#include "worker/ipc/ipc_intake_writer.h"
+#include "worker/ipc/ipc_pool_writer.h"
 #include "worker/request_key.h"
 
 namespace kvrelay::worker {
 namespace {
 
-class IpcIntakeTest : public ::testing::Test {
+class IpcReceiverTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string name = testing::current_test_instance();
@@ -32,24 +32,24 @@ class IpcIntakeTest : public ::testing::Test {
     control_ = std::make_unique<ControlSegment>(std::move(c).value());
     geometry_ = pool_geometry_of(config_, PoolTier::kDevice);
     arrivals_ = std::make_shared<Arrivals>(geometry_, nullptr);
-    Result<std::unique_ptr<IpcIntake>> intake = IpcIntake::open(*control_, 0, geometry_, arrivals_);
-    ASSERT_TRUE(intake) << intake.error().message;
-    intake_ = std::move(intake).value();
+    Result<std::unique_ptr<IpcReceiver>> receiver = IpcReceiver::open(*control_, 0, geometry_, arrivals_);
+    ASSERT_TRUE(receiver) << receiver.error().message;
+    ipc_receiver_ = std::move(receiver).value();
     Result<ControlSegment> attached = ControlSegment::attach(name);  // as a prefill worker would
     ASSERT_TRUE(attached) << attached.error().message;
-    Result<std::shared_ptr<IpcIntakeWriter>> writer = IpcIntakeWriter::open(
+    Result<std::shared_ptr<IpcPoolWriter>> writer = IpcPoolWriter::open(
         std::make_shared<const ControlSegment>(std::move(attached).value()), 0);
     ASSERT_TRUE(writer) << writer.error().message;
     writer_ = std::move(writer).value();
   }
   void TearDown() override {
     writer_.reset();
-    intake_.reset();
+    ipc_receiver_.reset();
     if (control_) (void)control_->unlink();
   }
   void expect(uint64_t handle, const std::string& id, const std::vector<uint32_t>& blocks) {
     ASSERT_TRUE(arrivals_->expect(handle, id, blocks));
-    ASSERT_TRUE(intake_->expect(handle, request_key(id), blocks));
+    ASSERT_TRUE(ipc_receiver_->expect(handle, request_key(id), blocks));
   }
   // What a prefill worker does for one layer of `runs`.
   Status write(const std::string& id, uint32_t layer, const std::vector<BlockRun>& runs) {
@@ -62,17 +62,17 @@ class IpcIntakeTest : public ::testing::Test {
   PoolGeometry geometry_;
   std::unique_ptr<ControlSegment> control_;
   std::shared_ptr<Arrivals> arrivals_;
-  std::unique_ptr<IpcIntake> intake_;
-  std::shared_ptr<IpcIntakeWriter> writer_;
+  std::unique_ptr<IpcReceiver> ipc_receiver_;
+  std::shared_ptr<IpcPoolWriter> writer_;
 };
 
 // The rank opens a claim by publishing its entry, then its blocks' claims:
 // a writer that looks in between (here: the claims held back by hand for
 // 1 ms) must not refuse its own request's write as undeclared.
-TEST_F(IpcIntakeTest, AWriteThatLooksWhileItsRequestsClaimIsBeingOpenedIsAdmitted) {
+TEST_F(IpcReceiverTest, AWriteThatLooksWhileItsRequestsClaimIsBeingOpenedIsAdmitted) {
   expect(1, "opening", {20, 21, 22});
-  auto* claims = reinterpret_cast<std::atomic<uint32_t>*>(control_->intake_table(0).data() +
-                                                          sizeof(IntakeTableHeader));
+  auto* claims = reinterpret_cast<std::atomic<uint32_t>*>(control_->claim_table(0).data() +
+                                                          sizeof(ClaimTableHeader));
   const uint32_t entry = claims[20].load();
   ASSERT_NE(entry, 0u);
   for (uint32_t b : {20u, 21u, 22u})
@@ -93,30 +93,30 @@ TEST_F(IpcIntakeTest, AWriteThatLooksWhileItsRequestsClaimIsBeingOpenedIsAdmitte
             "not declare");
 }
 
-TEST_F(IpcIntakeTest, WritersSkipTheClaimsUntilTheDecodeEngineDeclaresARequest) {
+TEST_F(IpcReceiverTest, WritersSkipTheClaimsUntilTheDecodeEngineDeclaresARequest) {
   EXPECT_FALSE(writer_->in_use()) << "nobody declared anything: nothing to check or tell";
-  mark_intake_in_use(control_->intake_table(0));  // what Client::submit(ExpectSpec) does first
+  mark_claim_table_in_use(control_->claim_table(0));  // what Client::submit(ExpectSpec) does first
   EXPECT_TRUE(writer_->in_use());
 }
 
-TEST_F(IpcIntakeTest, WhatTheWriterSaysLandedCompletesTheExpectedRequestOnce) {
+TEST_F(IpcReceiverTest, WhatTheWriterSaysLandedCompletesTheExpectedRequestOnce) {
   expect(1, "r", {4, 5, 6});
   for (uint32_t l = 0; l < 2; ++l)
     ASSERT_TRUE(write("r", l, {{0, 4, 3}}));
-  EXPECT_GT(intake_->drain(), 0u);
+  EXPECT_GT(ipc_receiver_->drain(), 0u);
   auto events = arrivals_->take();
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].kind, ArrivalEvent::kArrived);
   EXPECT_EQ(events[0].bytes, 2 * 2 * 3 * geometry_.block_bytes(PoolTensor::kKey));
-  intake_->close(1);
-  EXPECT_TRUE(intake_->settled(1));
+  ipc_receiver_->close(1);
+  EXPECT_TRUE(ipc_receiver_->settled(1));
   Status late = write("r", 0, {{0, 4, 1}});
   ASSERT_FALSE(late);
   EXPECT_NE(late.error().message.find("already arrived"), std::string::npos)
       << late.error().message;
 }
 
-TEST_F(IpcIntakeTest, TheWriterRefusesForeignWritesAndTellsTheRankOfAStrayOne) {
+TEST_F(IpcReceiverTest, TheWriterRefusesForeignWritesAndTellsTheRankOfAStrayOne) {
   expect(1, "owner", {10, 11});
   Status foreign = write("intruder", 0, {{0, 11, 1}});
   ASSERT_FALSE(foreign);
@@ -124,14 +124,14 @@ TEST_F(IpcIntakeTest, TheWriterRefusesForeignWritesAndTellsTheRankOfAStrayOne) {
   Status stray = write("owner", 0, {{0, 11, 2}});  // 11 and 12: 12 is not its
   ASSERT_FALSE(stray);
   EXPECT_NE(stray.error().message.find("did not declare"), std::string::npos);
-  EXPECT_GT(intake_->drain(), 0u);
+  EXPECT_GT(ipc_receiver_->drain(), 0u);
   auto events = arrivals_->take();
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].kind, ArrivalEvent::kFailed);
   EXPECT_NE(events[0].message.find("which it did not declare"), std::string::npos);
 }
 
-TEST_F(IpcIntakeTest, RecordsThatFindTheRingFullWaitAtTheWriterAndHoldUpAWithdrawal) {
+TEST_F(IpcReceiverTest, RecordsThatFindTheRingFullWaitAtTheWriterAndHoldUpAWithdrawal) {
   expect(1, "big", {0});
   // Fill the ring with records of another (undeclared) request's writes.
   int written = 0;
@@ -142,13 +142,13 @@ TEST_F(IpcIntakeTest, RecordsThatFindTheRingFullWaitAtTheWriterAndHoldUpAWithdra
   ASSERT_TRUE(writer_->backlog()) << "the ring never filled";
   ASSERT_TRUE(writer_->admit(request_key("big"), 0, std::vector<BlockRun>{{0, 0, 1}}));
   writer_->landed(request_key("big"), 0, std::vector<BlockRun>{{0, 0, 1}});
-  intake_->close(1);  // withdrawn while its record waits at the writer
-  EXPECT_FALSE(intake_->settled(1)) << "its write may still be in progress";
-  while (intake_->readable() || writer_->backlog()) {
-    intake_->drain(1024);
+  ipc_receiver_->close(1);  // withdrawn while its record waits at the writer
+  EXPECT_FALSE(ipc_receiver_->settled(1)) << "its write may still be in progress";
+  while (ipc_receiver_->readable() || writer_->backlog()) {
+    ipc_receiver_->drain(1024);
     writer_->flush();
   }
-  EXPECT_TRUE(intake_->settled(1)) << "every record went out; nothing is announced any more";
+  EXPECT_TRUE(ipc_receiver_->settled(1)) << "every record went out; nothing is announced any more";
 }
 
 }  // namespace

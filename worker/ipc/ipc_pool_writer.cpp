@@ -1,4 +1,4 @@
-#include "worker/ipc/ipc_intake_writer.h"
+#include "worker/ipc/ipc_pool_writer.h"
 
 #include <capnp/message.h>
 #include <fmt/format.h>
@@ -13,28 +13,28 @@
 
 namespace kvrelay::worker {
 
-Result<std::shared_ptr<IpcIntakeWriter>> IpcIntakeWriter::open(
+Result<std::shared_ptr<IpcPoolWriter>> IpcPoolWriter::open(
     std::shared_ptr<const ControlSegment> owned, uint32_t rank, std::string writer) {
-  Result<MpscRing> ring = owned->intake_ring(rank);
+  Result<MpscRing> ring = owned->landed_ring(rank);
   if (!ring) return ring.error();
-  const uint32_t blocks = intake_blocks(owned->config());
-  std::span<std::byte> table = owned->intake_table(rank);
-  if (table.size() < intake_table_bytes(blocks))
-    return make_error(Errc::kCorrupt, fmt::format("decode rank {}'s intake table is {} bytes, "
+  const uint32_t blocks = claim_table_blocks(owned->config());
+  std::span<std::byte> table = owned->claim_table(rank);
+  if (table.size() < claim_table_bytes(blocks))
+    return make_error(Errc::kCorrupt, fmt::format("decode rank {}'s claim table is {} bytes, "
                                                   "not {}",
-                                                  rank, table.size(), intake_table_bytes(blocks)));
+                                                  rank, table.size(), claim_table_bytes(blocks)));
   Result<MpscProducer> producer = ring->lease_producer();
   if (!producer)
-    return make_error(producer.code(), fmt::format("decode rank {}'s intake ring: {}", rank,
+    return make_error(producer.code(), fmt::format("decode rank {}'s landed ring: {}", rank,
                                                    producer.error().message));
-  IntakeWriterView view(table, blocks, producer->slot());
+  ClaimWriterView view(table, blocks, producer->slot());
   view.set_announcement(0);  // whatever a dead predecessor in this slot left
-  return std::shared_ptr<IpcIntakeWriter>(new IpcIntakeWriter(
+  return std::shared_ptr<IpcPoolWriter>(new IpcPoolWriter(
       std::move(owned), std::move(producer).value(), view, rank, std::move(writer)));
 }
 
-IpcIntakeWriter::IpcIntakeWriter(std::shared_ptr<const ControlSegment> control,
-                                 MpscProducer producer, IntakeWriterView view, uint32_t rank,
+IpcPoolWriter::IpcPoolWriter(std::shared_ptr<const ControlSegment> control,
+                                 MpscProducer producer, ClaimWriterView view, uint32_t rank,
                                  std::string writer)
     : control_(std::move(control)),
       writer_(std::move(writer)),
@@ -42,7 +42,7 @@ IpcIntakeWriter::IpcIntakeWriter(std::shared_ptr<const ControlSegment> control,
       view_(view),
       rank_(rank) {}
 
-IpcIntakeWriter::~IpcIntakeWriter() {
+IpcPoolWriter::~IpcPoolWriter() {
   view_.set_announcement(0);
 }
 
@@ -56,21 +56,21 @@ struct Verdict {
   uint32_t block = 0;
 };
 
-Verdict judge(const IntakeWriterView& view, const IntakeLookup& mine,
+Verdict judge(const ClaimWriterView& view, const ClaimLookup& mine,
               std::span<const BlockRun> runs) {
   for (const BlockRun& r : runs) {
     for (uint32_t b = r.dst_block; b < r.dst_block + r.count; ++b) {
       const uint32_t claim = view.claim_of(b);
-      if (mine.state == IntakeState::kOpen && claim != mine.entry + 1)
+      if (mine.state == ClaimState::kOpen && claim != mine.entry + 1)
         return Verdict{false, true, b};
-      if (mine.state == IntakeState::kFree && claim != 0) return Verdict{false, false, b};
+      if (mine.state == ClaimState::kFree && claim != 0) return Verdict{false, false, b};
     }
   }
   return {};
 }
 
 // The owner opens a claim by publishing its entry, then the claims of its
-// blocks one by one (shm/intake_table.h), so a writer can look at the table
+// blocks one by one (shm/claim_table.h), so a writer can look at the table
 // in the middle of its own request's opening: its entry not yet published
 // while a block's claim is (the entry has changed by the time it looks
 // again), or the entry published and a claim still on its way. A refusal
@@ -82,7 +82,7 @@ constexpr uint64_t kOpeningSettleNs = 20'000'000;
 
 }  // namespace
 
-Status IpcIntakeWriter::admit(uint64_t key, uint32_t layer, std::span<const BlockRun> runs) {
+Status IpcPoolWriter::admit(uint64_t key, uint32_t layer, std::span<const BlockRun> runs) {
   const uint64_t epoch = view_.announce(writes_.empty() ? 0 : writes_.front());
   auto refuse = [&](std::string why, bool tell) -> Status {
     announce_oldest();
@@ -94,15 +94,15 @@ Status IpcIntakeWriter::admit(uint64_t key, uint32_t layer, std::span<const Bloc
   };
   const uint64_t settle_by = mono_now_ns() + kOpeningSettleNs;
   for (;;) {
-    const IntakeLookup mine = view_.lookup(key, mono_now_ns());
-    if (mine.state == IntakeState::kClosed)
+    const ClaimLookup mine = view_.lookup(key, mono_now_ns());
+    if (mine.state == ClaimState::kClosed)
       return refuse(fmt::format("the request has already arrived at decode rank {} or was "
                                 "withdrawn there",
                                 rank_),
                     false);
     const Verdict v = judge(view_, mine, runs);
     if (v.ok) break;
-    const IntakeLookup again = view_.lookup(key, mono_now_ns());
+    const ClaimLookup again = view_.lookup(key, mono_now_ns());
     const bool moved = again.state != mine.state || again.entry != mine.entry;
     if (moved || (v.undeclared && mono_now_ns() < settle_by)) {
       cpu_relax();
@@ -122,18 +122,18 @@ Status IpcIntakeWriter::admit(uint64_t key, uint32_t layer, std::span<const Bloc
   return {};
 }
 
-void IpcIntakeWriter::abandon_last() {
+void IpcPoolWriter::abandon_last() {
   if (!writes_.empty()) writes_.pop_back();
   announce_oldest();
 }
 
-void IpcIntakeWriter::landed(uint64_t key, uint32_t layer, std::span<const BlockRun> runs,
+void IpcPoolWriter::landed(uint64_t key, uint32_t layer, std::span<const BlockRun> runs,
                              const HeadShare* share) {
   queue(key, layer, runs, false, true, share);
   flush();
 }
 
-void IpcIntakeWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockRun> runs,
+void IpcPoolWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockRun> runs,
                             bool refused, bool releases_write, const HeadShare* share) {
   size_t done = 0;
   do {
@@ -184,7 +184,7 @@ void IpcIntakeWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockR
   } while (!refused && done < runs.size());  // the first runs are enough to fail a request
 }
 
-bool IpcIntakeWriter::flush() {
+bool IpcPoolWriter::flush() {
   bool sent = std::exchange(sent_, false);
   while (!pending_.empty()) {
     Pending& p = pending_.front();
@@ -192,7 +192,7 @@ bool IpcIntakeWriter::flush() {
     if (!s && s.code() == Errc::kFull && mono_now_ns() - p.since_ns < ns_of(kGiveUpAfter)) break;
     if (!s)
       spdlog::warn(
-          "decode rank {}'s intake ring: dropped a landed record ({}); its request "
+          "decode rank {}'s landed ring: dropped a landed record ({}); its request "
           "there ends at its deadline",
           rank_, s.error().message);
     if (p.releases_write && !writes_.empty()) writes_.pop_front();
@@ -206,7 +206,7 @@ bool IpcIntakeWriter::flush() {
   return pending_.empty();
 }
 
-void IpcIntakeWriter::announce_oldest() {
+void IpcPoolWriter::announce_oldest() {
   view_.set_announcement(writes_.empty() ? 0 : writes_.front());
 }
 

@@ -4,10 +4,10 @@
 // in two ways:
 //
 //   - before writing, the prefill worker checks this rank's claims (the
-//     intake table in the control segment, shm/intake_table.h): a declared
+//     claim table in the control segment, shm/claim_table.h): a declared
 //     request only into its blocks, nobody else into them, nobody for a
 //     request that arrived or was withdrawn;
-//   - after its copies completed, it says what landed on this rank's intake
+//   - after its copies completed, it says what landed on this rank's landed
 //     ring (schema IpcLanded), and this class replays that into the rank's
 //     Arrivals, which counts the request complete exactly as for tcp.
 //
@@ -29,7 +29,7 @@
 
 #include "instance/control_segment.h"
 #include "instance/pool_geometry.h"
-#include "shm/intake_table.h"
+#include "shm/claim_table.h"
 #include "shm/mpsc_ring.h"
 #include "worker/arrivals.h"
 
@@ -41,11 +41,11 @@ namespace kvrelay::worker {
 Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& pool,
                      Arrivals& arrivals);
 
-class IpcIntake {
+class IpcReceiver {
  public:
-  // The rank's intake in `control` (a decode instance's), taken over afresh:
+  // The rank's claim table and landed ring in `control` (a decode instance's), taken over afresh:
   // claims of a previous worker of the rank are forgotten.
-  static Result<std::unique_ptr<IpcIntake>> open(const ControlSegment& control, uint32_t rank,
+  static Result<std::unique_ptr<IpcReceiver>> open(const ControlSegment& control, uint32_t rank,
                                                  const PoolGeometry& pool,
                                                  std::shared_ptr<Arrivals> arrivals);
 
@@ -64,11 +64,11 @@ class IpcIntake {
   bool readable() const { return ring_.readable(); }
 
  private:
-  IpcIntake(MpscRing ring, std::span<std::byte> table, uint32_t blocks, uint32_t rank,
+  IpcReceiver(MpscRing ring, std::span<std::byte> table, uint32_t blocks, uint32_t rank,
             const PoolGeometry& pool, std::shared_ptr<Arrivals> arrivals);
 
   MpscRing ring_;
-  IntakeOwner owner_;
+  ClaimOwner owner_;
   uint32_t rank_;
   PoolGeometry pool_;
   std::shared_ptr<Arrivals> arrivals_;

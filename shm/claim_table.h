@@ -8,7 +8,7 @@
 //            blocks, and returns the epoch writers must have passed before
 //            the owner may answer that nothing more lands there.
 //   writers: any processes, each through the writer slot of its producer
-//            lease on the owner's intake ring (so the slot's owner lock
+//            lease on the owner's landed ring (so the slot's owner lock
 //            proves the writer alive). Before looking at the table a writer
 //            announces the oldest epoch it read among its writes in
 //            progress; it clears the announcement once they are done.
@@ -20,10 +20,10 @@
 // the entry closed), or its announcement (< E) is visible to the owner's
 // quiescent(E), which waits for it to clear or for the writer to die.
 //
-// Entries are found by key (open addressing, kIntakeProbe places from the
+// Entries are found by key (open addressing, kClaimProbe places from the
 // key's hash) and rewritten under a sequence lock; each block names the
 // entry that claims it (index + 1). A closed entry keeps refusing its key
-// for kIntakeRememberNs, then becomes reusable. The table is input to its
+// for kClaimRememberNs, then becomes reusable. The table is input to its
 // writers and to the owner alike: the owner keeps its own copy of its
 // claims and never reads its decisions back from here.
 #pragma once
@@ -43,31 +43,31 @@
 
 namespace kvrelay {
 
-inline constexpr uint32_t kIntakeEntries = 4096;  // a power of two
-inline constexpr uint32_t kIntakeProbe = 16;
-inline constexpr uint32_t kIntakeWriters = kMpscProducerSlots;
-inline constexpr uint64_t kIntakeRememberNs = 60'000'000'000ull;
+inline constexpr uint32_t kClaimEntries = 4096;  // a power of two
+inline constexpr uint32_t kClaimProbe = 16;
+inline constexpr uint32_t kClaimWriters = kMpscProducerSlots;
+inline constexpr uint64_t kClaimRememberNs = 60'000'000'000ull;
 
-enum class IntakeState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
+enum class ClaimState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
 
-struct IntakeEntry {
+struct ClaimEntry {
   std::atomic<uint32_t> sequence;  // odd while the owner rewrites the entry
-  std::atomic<uint32_t> state;     // IntakeState
+  std::atomic<uint32_t> state;     // ClaimState
   std::atomic<uint64_t> key;
   std::atomic<uint64_t> closed_at_ns;  // CLOCK_MONOTONIC
   uint64_t reserved;
 };
-static_assert(sizeof(IntakeEntry) == 32);
+static_assert(sizeof(ClaimEntry) == 32);
 
-struct alignas(64) IntakeWriterSlot {
+struct alignas(64) ClaimWriterSlot {
   // 0: not writing; else the oldest epoch among the writer's writes in
   // progress. Written by the writer that holds the slot's lease.
   std::atomic<uint64_t> announced_epoch;
   uint8_t reserved[56];
 };
-static_assert(sizeof(IntakeWriterSlot) == 64);
+static_assert(sizeof(ClaimWriterSlot) == 64);
 
-struct IntakeTableHeader {
+struct ClaimTableHeader {
   std::atomic<uint64_t> epoch;  // the owner's; starts at 1 and only grows
   // 1 once anybody may claim blocks here (set before the first claim is
   // asked for, by whoever asks): until then writers skip the table and say
@@ -75,34 +75,34 @@ struct IntakeTableHeader {
   // costs one load.
   std::atomic<uint32_t> in_use;
   uint8_t reserved[52];
-  IntakeWriterSlot writers[kIntakeWriters];
-  IntakeEntry entries[kIntakeEntries];
+  ClaimWriterSlot writers[kClaimWriters];
+  ClaimEntry entries[kClaimEntries];
   // Followed by std::atomic<uint32_t> claim[blocks]: entry index + 1, 0: unclaimed.
 };
-static_assert(std::is_standard_layout_v<IntakeTableHeader>);
-static_assert(offsetof(IntakeTableHeader, writers) == 64);
+static_assert(std::is_standard_layout_v<ClaimTableHeader>);
+static_assert(offsetof(ClaimTableHeader, writers) == 64);
 
-constexpr size_t intake_table_bytes(uint32_t blocks) {
-  return sizeof(IntakeTableHeader) + size_t{blocks} * sizeof(std::atomic<uint32_t>);
+constexpr size_t claim_table_bytes(uint32_t blocks) {
+  return sizeof(ClaimTableHeader) + size_t{blocks} * sizeof(std::atomic<uint32_t>);
 }
 // Creator only, on zeroed memory.
-void initialize_intake_table(std::span<std::byte> region);
+void initialize_claim_table(std::span<std::byte> region);
 // The entry where a key's probe window starts.
-uint32_t intake_home(uint64_t key);
-// Marks the table in use (see IntakeTableHeader::in_use); any process.
-void mark_intake_in_use(std::span<std::byte> region);
+uint32_t claim_home(uint64_t key);
+// Marks the table in use (see ClaimTableHeader::in_use); any process.
+void mark_claim_table_in_use(std::span<std::byte> region);
 
 // What a writer finds for a key.
-struct IntakeLookup {
-  IntakeState state = IntakeState::kFree;  // kFree: no claim (or one long closed)
+struct ClaimLookup {
+  ClaimState state = ClaimState::kFree;  // kFree: no claim (or one long closed)
   uint32_t entry = 0;                      // when kOpen or kClosed
 };
 
 // The writer's side (any process; not thread-safe: one per writer slot).
-class IntakeWriterView {
+class ClaimWriterView {
  public:
-  // `region` must be at least intake_table_bytes(blocks) (checked by the caller).
-  IntakeWriterView(std::span<std::byte> region, uint32_t blocks, uint32_t writer);
+  // `region` must be at least claim_table_bytes(blocks) (checked by the caller).
+  ClaimWriterView(std::span<std::byte> region, uint32_t blocks, uint32_t writer);
 
   // Announces that a write starts under the current epoch, unless an older
   // announcement (of a write still in progress) stands: `held` is that
@@ -116,22 +116,22 @@ class IntakeWriterView {
   // Whether anybody may claim blocks here yet: when not, writers need not
   // look or tell (acquire: claims made after the mark are seen).
   bool in_use() const { return h_->in_use.load(std::memory_order_acquire) != 0; }
-  IntakeLookup lookup(uint64_t key, uint64_t now_ns) const;
+  ClaimLookup lookup(uint64_t key, uint64_t now_ns) const;
   // The entry index + 1 that claims `block`, 0 when unclaimed (or out of range).
   uint32_t claim_of(uint32_t block) const;
   uint32_t blocks() const { return blocks_; }
 
  private:
-  IntakeTableHeader* h_;
+  ClaimTableHeader* h_;
   std::atomic<uint32_t>* claims_;
   uint32_t blocks_;
   uint32_t writer_;
 };
 
 // The owner's side (one process, one thread).
-class IntakeOwner {
+class ClaimOwner {
  public:
-  IntakeOwner(std::span<std::byte> region, uint32_t blocks);
+  ClaimOwner(std::span<std::byte> region, uint32_t blocks);
 
   // A new owner (a restarted worker): every claim is forgotten, the epoch
   // goes on growing.
@@ -156,9 +156,9 @@ class IntakeOwner {
     uint32_t entry;
     std::vector<uint32_t> blocks;
   };
-  void rewrite(uint32_t entry, IntakeState state, uint64_t key, uint64_t closed_at_ns);
+  void rewrite(uint32_t entry, ClaimState state, uint64_t key, uint64_t closed_at_ns);
 
-  IntakeTableHeader* h_;
+  ClaimTableHeader* h_;
   std::atomic<uint32_t>* claims_;
   uint32_t blocks_;
   std::unordered_map<uint64_t, Claim> claims_by_key_;  // our own copy: open claims

@@ -1,4 +1,4 @@
-#include "worker/ipc/ipc_intake.h"
+#include "worker/ipc/ipc_receiver.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -67,23 +67,23 @@ Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& poo
       });
 }
 
-Result<std::unique_ptr<IpcIntake>> IpcIntake::open(const ControlSegment& control, uint32_t rank,
+Result<std::unique_ptr<IpcReceiver>> IpcReceiver::open(const ControlSegment& control, uint32_t rank,
                                                    const PoolGeometry& pool,
                                                    std::shared_ptr<Arrivals> arrivals) {
-  Result<MpscRing> ring = control.intake_ring(rank);
+  Result<MpscRing> ring = control.landed_ring(rank);
   if (!ring) return ring.error();
-  const uint32_t blocks = intake_blocks(control.config());
-  std::span<std::byte> table = control.intake_table(rank);
-  if (table.size() < intake_table_bytes(blocks))
-    return make_error(Errc::kCorrupt, fmt::format("rank {}'s intake table is {} bytes, not {}",
-                                                  rank, table.size(), intake_table_bytes(blocks)));
-  std::unique_ptr<IpcIntake> intake(
-      new IpcIntake(std::move(ring).value(), table, blocks, rank, pool, std::move(arrivals)));
-  intake->owner_.reset();
-  return intake;
+  const uint32_t blocks = claim_table_blocks(control.config());
+  std::span<std::byte> table = control.claim_table(rank);
+  if (table.size() < claim_table_bytes(blocks))
+    return make_error(Errc::kCorrupt, fmt::format("rank {}'s claim table is {} bytes, not {}",
+                                                  rank, table.size(), claim_table_bytes(blocks)));
+  std::unique_ptr<IpcReceiver> receiver(
+      new IpcReceiver(std::move(ring).value(), table, blocks, rank, pool, std::move(arrivals)));
+  receiver->owner_.reset();
+  return receiver;
 }
 
-IpcIntake::IpcIntake(MpscRing ring, std::span<std::byte> table, uint32_t blocks, uint32_t rank,
+IpcReceiver::IpcReceiver(MpscRing ring, std::span<std::byte> table, uint32_t blocks, uint32_t rank,
                      const PoolGeometry& pool, std::shared_ptr<Arrivals> arrivals)
     : ring_(std::move(ring)),
       owner_(table, blocks),
@@ -91,7 +91,7 @@ IpcIntake::IpcIntake(MpscRing ring, std::span<std::byte> table, uint32_t blocks,
       pool_(pool),
       arrivals_(std::move(arrivals)) {}
 
-Status IpcIntake::expect(uint64_t handle, uint64_t key, std::span<const uint32_t> blocks) {
+Status IpcReceiver::expect(uint64_t handle, uint64_t key, std::span<const uint32_t> blocks) {
   if (Status s = owner_.open(key, blocks, mono_now_ns()); !s)
     return make_error(s.code(), fmt::format("rank {}: cannot claim its blocks for ipc writers: {}",
                                             rank_, s.error().message));
@@ -99,7 +99,7 @@ Status IpcIntake::expect(uint64_t handle, uint64_t key, std::span<const uint32_t
   return {};
 }
 
-void IpcIntake::close(uint64_t handle) {
+void IpcReceiver::close(uint64_t handle) {
   auto it = keys_.find(handle);
   if (it == keys_.end()) return;
   const uint64_t epoch = owner_.close(it->second, mono_now_ns());
@@ -107,18 +107,18 @@ void IpcIntake::close(uint64_t handle) {
   if (epoch != 0) close_epochs_[handle] = epoch;
 }
 
-bool IpcIntake::settled(uint64_t handle) const {
+bool IpcReceiver::settled(uint64_t handle) const {
   auto it = close_epochs_.find(handle);
   if (it == close_epochs_.end()) return keys_.count(handle) == 0;
   return owner_.quiescent(it->second, [&](uint32_t w) { return ring_.producer_liveness(w); });
 }
 
-size_t IpcIntake::drain(size_t max_records) {
+size_t IpcReceiver::drain(size_t max_records) {
   const size_t n = ring_.read(
       [&](const MpscRecord& rec) {
         if (rec.defect != nullptr ||
             rec.type != static_cast<int32_t>(schema::MessageType::IPC_LANDED)) {
-          spdlog::error("rank {}: unexpected record (type {}{}) on the intake ring", rank_,
+          spdlog::error("rank {}: unexpected record (type {}{}) on the landed ring", rank_,
                         rec.type, rec.defect != nullptr ? fmt::format(", {}", rec.defect) : "");
           return;
         }
@@ -126,7 +126,7 @@ size_t IpcIntake::drain(size_t max_records) {
           spdlog::warn("rank {}: dropped an ipc landed record: {}", rank_, s.error().message);
       },
       max_records);
-  if (auto what = ring_.take_corruption()) spdlog::error("rank {}: intake ring: {}", rank_, *what);
+  if (auto what = ring_.take_corruption()) spdlog::error("rank {}: landed ring: {}", rank_, *what);
   return n;
 }
 

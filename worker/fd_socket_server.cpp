@@ -1,4 +1,4 @@
-#include "worker/fd_intake.h"
+#include "worker/fd_socket_server.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -50,7 +50,7 @@ void reply(int connection, Errc code, std::string_view message, uint64_t ticket 
 
 }  // namespace
 
-Result<std::unique_ptr<FdIntake>> FdIntake::start(std::string_view instance, uint32_t rank) {
+Result<std::unique_ptr<FdSocketServer>> FdSocketServer::start(std::string_view instance, uint32_t rank) {
   UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!sock.valid()) return system_error("socket(AF_UNIX)", errno);
   Result<FdSocketAddress> a = fd_socket_address(instance, rank);
@@ -62,22 +62,22 @@ Result<std::unique_ptr<FdIntake>> FdIntake::start(std::string_view instance, uin
   if (listen(sock.get(), 16) != 0) return system_error("listen on the fd socket", errno);
   UniqueFd stop(eventfd(0, EFD_CLOEXEC));
   if (!stop.valid()) return system_error("eventfd", errno);
-  return std::unique_ptr<FdIntake>(new FdIntake(std::move(sock), std::move(stop), rank));
+  return std::unique_ptr<FdSocketServer>(new FdSocketServer(std::move(sock), std::move(stop), rank));
 }
 
-FdIntake::FdIntake(UniqueFd listener, UniqueFd stop, uint32_t rank)
+FdSocketServer::FdSocketServer(UniqueFd listener, UniqueFd stop, uint32_t rank)
     : listener_(std::move(listener)),
       stop_(std::move(stop)),
       rank_(rank),
       thread_([this] { serve(); }) {}
 
-FdIntake::~FdIntake() {
+FdSocketServer::~FdSocketServer() {
   const uint64_t one = 1;
   if (write(stop_.get(), &one, sizeof(one)) != sizeof(one)) std::abort();
   thread_.join();
 }
 
-void FdIntake::serve() {
+void FdSocketServer::serve() {
   for (;;) {
     pollfd p[2] = {{listener_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
     const int ready = poll(p, 2, 1000);
@@ -90,7 +90,7 @@ void FdIntake::serve() {
   }
 }
 
-void FdIntake::answer(int connection) {
+void FdSocketServer::answer(int connection) {
   ucred peer{};
   socklen_t peer_len = sizeof(peer);
   if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 ||
@@ -174,7 +174,7 @@ void FdIntake::answer(int connection) {
   reply(connection, Errc::kInvalidArgument, fmt::format("unknown request {}", r.op));
 }
 
-void FdIntake::expire(uint64_t now_ns) {
+void FdSocketServer::expire(uint64_t now_ns) {
   std::lock_guard<std::mutex> lock(mu_);
   std::erase_if(unclaimed_, [&](const auto& entry) {
     if (entry.second.expires_ns > now_ns) return false;
@@ -186,7 +186,7 @@ void FdIntake::expire(uint64_t now_ns) {
   });
 }
 
-Result<std::vector<UniqueFd>> FdIntake::claim(uint64_t ticket) {
+Result<std::vector<UniqueFd>> FdSocketServer::claim(uint64_t ticket) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = unclaimed_.find(ticket);
   if (it == unclaimed_.end())
@@ -199,19 +199,19 @@ Result<std::vector<UniqueFd>> FdIntake::claim(uint64_t ticket) {
   return fds;
 }
 
-void FdIntake::publish(PoolTier tier, uint64_t ticket, std::vector<std::byte> descriptor,
+void FdSocketServer::publish(PoolTier tier, uint64_t ticket, std::vector<std::byte> descriptor,
                        std::vector<UniqueFd> fds) {
   std::lock_guard<std::mutex> lock(mu_);
   published_[static_cast<uint32_t>(tier)] =
       Published{ticket, std::move(descriptor), std::move(fds)};
 }
 
-void FdIntake::unpublish(PoolTier tier) {
+void FdSocketServer::unpublish(PoolTier tier) {
   std::lock_guard<std::mutex> lock(mu_);
   published_[static_cast<uint32_t>(tier)] = Published{};
 }
 
-size_t FdIntake::unclaimed() const {
+size_t FdSocketServer::unclaimed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return unclaimed_.size();
 }

@@ -7,7 +7,7 @@
 // same trust as the pool segments, which are 0600.
 //
 // Thread-safety: claim/publish/unpublish are called by the worker's thread;
-// the socket is served on the intake's own thread.
+// the socket is served on the server's own thread.
 #pragma once
 
 #include <cstdint>
@@ -23,13 +23,13 @@
 
 namespace kvrelay::worker {
 
-class FdIntake {
+class FdSocketServer {
  public:
   // Listens on rank `rank`'s socket of `instance`.
-  static Result<std::unique_ptr<FdIntake>> start(std::string_view instance, uint32_t rank);
-  ~FdIntake();
-  FdIntake(const FdIntake&) = delete;
-  FdIntake& operator=(const FdIntake&) = delete;
+  static Result<std::unique_ptr<FdSocketServer>> start(std::string_view instance, uint32_t rank);
+  ~FdSocketServer();
+  FdSocketServer(const FdSocketServer&) = delete;
+  FdSocketServer& operator=(const FdSocketServer&) = delete;
 
   // The fds passed under `ticket`, once; kNotFound when none were (or they
   // expired).
@@ -44,7 +44,7 @@ class FdIntake {
   size_t unclaimed() const;
 
  private:
-  FdIntake(UniqueFd listener, UniqueFd stop, uint32_t rank);
+  FdSocketServer(UniqueFd listener, UniqueFd stop, uint32_t rank);
   void serve();
   void answer(int connection);
   void expire(uint64_t now_ns);

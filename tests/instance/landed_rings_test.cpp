@@ -1,4 +1,4 @@
-// A decode rank's intake in its control segment: the claims table and the
+// A decode rank's claim table and landed ring in its control segment: the claims table and the
 // ring whose producer leases prove writers alive. A writer process holding
 // its lease is SIGKILLed while its announcement stands, and a close no longer
 // waits for it.
@@ -10,22 +10,22 @@
 #include <vector>
 
 #include "instance/control_segment.h"
-#include "shm/intake_table.h"
+#include "shm/claim_table.h"
 #include "support/processes.h"
 
 namespace kvrelay {
 namespace {
 
 // The real thing: a writer process holding its lease on a decode rank's
-// intake ring is SIGKILLed while its announcement stands.
-TEST(IntakeTableProcesses, AWriterKilledWhileWritingNoLongerHoldsUpAClose) {
-  std::string instance = testing::unique_instance("intake-kill");
+// landed ring is SIGKILLed while its announcement stands.
+TEST(ClaimTableProcesses, AWriterKilledWhileWritingNoLongerHoldsUpAClose) {
+  std::string instance = testing::unique_instance("landed-kill");
   InstanceConfig config = default_config(instance, 1);
   config.role = static_cast<uint32_t>(Role::kDecode);
   Result<ControlSegment> control = ControlSegment::create(config);
   ASSERT_TRUE(control) << control.error().message;
-  const uint32_t blocks = intake_blocks(config);
-  IntakeOwner owner(control->intake_table(0), blocks);
+  const uint32_t blocks = claim_table_blocks(config);
+  ClaimOwner owner(control->claim_table(0), blocks);
   owner.reset();
   ASSERT_TRUE(owner.open(42, std::vector<uint32_t>{0}, 10));
   int ready[2];
@@ -35,9 +35,9 @@ TEST(IntakeTableProcesses, AWriterKilledWhileWritingNoLongerHoldsUpAClose) {
     // Its own attachment: its own lock descriptions.
     Result<ControlSegment> mine = ControlSegment::attach(instance);
     if (!mine) _exit(1);
-    Result<MpscProducer> lease = mine->intake_ring(0)->lease_producer();
+    Result<MpscProducer> lease = mine->landed_ring(0)->lease_producer();
     if (!lease) _exit(2);
-    IntakeWriterView w(mine->intake_table(0), blocks, lease->slot());
+    ClaimWriterView w(mine->claim_table(0), blocks, lease->slot());
     w.announce(0);
     const char slot = static_cast<char>(lease->slot());
     if (write(ready[1], &slot, 1) != 1) _exit(3);
@@ -46,7 +46,7 @@ TEST(IntakeTableProcesses, AWriterKilledWhileWritingNoLongerHoldsUpAClose) {
   }
   char slot = 0;
   ASSERT_EQ(read(ready[0], &slot, 1), 1);
-  Result<MpscRing> ring = control->intake_ring(0);
+  Result<MpscRing> ring = control->landed_ring(0);
   ASSERT_TRUE(ring);
   auto liveness = [&](uint32_t w) { return ring->producer_liveness(w); };
   const uint64_t closed = owner.close(42, 20);
