@@ -14,9 +14,14 @@
 set -euo pipefail
 sim=$1
 bench=${2:-}
-# The guest is emulated (TCG) and shares the host's cores with other tests:
-# a second of silence there is slowness, not a dead peer. Killed workers are
-# still noticed at once (their sockets close, their pidfds fire).
+# The guest is emulated (TCG) and shares the host's cores with other tests,
+# and soft-RoCE moves every byte in the guest's kernel, on the CPUs the
+# heartbeats need: with the host's two cores busy elsewhere, a sender's
+# heartbeats were seen to stop for 0.8-0.9 s while its writes drained, which
+# the default peer timeout (1 s; 0.8 s of silence) takes for a hang. A
+# second of silence there is slowness, not a dead peer, so every step runs
+# with 5 s. Killed workers are still noticed at once (their sockets close,
+# their pidfds fire).
 common=(--start --protocol rdma --tp 2 --layers 4 --blocks 64 --block-size 16 --head-dim 64
         --min-tokens 16 --max-tokens 200 --log-level error --peer-timeout-ms 5000)
 echo "== rdma: expected requests, byte-verified"
@@ -35,5 +40,5 @@ echo "== rdma: long prompts, 128k tokens in 16-token blocks, byte-verified"
   2>&1 | grep -v 'requests, .* MiB moved$' || exit 1
 if [ -n "$bench" ]; then
   echo "== rdma: a 64 MiB backlog of scattered 16 KiB blocks (kvrelay-bench-rdma)"
-  "$bench" --mib 64 --block-kib 16 || exit 1
+  "$bench" --mib 64 --block-kib 16 --peer-timeout-ms 5000 || exit 1
 fi

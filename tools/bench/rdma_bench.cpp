@@ -23,7 +23,9 @@
 #include "bench_pools.h"
 #include "bench_support.h"
 #include "instance/pool_segment.h"
+#include "instance/instance_config.h"
 #include "worker/copy_plan.h"
+#include "worker/net/timing.h"
 #include "worker/rdma/fabric.h"
 #include "worker/rdma/rdma_transport.h"
 #include "worker/receiver.h"
@@ -39,7 +41,8 @@ namespace {
 // session, the net thread, the pools), so that the error path is exercised
 // as a worker runs it, not cut short by exit().
 Result<double> kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes,
-                            uint64_t layer_bytes, uint64_t total, uint32_t queue_pairs) {
+                            uint64_t layer_bytes, uint64_t total, uint32_t queue_pairs,
+                            const worker::net::Timing& timing) {
   const PoolGeometry g = geometry_for(block_bytes, layer_bytes);
   const std::string tag = fmt::format("kvrelay-bench-rdma-{}", getpid());
   auto src = make_pool(tag + "-src", g);
@@ -50,6 +53,7 @@ Result<double> kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes,
   worker::net::NetThread net;
   worker::ReceiverOptions ro;
   ro.instance = "bench-d";
+  ro.timing = timing;
   ro.rdma = std::make_shared<worker::rdma::RdmaListener>(&fabric, "", *dst, 0);
   auto receiver = worker::Receiver::start(net, *dst, key, ro);
   if (!receiver) {
@@ -59,6 +63,7 @@ Result<double> kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes,
   worker::rdma::RdmaSenderOptions so;
   so.instance = "bench-p";
   so.queue_pairs = queue_pairs;
+  so.timing = timing;
   worker::rdma::RdmaTransport sender(net, *src, &key, &fabric, "", so, nullptr);
   const std::shared_ptr<worker::Destination> dest =
       loopback_destination(sender, schema::TransferProtocol::RDMA, (*receiver)->port(), "bench-d");
@@ -141,7 +146,13 @@ int main(int argc, char** argv) {
   app.add_option("--mib", total_mib, "MiB moved per case and side")->capture_default_str();
   app.add_option("--queue-pairs", queue_pairs, "kvrelay's queue pairs")->capture_default_str();
   app.add_option("--block-kib", sizes_kib, "block (message) sizes")->capture_default_str();
+  InstanceConfig instance = default_config("bench", 1);
+  app.add_option("--peer-timeout-ms", instance.peer_timeout_ms,
+                 "the instances' peer timeout (--peer-timeout-ms): soft-RoCE in an emulated "
+                 "guest copies in the guest's kernel, on the CPUs the heartbeats need")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const worker::net::Timing timing = worker::net::timing_of(instance);
   spdlog::set_level(spdlog::level::warn);
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug: what the sessions say
 
@@ -166,7 +177,8 @@ int main(int argc, char** argv) {
     row.name = fmt::format("{} KiB blocks", kib);
     row.unit = "MB/s";
     Result<double> ours = kvrelay_mbps(
-        **fabric, bytes, std::min<uint64_t>(total / kLayers, 8ull << 20), total, queue_pairs);
+        **fabric, bytes, std::min<uint64_t>(total / kLayers, 8ull << 20), total, queue_pairs,
+        timing);
     if (!ours) {
       fmt::print(stderr, "{} KiB blocks: {}\n", kib, ours.error().message);
       return 1;

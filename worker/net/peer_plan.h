@@ -78,7 +78,6 @@ struct LayerJob {
   HeadLayout decode_layout{0, 0, 0};
   uint64_t transfer = 0;  // the connection's id for it
   uint64_t bytes = 0;     // what it moves
-  bool posted = false;    // rdma: its writes are posted
 };
 
 // Why a job must not go over a connection whose receiver answered `ack`, or

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 
 namespace kvrelay::worker::rdma {
@@ -187,12 +188,11 @@ Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
   g.granted = true;
   g.granted_at = std::chrono::steady_clock::now();
   granted_open_bytes_ += g.bytes;
-  g.queued_bytes = granted_open_bytes_;
   return std::optional<Status>(Status{});
 }
 
 std::optional<std::string> RdmaSession::overdue(std::chrono::milliseconds grace) const {
-  const auto now = std::chrono::steady_clock::now();
+  const Granted* oldest = nullptr;
   for (const auto& [imm, g] : transfers_) {
     if (!g.granted) continue;
     for (const LandedWrite& w : g.writes)
@@ -201,14 +201,17 @@ std::optional<std::string> RdmaSession::overdue(std::chrono::milliseconds grace)
             "the request of granted rdma transfer {} was withdrawn before its "
             "writes landed",
             g.transfer);
-    const auto allowed =
-        grace + std::chrono::milliseconds(g.queued_bytes * 1000 / kMinRateBytesPerSecond);
-    if (now - g.granted_at > allowed)
-      return fmt::format(
-          "the writes of granted rdma transfer {} ({} bytes) did not land within "
-          "{} ms",
-          g.transfer, g.bytes, allowed.count());
+    if (oldest == nullptr || g.granted_at < oldest->granted_at) oldest = &g;
   }
+  if (oldest == nullptr) return std::nullopt;
+  const auto allowed =
+      grace + std::chrono::milliseconds(oldest->bytes * 1000 / kMinRateBytesPerSecond);
+  const auto since = std::max(oldest->granted_at, last_landed_);
+  if (std::chrono::steady_clock::now() - since > allowed)
+    return fmt::format(
+        "the writes of granted rdma transfer {} ({} bytes) did not land within {} ms of {}",
+        oldest->transfer, oldest->bytes, allowed.count(),
+        since == oldest->granted_at ? "its grant" : "the previous transfer's");
   return std::nullopt;
 }
 
@@ -235,6 +238,7 @@ Status RdmaSession::poll(std::vector<Ack>& acks) {
         open_writes_ -= g.writes.size();
         bytes_landed_ += g.bytes;
         granted_open_bytes_ -= g.bytes;
+        last_landed_ = std::chrono::steady_clock::now();
         acks.push_back({g.transfer, listener_.pool().check_intact()});
         transfers_.erase(it);
         if (Status s = qp.post_receive(wc.wr_id); !s) return s;

@@ -110,12 +110,13 @@ class RdmaSession {
   uint64_t bytes_landed() const { return bytes_landed_; }
   size_t open_transfers() const { return transfers_.size(); }
   // Why the session must end now, or nothing: a granted transfer whose
-  // request was withdrawn meanwhile, or whose writes have not all landed
-  // within `grace` plus a second per kMinRateBytesPerSecond of what was
-  // granted and open when it was granted, itself included, since its grant
-  // (a peer that holds a grant cannot hold a withdrawal, or the rank,
-  // hostage; transfers granted behind a long backlog, as a long prompt's
-  // layers are, get the time the backlog needs).
+  // request was withdrawn meanwhile, or the oldest granted transfer, whose
+  // writes have not landed within `grace` plus a second per
+  // kMinRateBytesPerSecond of its own bytes, counted from its grant or from
+  // the last transfer that landed, whichever is later. So a peer that holds
+  // a grant cannot hold a withdrawal, or the rank, hostage, and a peer whose
+  // writes keep landing is never cut, however long its backlog (a long
+  // prompt's layers) and however slow its link (a contended host).
   std::optional<std::string> overdue(std::chrono::milliseconds grace) const;
 
  private:
@@ -127,7 +128,6 @@ class RdmaSession {
     std::string refused;  // why, once a part was refused
     bool granted = false;
     std::chrono::steady_clock::time_point granted_at{};
-    uint64_t queued_bytes = 0;  // granted and open at its grant, its own included
   };
   RdmaSession(RdmaListener& listener, Arrivals& arrivals, std::string peer)
       : listener_(listener), arrivals_(arrivals), peer_(std::move(peer)) {}
@@ -143,6 +143,7 @@ class RdmaSession {
   std::vector<std::unique_ptr<RcQueuePair>> queue_pairs_;
   std::unordered_map<uint32_t, Granted> transfers_;  // by immediate (the transfer's low 32 bits)
   uint64_t bytes_landed_ = 0;
+  std::chrono::steady_clock::time_point last_landed_{};  // when a transfer last landed
   uint64_t granted_open_bytes_ = 0;  // granted transfers' bytes not landed yet
   size_t open_writes_ = 0;           // admitted writes of open transfers
 };

@@ -169,7 +169,6 @@ class Session final : public net::ClientChannel {
       peer_.fail(job, reason);
     waiting_.clear();
     in_flight_.clear();
-    posted_bytes_ = 0;
     answers_.clear();
     asio::post(peer_.strand(), [p = peer_.shared_from_this(), was_ready, why] {
       p->session_closed(was_ready, why);
@@ -322,13 +321,12 @@ class Session final : public net::ClientChannel {
       }
     }
     poster_->submit(std::move(lw));
-    // Its writes go after every transfer posted before it and not yet
-    // acked: its ack may take as long as all of them need.
-    job.posted = true;
-    posted_bytes_ += job.bytes;
+    // Its writes go after every transfer posted before it: its clock runs
+    // from the peer's last answer (net/answer_deadlines.h), and allows its
+    // own bytes at the slowest rate either side accepts.
     expect_answer(job.transfer, "ack",
                   peer_.options().timing.peer_timeout +
-                      std::chrono::milliseconds(posted_bytes_ * 1000 / kMinRateBytesPerSecond));
+                      std::chrono::milliseconds(job.bytes * 1000 / kMinRateBytesPerSecond));
     drain();
   }
 
@@ -336,7 +334,6 @@ class Session final : public net::ClientChannel {
     answers_.answered(transfer);
     auto it = in_flight_.find(transfer);
     if (it == in_flight_.end()) return;  // failed here already
-    if (it->second.posted) posted_bytes_ -= it->second.bytes;
     peer_.completed(it->second, ok ? Status{}
                                    : Status(make_error(Errc::kInvalidArgument,
                                                        fmt::format("the receiver refused it: {}",
@@ -370,7 +367,6 @@ class Session final : public net::ClientChannel {
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;  // asked for, granted or posted
   net::AnswerDeadlines answers_;                 // the answer each in-flight transfer waits for
-  uint64_t posted_bytes_ = 0;                    // of transfers whose writes are posted, not acked
   std::vector<kernels::CopyRun> byte_runs_;
   std::vector<TransferDone> done_;
 };

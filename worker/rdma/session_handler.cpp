@@ -101,8 +101,13 @@ class SessionHandler final : public net::MessageHandler {
     overdue_.async_wait([this, keep = link_.keep_alive()](const boost::system::error_code& ec) {
       watching_ = false;
       if (ec || link_.closed() || !session_) return;
-      if (std::optional<std::string> why = session_->overdue(shared_->grace))
+      if (std::optional<std::string> why = session_->overdue(shared_->grace)) {
+        // Once per session at most: the sender sees only the connection
+        // close, so this rank's log is where the reason is.
+        spdlog::warn("rank {}: ending the rdma session with {}: {}", shared_->rank,
+                     link_.peer_name(), *why);
         return link_.close(*why);
+      }
       if (session_->open_transfers() != 0) watch_grants();
     });
   }
