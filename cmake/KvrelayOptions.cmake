@@ -21,7 +21,22 @@ set(_kvrelay_summary "")
 set(KVRELAY_HAVE_CUDA OFF)
 if(NOT KVRELAY_CUDA STREQUAL "OFF")
   find_package(CUDAToolkit QUIET)
-  if(CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE)
+  # 12.1 is the oldest toolkit that compiles the gather kernel (32 KiB of
+  # kernel parameters). 12.8 and later copy host<->device in one batch call
+  # (kernels/cuda/cuda_copy_engine.cpp); older 12.x queue each copy. A CUDA
+  # 13 build needs an R580 or newer driver where it runs; a 12.x build runs
+  # on older drivers too.
+  if(CUDAToolkit_FOUND AND CUDAToolkit_VERSION VERSION_LESS 12.1)
+    if(KVRELAY_CUDA STREQUAL "ON")
+      message(FATAL_ERROR "KVRELAY_CUDA=ON but nvcc ${CUDAToolkit_VERSION} is older than 12.1")
+    endif()
+    list(APPEND _kvrelay_summary "CUDA off (nvcc ${CUDAToolkit_VERSION} < 12.1)")
+    set(CUDAToolkit_FOUND FALSE)
+    set(_kvrelay_cuda_too_old ON)
+  endif()
+  if(_kvrelay_cuda_too_old)
+    # (said in the summary above)
+  elseif(CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE)
     if(NOT DEFINED CMAKE_CUDA_COMPILER)
       set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
     endif()

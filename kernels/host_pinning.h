@@ -15,8 +15,10 @@ namespace kvrelay::kernels {
 class PinnedHostRange {
  public:
   // Pins the pages that hold [address, address + bytes). With `mapped`, the
-  // range also gets a device address (device_address()). kUnsupported
-  // without CUDA.
+  // range also gets a device address (device_address()). Pages this process
+  // pinned already are shared, counted, and unpinned by their last user
+  // (pin_registry.h): two ranks' signal words on one page pin it once.
+  // kUnsupported without CUDA.
   //
   // `device`: the GPU whose context registers (and later unregisters) it,
   // made the calling thread's current device first. Needed on any thread

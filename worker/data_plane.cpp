@@ -213,6 +213,10 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
 PoolRegistration DataPlane::serve(PoolTier tier, std::unique_ptr<LocalPool> pool) {
   PoolRegistration out;
   swap_.reset();  // it holds the old pools
+  // Unpinned while its memory is still mapped: the host pool replaced below
+  // is unmapped with it, and cudaHostUnregister of unmapped pages fails (or
+  // unpins whatever is mapped there by then).
+  pinned_host_.clear();
   if (tier == PoolTier::kDevice) {
     scheduler_.reset();
     transports_.reset();

@@ -32,6 +32,7 @@ class CudaCopyEngine final : public CopyEngine {
 
   Status open() {
     if (Status s = cuda::use_device(device_); !s) return s;
+    if (Status s = cuda::load_gather_kernels(); !s) return s;
     return cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                        "cudaStreamCreateWithFlags");
   }
@@ -76,23 +77,8 @@ class CudaCopyEngine final : public CopyEngine {
     }
     if (!slices_.empty())
       if (Status s = cuda::launch_gather(slices_, stream_, max_blocks_); !s) return fail(s);
-    if (!sizes_.empty()) {
-      cudaMemcpyAttributes attr;
-      std::memset(&attr, 0, sizeof(attr));
-      // Stream order: a device->host copy must not read the device before
-      // the work queued ahead of it on this stream.
-      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-      attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-      size_t first_with_attr = 0;
-      if (Status s =
-              cuda::check(cudaMemcpyBatchAsync(reinterpret_cast<void* const*>(dsts_.data()),
-                                               reinterpret_cast<const void* const*>(srcs_.data()),
-                                               sizes_.data(), sizes_.size(), &attr,
-                                               &first_with_attr, 1, stream_),
-                          fmt::format("cudaMemcpyBatchAsync of {} copies", sizes_.size()));
-          !s)
-        return fail(s);
-    }
+    if (!sizes_.empty())
+      if (Status s = copy_batch(); !s) return fail(s);
     cudaEvent_t event = nullptr;
     if (!spare_events_.empty()) {
       event = spare_events_.back();
@@ -124,6 +110,50 @@ class CudaCopyEngine final : public CopyEngine {
   Status failure() const override { return failure_; }
 
  private:
+  // The host<->device copies gathered in dsts_/srcs_/sizes_, in one call on
+  // the copy engines where the runtime has one. CUDA 13's
+  // cudaMemcpyBatchAsync; 12.8 and 12.9 have the same call with a failure
+  // index; before 12.8 there is none, and each copy is queued on its own.
+  // (Only CUDA 13 is compiled where kvrelay is developed: the 12.x branches
+  // follow the 12.8 headers' declaration.)
+  Status copy_batch() {
+    const std::string what = fmt::format("cudaMemcpyBatchAsync of {} copies", sizes_.size());
+#if CUDART_VERSION >= 12080
+    cudaMemcpyAttributes attr;
+    std::memset(&attr, 0, sizeof(attr));
+    // Stream order: a device->host copy must not read the device before
+    // the work queued ahead of it on this stream.
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t first_with_attr = 0;
+#if CUDART_VERSION >= 13000
+    return cuda::check(cudaMemcpyBatchAsync(reinterpret_cast<void* const*>(dsts_.data()),
+                                            reinterpret_cast<const void* const*>(srcs_.data()),
+                                            sizes_.data(), sizes_.size(), &attr, &first_with_attr,
+                                            1, stream_),
+                       what);
+#else
+    size_t failed_at = 0;
+    Status s = cuda::check(
+        cudaMemcpyBatchAsync(reinterpret_cast<void**>(dsts_.data()),
+                             const_cast<void**>(reinterpret_cast<const void* const*>(srcs_.data())),
+                             sizes_.data(), sizes_.size(), &attr, &first_with_attr, 1, &failed_at,
+                             stream_),
+        what);
+    if (!s) return make_error(s.code(), fmt::format("{} (copy {})", s.error().message, failed_at));
+    return {};
+#endif
+#else
+    for (size_t i = 0; i < sizes_.size(); ++i)
+      if (Status s = cuda::check(
+              cudaMemcpyAsync(dsts_[i], srcs_[i], sizes_[i], cudaMemcpyDefault, stream_),
+              fmt::format("cudaMemcpyAsync {} of {}", i, sizes_.size()));
+          !s)
+        return s;
+    return {};
+#endif
+  }
+
   struct Pending {
     CopyTicket ticket;
     cudaEvent_t event;

@@ -41,6 +41,17 @@ Status launch(std::span<const CopySlice> slices, cudaStream_t stream, uint32_t b
 
 }  // namespace
 
+Status load_gather_kernels() {
+  cudaFuncAttributes attributes{};
+  for (const void* kernel : {reinterpret_cast<const void*>(&gather_kernel<64>),
+                             reinterpret_cast<const void*>(&gather_kernel<256>),
+                             reinterpret_cast<const void*>(&gather_kernel<kSlicesPerLaunch>)})
+    if (Status s = check(cudaFuncGetAttributes(&attributes, kernel), "loading the gather kernel");
+        !s)
+      return s;
+  return {};
+}
+
 Status launch_gather(std::span<const CopySlice> slices, cudaStream_t stream, uint32_t max_blocks) {
   constexpr uint32_t kWarpsPerBlock = kGatherThreads / kWarpLanes;
   for (size_t first = 0; first < slices.size(); first += kSlicesPerLaunch) {

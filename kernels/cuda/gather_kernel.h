@@ -26,4 +26,9 @@ inline constexpr uint32_t kSlicesPerLaunch = 1280;
 // kSlicesPerLaunch slices and `max_blocks` thread blocks each.
 Status launch_gather(std::span<const CopySlice> slices, cudaStream_t stream, uint32_t max_blocks);
 
+// Loads the kernel's module now (CUDA 12.2 and later load modules lazily, at
+// the first launch): a first launch inside an engine's stream capture, or
+// behind a full device, must not be where loading happens or fails.
+Status load_gather_kernels();
+
 }  // namespace kvrelay::kernels::cuda

@@ -30,9 +30,16 @@ Status any_device() {
   if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
     // The usual answers on a machine without a GPU: no driver at all
     // (cudaErrorInsufficientDriver) or no device (cudaErrorNoDevice).
+    // The versions say which side to upgrade (a CUDA 13 runtime needs an
+    // R580 or newer driver; "driver supports 0.0": no driver loaded).
+    int runtime = 0, driver = 0;
+    (void)cudaRuntimeGetVersion(&runtime);
+    (void)cudaDriverGetVersion(&driver);
     return make_error(Errc::kUnsupported,
-                      fmt::format("CUDA is not usable on this machine: {} ({})",
-                                  cudaGetErrorString(err), cudaGetErrorName(err)));
+                      fmt::format("CUDA is not usable on this machine: {} ({}; CUDA runtime "
+                                  "{}.{}, driver supports {}.{})",
+                                  cudaGetErrorString(err), cudaGetErrorName(err), runtime / 1000,
+                                  runtime % 1000 / 10, driver / 1000, driver % 1000 / 10));
   }
   if (count == 0) return make_error(Errc::kUnsupported, "CUDA sees no GPU on this machine");
   return {};

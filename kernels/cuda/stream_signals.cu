@@ -28,6 +28,15 @@ Result<std::unique_ptr<LayerSignalWriter>> LayerSignalWriter::open(std::atomic<u
   if (Status s = cuda::any_device(); !s) return s.error();
   std::unique_ptr<LayerSignalWriter> w(new LayerSignalWriter());
   if (Status s = cuda::check(cudaGetDevice(&w->device_), "cudaGetDevice"); !s) return s.error();
+  // Loaded now, not at the first signal_layer: CUDA loads modules lazily,
+  // and that first launch is usually inside the engine's graph capture.
+  cudaFuncAttributes attributes{};
+  for (const void* kernel : {reinterpret_cast<const void*>(&signal_layer_kernel),
+                             reinterpret_cast<const void*>(&set_base_kernel)})
+    if (Status s = cuda::check(cudaFuncGetAttributes(&attributes, kernel),
+                               "loading the layer-signal kernels");
+        !s)
+      return s.error();
   Result<PinnedHostRange> pinned = PinnedHostRange::pin(word, sizeof(*word), /*mapped=*/true);
   if (!pinned) return pinned.error();
   w->pinned_ = std::move(pinned).value();

@@ -26,6 +26,9 @@ struct Buffers {
     EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev_dst), n), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(dev_src, host_src.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
     EXPECT_EQ(cudaMemset(dev_dst, 0x5a, n), cudaSuccess);
+    // The memset runs on the legacy stream, which the engine's non-blocking
+    // streams do not wait for.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::fill(host_expected.begin(), host_expected.end(), std::byte{0x5a});
   }
   ~Buffers() {

@@ -18,16 +18,23 @@
 #include <vector>
 
 #include "client/views.h"
+#include "gpu/gpu_required.h"
 #include "kernels/copy_engine.h"
 #include "kernels/cuda/runtime.h"
 #include "kvrelay/pool_geometry.h"
 
 namespace kvrelay::testing {
 
-#define KVRELAY_REQUIRE_GPU()                                         \
-  do {                                                                \
-    if (Status gpu_ = kernels::cuda_device_usable(0); !gpu_)          \
-      GTEST_SKIP() << "no usable GPU here: " << gpu_.error().message; \
+// The one skip every GPU test starts with: a skip where a GPU must be
+// (gpu_required.h) is a failure.
+#define KVRELAY_REQUIRE_GPU()                                                 \
+  do {                                                                        \
+    if (Status gpu_ = ::kvrelay::kernels::cuda_device_usable(0); !gpu_) {     \
+      const std::string why_ = ::kvrelay::testing::with_cuda_versions(gpu_);  \
+      const std::string& must_ = ::kvrelay::testing::gpu_required_because(); \
+      if (!must_.empty()) FAIL() << "no usable GPU, but " << must_ << ": " << why_; \
+      GTEST_SKIP() << "no usable GPU here: " << why_;                         \
+    }                                                                         \
   } while (0)
 
 #define KVRELAY_CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call

@@ -96,6 +96,8 @@ struct Buffers {
     check(cudaMalloc(reinterpret_cast<void**>(&dev_b), bytes), "cudaMalloc");
     std::memset(host, 1, bytes);
     check(cudaMemset(dev_a, 2, bytes), "cudaMemset");
+    // Legacy stream: the engine's non-blocking streams do not wait for it.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset");
   }
   ~Buffers() {
     (void)cudaFreeHost(host);
