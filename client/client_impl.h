@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -203,6 +204,17 @@ struct Client::Impl {
   std::array<uint64_t, kMaxTpSize> device_tally{};
   // The swap progress table, pinned and mapped for stream waits (first use).
   std::optional<kernels::PinnedHostRange> pinned_progress;
+  // Every engine stream the device side was handed (signals, waits), so
+  // that teardown knows what may still use it.
+  std::vector<void*> device_streams;
+  void note_stream(void* stream) {  // under device_mu
+    if (std::find(device_streams.begin(), device_streams.end(), stream) == device_streams.end())
+      device_streams.push_back(stream);
+  }
+  // Before anything of the device side goes (device_signals.cpp): the
+  // streams it was handed must be done with it, or it is kept.
+  void retire_device_side();
+  ~Impl() { retire_device_side(); }
   std::atomic<bool> device_waits_used{false};
   mutable std::atomic<bool> device_waits_released{false};
 

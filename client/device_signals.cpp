@@ -3,6 +3,14 @@
 // kernels/stream_signals.h).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
 #include "client/client_impl.h"
 #include "instance/swap_progress.h"
 
@@ -51,6 +59,7 @@ Status Client::push_device_step(uint32_t rank, uint64_t step, std::span<const Ba
   s.device_base = base;
   if (Status st = impl_->push(rank, s, deadline); !st) return st;
   impl_->device_tally[rank] = base + layers;
+  impl_->note_stream(stream);
   return impl_->device_writers[rank]->begin_step(stream, base);
 }
 
@@ -62,6 +71,7 @@ Status Client::signal_layer(uint32_t rank, uint32_t layer, void* stream) {
                       fmt::format("rank {}: call own_device_signals or push_device_step before "
                                   "signal_layer",
                                   rank));
+  impl_->note_stream(stream);
   return impl_->device_writers[rank]->signal_layer(stream, layer);
 }
 
@@ -72,6 +82,7 @@ Status Client::stream_wait_layer(std::string_view request_id, uint32_t layer, vo
   SwapProgressTable& table = impl_->control.swap_progress();
   {
     std::lock_guard lock(impl_->device_mu);
+    impl_->note_stream(stream);
     if (!impl_->pinned_progress) {
       Result<kernels::PinnedHostRange> pinned =
           kernels::PinnedHostRange::pin(&table, sizeof(table), /*mapped=*/true);
@@ -93,6 +104,53 @@ Status Client::stream_wait_layer(std::string_view request_id, uint32_t layer, vo
       return s;
   }
   return {};
+}
+
+namespace {
+
+// How long a client's teardown waits for the engine's streams to be done
+// with its device side before keeping that side instead.
+constexpr auto kRetireWait = std::chrono::seconds(2);
+
+// A device side an engine stream may still use (a pending stream wait, a
+// signal kernel not yet run): its writers, its pinned pages and the mapping
+// they point into, kept until the process exits. Freeing them under the
+// stream would be an illegal address, sticky in the engine's CUDA context.
+struct KeptDeviceSide {
+  ControlSegment control;
+  std::array<std::unique_ptr<kernels::LayerSignalWriter>, kMaxTpSize> writers;
+  std::optional<kernels::PinnedHostRange> pinned_progress;
+};
+
+void keep_for_process_life(std::unique_ptr<KeptDeviceSide> side) {
+  static std::mutex mu;
+  // Never destroyed, not even at exit: the CUDA driver may be gone by then.
+  static auto* kept = new std::vector<std::unique_ptr<KeptDeviceSide>>();
+  std::lock_guard lock(mu);
+  kept->push_back(std::move(side));
+}
+
+}  // namespace
+
+void Client::Impl::retire_device_side() {
+  std::lock_guard lock(device_mu);
+  const bool used = pinned_progress.has_value() ||
+                    std::any_of(device_writers.begin(), device_writers.end(),
+                                [](const auto& w) { return w != nullptr; });
+  if (!used) return;
+  // A coordinator that is gone ends nobody's loads: this process's stream
+  // waits are released first, as at a failure, so its streams can finish.
+  if (coordinator.lock_state() == LockState::kFree) release_device_waits();
+  bool done = true;
+  for (void* stream : device_streams)
+    if (!kernels::stream_done_within(stream, kRetireWait)) {
+      done = false;
+      break;
+    }
+  if (done) return;  // the members go as usual: nothing queued uses them any more
+  keep_for_process_life(std::unique_ptr<KeptDeviceSide>(new KeptDeviceSide{
+      std::move(control), std::move(device_writers), std::move(pinned_progress)}));
+  pinned_progress.reset();
 }
 
 }  // namespace kvrelay

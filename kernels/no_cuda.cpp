@@ -88,5 +88,8 @@ Status LayerSignalWriter::signal_layer(void*, uint32_t) {
 Status stream_wait_at_least(void*, const PinnedHostRange&, const void*, uint64_t) {
   return make_error(Errc::kUnsupported, kNoCuda);
 }
+bool stream_done_within(void*, std::chrono::milliseconds) {
+  return true;
+}
 
 }  // namespace kvrelay::kernels

@@ -275,6 +275,11 @@ class Client {
   Status push_batch(uint32_t rank, uint64_t step, std::span<const BatchSlot> slots,
                     Deadline deadline);
   // Layer `layer` of step `step` is computed for every slot of its batch.
+  // Pushed from the host, so it orders nothing on the GPU: call it only once
+  // the layer's KV is written (its stream synchronized, or from a host
+  // callback on that stream), or the worker may copy the layer before the
+  // kernels that write it ran. An engine that cannot wait on the host uses
+  // the GPU-written signals below, which the stream itself orders.
   Status push_layer_done(uint32_t rank, uint64_t step, uint32_t layer, Deadline deadline);
   // Legacy per-query mode: (step, layer) is the newest computed position.
   Status push_legacy_layer_done(uint32_t rank, uint64_t step, uint32_t layer, Deadline deadline);
@@ -294,6 +299,14 @@ class Client {
   // repeats the old counts, so the worker waits rather than send early. The
   // stream is a cudaStream_t; the current CUDA device must be the stream's.
   // kUnsupported without CUDA or a GPU.
+  //
+  // A graph captured with signal_layer belongs to this Client: capture it
+  // again with a new Client, since replaying it after this one is destroyed
+  // writes through memory that is no longer the client's. Destroying the
+  // Client waits up to 2 s for the streams it was handed (here and in
+  // stream_wait_layer) to finish; if one has not, the device side (a pinned
+  // page, 8 bytes of GPU memory, the instance's mapping) is kept for the
+  // process's life rather than freed under the stream.
   //
   // Takes rank `rank`'s signal ring and pins its device signal word for the
   // current CUDA device (done by the first push_device_step otherwise).
