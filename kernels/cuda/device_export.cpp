@@ -1,9 +1,11 @@
 #include "kernels/device_export.h"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 
 #include "kernels/cuda/runtime.h"
@@ -79,6 +81,25 @@ Result<ExportedRange> export_vmm(const cuda::DriverApi& api, uint64_t begin, uin
 
 }  // namespace
 
+namespace {
+
+// A VMM pool exports an fd per chunk (an expandable-segments cache of a large
+// model: about 3,000), all held until the registration is sent, and the
+// usual soft limit on open files is 1,024: it is raised to the hard limit
+// first, once per process, as kvrelay's workers do for the same fds.
+void raise_open_file_limit() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    rlimit files{};
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+      files.rlim_cur = files.rlim_max;
+      (void)setrlimit(RLIMIT_NOFILE, &files);
+    }
+  });
+}
+
+}  // namespace
+
 Result<ExportedPool> export_device_tensors(std::span<const uint64_t> addresses,
                                            std::span<const uint64_t> bytes) {
   Result<const cuda::DriverApi*> loaded = cuda::driver_api();
@@ -129,6 +150,21 @@ Result<ExportedPool> export_device_tensors(std::span<const uint64_t> addresses,
           "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
     spans.push_back(Span{i, first->first, last->second, true});
   }
+  // Exported on the pool's own GPU, whatever device the calling thread had
+  // current (an engine thread that never chose one would be on GPU 0), and
+  // that thread's device put back afterwards.
+  int caller_device = -1;
+  (void)cudaGetDevice(&caller_device);
+  (void)cudaGetLastError();
+  if (Status s = cuda::use_device(out.device); !s) return s.error();
+  if (std::any_of(spans.begin(), spans.end(), [](const Span& x) { return x.vmm; }))
+    raise_open_file_limit();
+  struct RestoreDevice {
+    int device;
+    ~RestoreDevice() {
+      if (device >= 0) (void)cudaSetDevice(device);
+    }
+  } restore{caller_device};
   // Tensors of one allocation (legacy) or of touching chunks (VMM) share a
   // range: sort by address and merge.
   std::sort(spans.begin(), spans.end(), [](const Span& x, const Span& y) {
