@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "schemas/pool_descriptor.h"
@@ -31,6 +32,8 @@ void describe(const PoolSpec& spec, const PoolGeometry& geometry, uint64_t fd_ti
   d.setLocation(location_of(spec.location));
   d.setSegmentName(spec.segment_name);
   d.setDeviceId(spec.device_id);
+  if (std::any_of(spec.device_uuid.begin(), spec.device_uuid.end(), [](uint8_t b) { return b != 0; }))
+    d.setDeviceUuid(kj::arrayPtr(spec.device_uuid.data(), spec.device_uuid.size()));
   d.setFdTicket(fd_ticket);
   if (spec.location != PoolLocation::kHostSegment) d.setOwnerPid(static_cast<uint32_t>(getpid()));
   messages::set_shape(d, geometry);
@@ -76,6 +79,7 @@ PoolSpec spec_of(uint32_t rank, PoolTier tier, const kernels::ExportedPool& pool
   spec.rank = rank;
   spec.tier = tier;
   spec.device_id = static_cast<uint32_t>(pool.device);
+  spec.device_uuid = pool.device_uuid;
   // One location per pool: the registration's memory is all of one kind.
   spec.location = !pool.ranges.empty() && pool.ranges.front().vmm ? PoolLocation::kCudaVmm
                                                                   : PoolLocation::kCudaIpc;

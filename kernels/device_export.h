@@ -45,7 +45,8 @@ struct ExportedTensor {
 };
 
 struct ExportedPool {
-  int device = -1;  // the GPU that holds every tensor
+  int device = -1;  // the GPU that holds every tensor (this process's ordinal)
+  std::array<uint8_t, 16> device_uuid{};  // ...and its UUID (gpu_identity.h), in every process
   std::vector<ExportedRange> ranges;
   std::vector<ExportedTensor> tensors;  // in the order given
 };

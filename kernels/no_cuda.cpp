@@ -4,6 +4,7 @@
 #include "kernels/device_export.h"
 #include "kernels/device_memory.h"
 #include "kernels/dmabuf.h"
+#include "kernels/gpu_identity.h"
 #include "kernels/host_pinning.h"
 #include "kernels/stream_signals.h"
 
@@ -90,6 +91,13 @@ Status stream_wait_at_least(void*, const PinnedHostRange&, const void*, uint64_t
 }
 bool stream_done_within(void*, std::chrono::milliseconds) {
   return true;
+}
+
+Result<GpuUuid> gpu_uuid(int) {
+  return make_error(Errc::kUnsupported, kNoCuda);
+}
+Result<std::vector<GpuUuid>> visible_gpu_uuids() {
+  return make_error(Errc::kUnsupported, kNoCuda);
 }
 
 }  // namespace kvrelay::kernels

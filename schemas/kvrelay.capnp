@@ -328,6 +328,13 @@ struct PoolDescriptor {
   # by the client library. The worker lets go of the memory when that
   # process exits (its GPU memory is then freed), and serves its own pool
   # again. 0: nobody to watch.
+
+  deviceUuid @20 :Data;
+  # GPU locations: the UUID of the GPU that holds the pool (16 bytes,
+  # cudaDeviceProp::uuid). It names the same GPU in every process, whatever
+  # CUDA_VISIBLE_DEVICES each was started with; deviceId is the engine's
+  # ordinal, which means that GPU only in the engine's process. Empty from
+  # clients that predate it (deviceId is then taken as the worker's ordinal).
 }
 
 struct PoolMemory {

@@ -49,6 +49,8 @@ Status check_tensor_table(const std::string& w, schema::PoolDescriptor::Reader p
   if (tensors.size() != want)
     return invalid(fmt::format("{}: tensors has {} but the pool has {} tensors ({} layers x {})", w,
                                entries(tensors.size()), want, g.total_layers(), per_layer));
+  if (const size_t uuid = pool.getDeviceUuid().size(); uuid != 0 && uuid != 16)
+    return invalid(fmt::format("{}: device_uuid has {} bytes; a GPU UUID has 16", w, uuid));
   if (memories.size() == 0) return invalid(fmt::format("{}: memories is empty", w));
   if (memories.size() > tensors.size())
     return invalid(fmt::format("{}: memories has {} for {} tensors", w, entries(memories.size()),

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "instance/pool_segment.h"
+#include "kernels/gpu_identity.h"
 #include "schemas/validate.h"
 #include "worker/imported_pool.h"
 #include "worker/pools.h"
@@ -125,13 +126,28 @@ Result<std::unique_ptr<LocalPool>> DataPlane::import_tensor_table(schema::PoolDe
     ticket = rng() | 1U;
   }
   const std::string name = fmt::format("{}:{:016x}", location_name(where), ticket);
+  // The engine's GPU by its UUID: its ordinal there need not be ours
+  // (kernels/gpu_identity.h).
+  int device = static_cast<int>(d.getDeviceId());
+  const auto uuid = d.getDeviceUuid();
+  const std::span<const uint8_t> uuid_bytes(uuid.begin(), uuid.size());
+  if (is_gpu_location(where) && !uuid_bytes.empty()) {
+    Result<std::vector<kernels::GpuUuid>> visible = kernels::visible_gpu_uuids();
+    if (!visible) return visible.error();
+    Result<int> local = kernels::resolve_gpu(uuid_bytes, d.getDeviceId(), *visible);
+    if (!local) return local.error();
+    device = *local;
+  }
   Result<std::unique_ptr<ImportedPool>> pool = ImportedPool::open(
-      d, pool_geometry_of(control_.config(), tier), fds, static_cast<int>(d.getDeviceId()), name);
+      d, pool_geometry_of(control_.config(), tier), fds, device, name);
   if (!pool) return pool.error();
   spdlog::info("rank {}: mapped the engine's {} pool {} ({} MiB, {} allocations{})", rank_,
                tier == PoolTier::kHost ? "host" : "device", name, (*pool)->bytes() >> 20,
                d.getMemories().size(),
-               is_gpu_location(where) ? fmt::format(", GPU {}", d.getDeviceId()) : "");
+               is_gpu_location(where)
+                   ? fmt::format(", GPU {} here, the engine's GPU {}{}", device, d.getDeviceId(),
+                                 uuid_bytes.empty() ? "" : ", " + kernels::gpu_uuid_text(uuid_bytes))
+                   : "");
   return std::unique_ptr<LocalPool>(std::move(pool).value());
 }
 

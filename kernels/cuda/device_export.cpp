@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/gpu_identity.h"
 
 namespace kvrelay::kernels {
 
@@ -157,6 +158,10 @@ Result<ExportedPool> export_device_tensors(std::span<const uint64_t> addresses,
   (void)cudaGetDevice(&caller_device);
   (void)cudaGetLastError();
   if (Status s = cuda::use_device(out.device); !s) return s.error();
+  if (Result<GpuUuid> uuid = gpu_uuid(out.device); !uuid)
+    return uuid.error();
+  else
+    out.device_uuid = *uuid;
   if (std::any_of(spans.begin(), spans.end(), [](const Span& x) { return x.vmm; }))
     raise_open_file_limit();
   struct RestoreDevice {

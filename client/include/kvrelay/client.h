@@ -166,7 +166,11 @@ struct PoolSpec {
   PoolTier tier = PoolTier::kDevice;
   std::string segment_name;  // kHostSegment: the segment (without '/')
   PoolLocation location = PoolLocation::kHostSegment;
-  uint32_t device_id = 0;  // GPU locations: the GPU that holds the pool
+  uint32_t device_id = 0;  // GPU locations: the GPU that holds the pool (this process's ordinal)
+  // ...and its UUID (cudaDeviceProp::uuid), which names it in the worker's
+  // process too, whatever CUDA_VISIBLE_DEVICES each has. All zero: unknown
+  // (the worker then takes device_id as its own ordinal).
+  std::array<uint8_t, 16> device_uuid{};
   // Other locations: the memory, and every tensor's place in it, layer-major
   // ([layer 0 K, layer 0 V, (K scale, V scale,) layer 1 K, ...], extra
   // layers included), each 16-byte aligned.
