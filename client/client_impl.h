@@ -200,6 +200,12 @@ struct Client::Impl {
   // GPU-written layer signals, per rank: this process's writer, and the
   // count its stream reaches once every step announced so far is signalled.
   std::mutex device_mu;
+  // The pages the GPU reaches (the ranks' signal words and the swap
+  // progress table), pinned as one range at the first device use, so that
+  // the pins below fall inside it and share it: CUDA registers a page once
+  // per process, and the two may share a page. Declared first, unpinned last.
+  std::optional<kernels::PinnedHostRange> pinned_shared;
+  Status pin_shared_pages();  // under device_mu
   std::array<std::unique_ptr<kernels::LayerSignalWriter>, kMaxTpSize> device_writers;
   std::array<uint64_t, kMaxTpSize> device_tally{};
   // The swap progress table, pinned and mapped for stream waits (first use).

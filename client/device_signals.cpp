@@ -27,11 +27,26 @@ Status rank_in_range(const InstanceConfig& c, uint32_t rank) {
 
 }  // namespace
 
+Status Client::Impl::pin_shared_pages() {
+  if (pinned_shared) return {};
+  const auto* status = reinterpret_cast<const std::byte*>(&control.status());
+  const auto* table = reinterpret_cast<const std::byte*>(&control.swap_progress());
+  const std::byte* begin = std::min(status, table);
+  const std::byte* end =
+      std::max(status + sizeof(InstanceStatus), table + sizeof(SwapProgressTable));
+  Result<kernels::PinnedHostRange> pinned = kernels::PinnedHostRange::pin(
+      const_cast<std::byte*>(begin), static_cast<size_t>(end - begin), /*mapped=*/true);
+  if (!pinned) return pinned.error();
+  pinned_shared = std::move(pinned).value();
+  return {};
+}
+
 Status Client::own_device_signals(uint32_t rank) {
   if (Status s = rank_in_range(impl_->config, rank); !s) return s;
   if (Status s = own_signals(rank); !s) return s;
   std::lock_guard lock(impl_->device_mu);
   if (impl_->device_writers[rank]) return {};
+  if (Status s = impl_->pin_shared_pages(); !s) return s;
   std::atomic<uint64_t>& word = impl_->control.status().device_signals[rank].layers;
   Result<std::unique_ptr<kernels::LayerSignalWriter>> w = kernels::LayerSignalWriter::open(&word);
   if (!w) return w.error();
@@ -83,6 +98,7 @@ Status Client::stream_wait_layer(std::string_view request_id, uint32_t layer, vo
   {
     std::lock_guard lock(impl_->device_mu);
     impl_->note_stream(stream);
+    if (Status s = impl_->pin_shared_pages(); !s) return s;
     if (!impl_->pinned_progress) {
       Result<kernels::PinnedHostRange> pinned =
           kernels::PinnedHostRange::pin(&table, sizeof(table), /*mapped=*/true);
@@ -118,6 +134,7 @@ constexpr auto kRetireWait = std::chrono::seconds(2);
 // stream would be an illegal address, sticky in the engine's CUDA context.
 struct KeptDeviceSide {
   ControlSegment control;
+  std::optional<kernels::PinnedHostRange> pinned_shared;  // unpinned last, were it ever
   std::array<std::unique_ptr<kernels::LayerSignalWriter>, kMaxTpSize> writers;
   std::optional<kernels::PinnedHostRange> pinned_progress;
 };
@@ -134,7 +151,7 @@ void keep_for_process_life(std::unique_ptr<KeptDeviceSide> side) {
 
 void Client::Impl::retire_device_side() {
   std::lock_guard lock(device_mu);
-  const bool used = pinned_progress.has_value() ||
+  const bool used = pinned_shared.has_value() || pinned_progress.has_value() ||
                     std::any_of(device_writers.begin(), device_writers.end(),
                                 [](const auto& w) { return w != nullptr; });
   if (!used) return;
@@ -148,9 +165,11 @@ void Client::Impl::retire_device_side() {
       break;
     }
   if (done) return;  // the members go as usual: nothing queued uses them any more
-  keep_for_process_life(std::unique_ptr<KeptDeviceSide>(new KeptDeviceSide{
-      std::move(control), std::move(device_writers), std::move(pinned_progress)}));
+  keep_for_process_life(std::unique_ptr<KeptDeviceSide>(
+      new KeptDeviceSide{std::move(control), std::move(pinned_shared), std::move(device_writers),
+                         std::move(pinned_progress)}));
   pinned_progress.reset();
+  pinned_shared.reset();
 }
 
 }  // namespace kvrelay
