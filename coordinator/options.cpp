@@ -287,12 +287,13 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
     if (per_rank * tp > avail)
       return make_error(
           Errc::kInvalidArgument,
-          fmt::format("the pools need {:.1f} GiB ({} ranks x {:.1f} GiB: {} layers x {} "
-                      "blocks of {} bytes per tensor) but /dev/shm has {:.1f} GiB free",
-                      per_rank * tp / 1073741824.0, tp, per_rank / 1073741824.0,
+          // MiB, rounded so that what is needed never reads as what is free.
+          fmt::format("the pools need {} MiB ({} ranks x {} MiB: {} layers x {} "
+                      "blocks of {} bytes per tensor) but /dev/shm has {} MiB free",
+                      (per_rank * tp + (1 << 20) - 1) >> 20, tp, (per_rank + (1 << 20) - 1) >> 20,
                       c.num_layers + c.extra_layers, c.num_blocks,
                       pool_geometry_of(c, PoolTier::kDevice).block_bytes(PoolTensor::kKey),
-                      avail / 1073741824.0));
+                      avail >> 20));
   }
   o.config = c;
   o.startup_timeout = std::chrono::milliseconds(startup_ms);

@@ -131,6 +131,22 @@ TEST(CoordinatorOptions, BadTransportFlagsAreRefusedNamingTheFlag) {
             "(accepted)");
 }
 
+// Pools that do not fit /dev/shm are refused in MiB, rounded so that what
+// is needed never reads like what is free ("needs 0.1 GiB ... has 0.1 GiB").
+TEST(CoordinatorOptions, PoolsThatDoNotFitDevShmAreRefusedInMiB) {
+  std::vector<std::string> args = {"kvrelay-coordinator", "--instance", "options-test",
+                                   "--num-layers", "64", "--num-blocks", "1000000", "--kv-heads",
+                                   "8", "--head-dim", "128", "--tp-size", "8"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  Result<CoordinatorOptions> o = parse_options(static_cast<int>(argv.size()), argv.data());
+  ASSERT_FALSE(o) << "about 16 TiB of pools";
+  const std::string why = o.error().message;
+  EXPECT_NE(why.find("MiB free"), std::string::npos) << why;
+  EXPECT_NE(why.find("8 ranks x "), std::string::npos) << why;
+  EXPECT_EQ(why.find("GiB"), std::string::npos) << why;
+}
+
 // A worker started by another supervisor (--external-workers) settles its
 // flags against the instance it attached to, with the coordinator's words.
 TEST(CoordinatorOptions, AWorkerRefusesWhatTheCoordinatorRefuses) {

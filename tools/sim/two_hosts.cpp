@@ -6,11 +6,14 @@
 #include <fmt/ranges.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 
 #include <filesystem>
@@ -134,8 +137,38 @@ Status TwoHosts::enter(bool host_a) const {
   return {};
 }
 
+namespace {
+
+// Removes the key folders of this user's processes that are gone.
+void remove_orphaned_keys() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/tmp", ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string prefix = "kvrelay-key-";
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t dash = name.find('-', prefix.size());
+    if (dash == std::string::npos) continue;  // no pid in its name
+    pid_t pid = 0;
+    try {
+      pid = static_cast<pid_t>(std::stol(name.substr(prefix.size(), dash - prefix.size())));
+    } catch (...) {
+      continue;
+    }
+    struct stat st {};
+    if (pid <= 0 || ::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != ::geteuid())
+      continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    std::filesystem::remove_all(entry.path(), ec);
+  }
+}
+
+}  // namespace
+
 TemporaryKey::TemporaryKey() {
-  char dir[] = "/tmp/kvrelay-key-XXXXXX";
+  remove_orphaned_keys();
+  std::string pattern = fmt::format("/tmp/kvrelay-key-{}-XXXXXX", ::getpid());
+  char* dir = pattern.data();
   if (::mkdtemp(dir) == nullptr) return;
   dir_ = dir;
   const std::string path = dir_ + "/key";

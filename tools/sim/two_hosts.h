@@ -45,8 +45,11 @@ class TwoHosts {
   std::string address_a_ = "127.0.0.1", address_b_ = "127.0.0.2";
 };
 
-// A fresh 0600 key file of 32 random bytes in a private temporary folder,
-// removed when the object goes.
+// A fresh 0600 key file of 32 random bytes in a private temporary folder
+// (/tmp/kvrelay-key-<pid>-XXXXXX), removed when the object goes. A process
+// killed outright (SIGKILL) cannot remove its own: the next TemporaryKey of
+// the same user removes those whose process is gone, so key material does
+// not pile up in /tmp.
 class TemporaryKey {
  public:
   TemporaryKey();
