@@ -47,7 +47,6 @@ class PinnedHostRange {
   void* base_ = nullptr;               // page-aligned start of what was registered
   [[maybe_unused]] size_t bytes_ = 0;  // unread in a build without CUDA
   uint64_t device_base_ = 0;
-  [[maybe_unused]] int device_ = -1;
 };
 
 }  // namespace kvrelay::kernels

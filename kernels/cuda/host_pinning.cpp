@@ -62,15 +62,13 @@ Result<PinnedHostRange> PinnedHostRange::pin(void* address, size_t bytes, bool m
   r.base_ = reinterpret_cast<void*>(pages->start);
   r.bytes_ = pages->end - pages->start;
   r.device_base_ = pages->device_base;
-  r.device_ = pages->device;
   return r;
 }
 
 PinnedHostRange::PinnedHostRange(PinnedHostRange&& other) noexcept
     : base_(std::exchange(other.base_, nullptr)),
       bytes_(other.bytes_),
-      device_base_(other.device_base_),
-      device_(other.device_) {}
+      device_base_(other.device_base_) {}
 
 PinnedHostRange& PinnedHostRange::operator=(PinnedHostRange&& other) noexcept {
   if (this != &other) {
@@ -78,7 +76,6 @@ PinnedHostRange& PinnedHostRange::operator=(PinnedHostRange&& other) noexcept {
     base_ = std::exchange(other.base_, nullptr);
     bytes_ = other.bytes_;
     device_base_ = other.device_base_;
-    device_ = other.device_;
   }
   return *this;
 }

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/ip/address.hpp>
+#include <algorithm>
 #include <filesystem>
 
 #include "instance/auth_key.h"
@@ -40,6 +41,18 @@ Status settle_options(const InstanceConfig&, NetOptions& o) {
   o.auth_key_file = std::filesystem::absolute(o.auth_key_file).string();
   Result<AuthKey> key = AuthKey::load(o.auth_key_file);
   if (!key) return make_error(key.code(), "--auth-key-file: " + key.error().message);
+  return {};
+}
+
+Status require_key_to_listen(const InstanceConfig& config, const NetOptions& o,
+                             std::span<const uint16_t> ports, const char* ports_flag) {
+  const bool receives = config.role != static_cast<uint32_t>(Role::kPrefill);
+  const bool listens = std::any_of(ports.begin(), ports.end(), [](uint16_t p) { return p != 0; });
+  if (receives && listens && o.auth_key_file.empty())
+    return make_error(Errc::kInvalidArgument,
+                      fmt::format("{} needs --auth-key-file: a listener must authenticate its "
+                                  "peers (docs/transports.md: Cross-host transfer)",
+                                  ports_flag));
   return {};
 }
 

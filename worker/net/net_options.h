@@ -4,6 +4,7 @@
 // hands them on, kvrelay-worker reads them.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,5 +30,11 @@ void declare_options(CLI::App& app, NetOptions& options);
 // reads the same file).
 Status settle_options(const InstanceConfig& config, NetOptions& options);
 void hand_on(const NetOptions& options, std::vector<std::string>& args);
+
+// For a transport's own settle_options: a rank that listens (one of `ports`
+// set, not prefill-only) must authenticate its peers, so it needs the key.
+// `ports_flag` names the transport's port flag in the refusal.
+Status require_key_to_listen(const InstanceConfig& config, const NetOptions& options,
+                             std::span<const uint16_t> ports, const char* ports_flag);
 
 }  // namespace kvrelay::worker::net

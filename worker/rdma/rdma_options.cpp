@@ -4,8 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <iterator>
 
 namespace kvrelay::worker::rdma {
 
@@ -77,14 +75,7 @@ Status settle_options(const InstanceConfig& config, const net::NetOptions& net, 
                       fmt::format("--rdma-devices names {} devices for {} ranks (one for all, or "
                                   "one per rank)",
                                   o.devices.size(), config.tp_size));
-  const bool receives = config.role != static_cast<uint32_t>(Role::kPrefill);
-  const bool listens = std::any_of(std::begin(config.rdma_ports), std::end(config.rdma_ports),
-                                   [](uint16_t p) { return p != 0; });
-  if (receives && listens && net.auth_key_file.empty())
-    return make_error(Errc::kInvalidArgument,
-                      "--rdma-ports needs --auth-key-file: a listener must authenticate its peers "
-                      "(docs/transports.md: Cross-host transfer)");
-  return {};
+  return net::require_key_to_listen(config, net, config.rdma_ports, "--rdma-ports");
 }
 
 void hand_on(const InstanceConfig& config, const RdmaOptions& o, std::vector<std::string>& args) {

@@ -1,8 +1,6 @@
 #include "worker/tcp/tcp_options.h"
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <iterator>
 
 namespace kvrelay::worker::tcp {
 
@@ -18,14 +16,7 @@ void declare_options(CLI::App& app, TcpOptions& o) {
 }
 
 Status settle_options(const InstanceConfig& config, const net::NetOptions& net, TcpOptions&) {
-  const bool receives = config.role != static_cast<uint32_t>(Role::kPrefill);
-  const bool listens = std::any_of(std::begin(config.tcp_ports), std::end(config.tcp_ports),
-                                   [](uint16_t p) { return p != 0; });
-  if (receives && listens && net.auth_key_file.empty())
-    return make_error(Errc::kInvalidArgument,
-                      "--tcp-ports needs --auth-key-file: a listener must authenticate its peers "
-                      "(docs/transports.md: Cross-host transfer)");
-  return {};
+  return net::require_key_to_listen(config, net, config.tcp_ports, "--tcp-ports");
 }
 
 void hand_on(const TcpOptions& o, std::vector<std::string>& args) {
