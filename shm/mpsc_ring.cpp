@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 #include <set>
+#include <thread>
 
 #include "shm/bits.h"
 #include "shm/chaos.h"
@@ -130,7 +131,17 @@ bool MpscRing::indices_sane() const {
 Result<MpscConsumerLease> MpscRing::lease_consumer(uint32_t tag) const {
   std::atomic<uint32_t>* key = &h_->consumer_pid;
   auto busy = [&] {
-    const std::optional<MpscConsumerHolder> holder = consumer_holder();
+    std::optional<MpscConsumerHolder> holder = consumer_holder();
+    // The winner writes its pid a few instructions after taking the lock: a
+    // loser that lands in between waits for it briefly, so that its error
+    // names the reader rather than "pid 0".
+    const Deadline named = Deadline::after(std::chrono::milliseconds(200));
+    while (holder && holder->pid == 0 && !named.passed()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      holder = consumer_holder();
+    }
+    if (holder && holder->pid == 0)
+      return make_error(Errc::kBusy, "another process is taking the reader's lease just now");
     if (!holder || holder->pid == self_pid())
       return make_error(Errc::kBusy, "another reader in this process holds it");
     return make_error(Errc::kBusy, fmt::format("another process reads it: pid {}, session {:08x}",
@@ -144,16 +155,17 @@ Result<MpscConsumerLease> MpscRing::lease_consumer(uint32_t tag) const {
     locks_.unlock(kConsumerLockOffset);
     return busy();
   }
+  KVRELAY_FAULT_POINT("mpsc.consumer_locked");
   h_->consumer_tag.store(tag, std::memory_order_relaxed);
-  h_->consumer_pid.store(self_pid(), std::memory_order_relaxed);
+  h_->consumer_pid.store(self_pid(), std::memory_order_release);  // the tag before the pid
   h_->consumer_generation.fetch_add(1, std::memory_order_acq_rel);
   return MpscConsumerLease(locks_, h_);
 }
 
 std::optional<MpscConsumerHolder> MpscRing::consumer_holder() const {
   if (locks_.probe(kConsumerLockOffset) != LockState::kHeld) return std::nullopt;
-  return MpscConsumerHolder{h_->consumer_pid.load(std::memory_order_relaxed),
-                            h_->consumer_tag.load(std::memory_order_relaxed)};
+  const uint32_t pid = h_->consumer_pid.load(std::memory_order_acquire);
+  return MpscConsumerHolder{pid, h_->consumer_tag.load(std::memory_order_relaxed)};
 }
 
 void MpscConsumerLease::release() {

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "shm/fault_point.h"
@@ -263,6 +264,42 @@ TEST(MpscRingProcesses, ASessionWhoseProcessDiedIsJudgedDeadByItsLock) {
   EXPECT_EQ(ring.session_state(id >> 16, id & 0xffff), ProducerSession::kAlive);
   testing::kill_child(child);
   EXPECT_EQ(ring.session_state(id >> 16, id & 0xffff), ProducerSession::kDead);
+}
+
+// A reader that loses the race for the consumer's lease, just after the
+// winner took its lock and before the winner wrote its pid, is told who
+// reads once the pid is there, never "pid 0" (CI saw that once).
+TEST(MpscRingProcesses, ALoserOfTheReadersRaceIsToldTheWinnersPidNotZero) {
+  MpscTestRing t(1024);
+  const pid_t winner = testing::fork_child([&] {
+    fault::arm("mpsc.consumer_locked", fault::Action::kStop);
+    Result<MpscConsumerLease> lease = t.attach().lease_consumer(0x5eed);
+    if (!lease) return 2;
+    pause();
+    return 0;
+  });
+  int status = 0;
+  ASSERT_EQ(waitpid(winner, &status, WUNTRACED), winner);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "stopped between its lock and its pid";
+  MpscRing ring = t.attach();
+  Result<MpscConsumerLease> early = ring.lease_consumer(1);
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.code(), Errc::kBusy);
+  EXPECT_EQ(early.error().message.find("pid 0"), std::string::npos) << early.error().message;
+
+  // The winner writes its pid while the loser waits for it.
+  std::thread resume([&] {
+    std::this_thread::sleep_for(20ms);
+    kill(winner, SIGCONT);
+  });
+  Result<MpscConsumerLease> later = ring.lease_consumer(1);
+  resume.join();
+  ASSERT_FALSE(later.ok());
+  EXPECT_NE(later.error().message.find("pid " + std::to_string(winner)), std::string::npos)
+      << later.error().message;
+  EXPECT_NE(later.error().message.find("session 00005eed"), std::string::npos)
+      << later.error().message;
+  testing::kill_child(winner);
 }
 
 // N producer processes x M records each into one consumer: every record
