@@ -1,6 +1,7 @@
 #include "coordinator/options.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/statvfs.h>
 
 #include <CLI/CLI.hpp>
@@ -103,7 +104,8 @@ Status apply_speculative(const std::string& json, InstanceConfig& c) {
 }  // namespace
 
 uint64_t pool_bytes_per_rank(const InstanceConfig& c) {
-  uint64_t bytes = HostPool::segment_bytes(pool_geometry_of(c, PoolTier::kDevice));
+  uint64_t bytes = 0;
+  if (c.engine_pools == 0) bytes += HostPool::segment_bytes(pool_geometry_of(c, PoolTier::kDevice));
   if (c.host_blocks > 0) bytes += HostPool::segment_bytes(pool_geometry_of(c, PoolTier::kHost));
   return bytes;
 }
@@ -150,6 +152,13 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   app.add_option("--num-host-blocks", d.host_blocks,
                  "blocks per rank in the host tier for swap tasks; 0: none (original transfer "
                  "manager: num_cpu_blocks)")
+      ->capture_default_str();
+  std::string pool = "host";
+  app.add_option("--pool", pool,
+                 "where each rank's KV pool lives: host (the worker makes one in /dev/shm, the "
+                 "size of the cache: for CPU engines and demos) or none (the engine registers "
+                 "its own, e.g. its GPU cache, and the worker serves no transfer until it has)")
+      ->check(CLI::IsMember({"host", "none"}))
       ->capture_default_str();
   app.add_option(
          "--protocol", protocol,
@@ -249,6 +258,7 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   c.head_dim = d.head_dim;
   c.num_blocks = d.num_blocks;
   c.host_blocks = d.host_blocks;
+  c.engine_pools = pool == "none" ? 1 : 0;
   c.request_deadline_ms = d.request_deadline_ms;
   c.peer_timeout_ms = d.peer_timeout_ms;
   c.stall_report_ms = d.stall_report_ms;
@@ -284,16 +294,26 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   struct statvfs fs {};
   if (statvfs("/dev/shm", &fs) == 0) {
     const uint64_t avail = uint64_t{fs.f_bavail} * fs.f_frsize;
-    if (per_rank * tp > avail)
+    if (per_rank * tp > avail) {
+      std::vector<std::string> parts;
+      if (c.engine_pools == 0)
+        parts.push_back(fmt::format(
+            "a device pool of {} layers x {} blocks of {} bytes per tensor", c.num_layers + c.extra_layers,
+            c.num_blocks, pool_geometry_of(c, PoolTier::kDevice).block_bytes(PoolTensor::kKey)));
+      if (c.host_blocks > 0)
+        parts.push_back(fmt::format("a host swap tier of {} blocks", c.host_blocks));
       return make_error(
           Errc::kInvalidArgument,
           // MiB, rounded so that what is needed never reads as what is free.
-          fmt::format("the pools need {} MiB ({} ranks x {} MiB: {} layers x {} "
-                      "blocks of {} bytes per tensor) but /dev/shm has {} MiB free",
+          fmt::format("the pools need {} MiB ({} ranks x {} MiB: {}) but /dev/shm has {} MiB "
+                      "free. {}Give /dev/shm more room (in a container: docker run "
+                      "--shm-size, or a memory-backed emptyDir on /dev/shm)",
                       (per_rank * tp + (1 << 20) - 1) >> 20, tp, (per_rank + (1 << 20) - 1) >> 20,
-                      c.num_layers + c.extra_layers, c.num_blocks,
-                      pool_geometry_of(c, PoolTier::kDevice).block_bytes(PoolTensor::kKey),
-                      avail >> 20));
+                      fmt::join(parts, " and "), avail >> 20,
+                      c.engine_pools == 0 ? "Where the engine registers its own KV cache (a GPU's), "
+                                            "run with --pool none. "
+                                          : ""));
+    }
   }
   o.config = c;
   o.startup_timeout = std::chrono::milliseconds(startup_ms);

@@ -47,7 +47,11 @@ struct InstanceConfig {
   // The model's KV heads over all ranks; 0: kv_heads * tp_size. Fewer than
   // tp_size: heads replicated over ranks (instance/head_layout.h).
   uint32_t total_kv_heads;
-  uint32_t reserved_geometry[3];
+  // 1: the engine registers each rank's device pool (--pool none), and a
+  // worker makes none of its own; 0: a worker makes a host-memory pool in
+  // /dev/shm (--pool host). The host swap tier is host_blocks' either way.
+  uint32_t engine_pools;
+  uint32_t reserved_geometry[2];
 
   // Rings. Byte rings are sized in bytes, fixed-record rings in records.
   uint32_t submit_ring_bytes;      // clients -> coordinator (multi-producer)

@@ -202,8 +202,11 @@ Result<PublishedPool> find_published_pool(const ControlSegment& control, uint32_
     if (name[0] == '\0')
       return make_error(
           Errc::kNotFound,
-          fmt::format("instance '{}' has published no {} pool for rank {}", control.instance(),
-                      tier == PoolTier::kHost ? "host" : "device", rank));
+          fmt::format("instance '{}' has published no {} pool for rank {}{}", control.instance(),
+                      tier == PoolTier::kHost ? "host" : "device", rank,
+                      tier == PoolTier::kDevice && control.config().engine_pools != 0
+                          ? " (it runs with --pool none: the engine registers its own)"
+                          : ""));
     if (static_cast<uint32_t>(p.location) > static_cast<uint32_t>(PoolLocation::kHostFd))
       return make_error(Errc::kCorrupt,
                         fmt::format("instance '{}' rank {}: the pool directory names location {}",

@@ -39,15 +39,23 @@ Result<std::unique_ptr<DataPlane>> DataPlane::open(const ControlSegment& control
     spdlog::warn("rank {}: no fd socket, so pools cannot be registered by fd: {}", rank,
                  d->no_fd_server_);
   }
-  Result<std::unique_ptr<LocalPool>> device = open_or_create_pool(control, rank, PoolTier::kDevice);
-  if (!device) return device.error();
-  d->device_pool_ = std::move(device).value();
+  if (control.config().engine_pools == 0) {
+    Result<std::unique_ptr<LocalPool>> device =
+        open_or_create_pool(control, rank, PoolTier::kDevice);
+    if (!device) return device.error();
+    d->device_pool_ = std::move(device).value();
+  } else {
+    spdlog::info("rank {}: no pool of its own (--pool none): serving once the engine registers one",
+                 rank);
+  }
   if (control.config().host_blocks > 0) {
     Result<std::unique_ptr<LocalPool>> host = open_or_create_pool(control, rank, PoolTier::kHost);
     if (!host) return host.error();
     d->host_pool_ = std::move(host).value();
   }
-  if (Status s = d->serve_device_pool(); !s) return s.error();
+  if (d->serving()) {
+    if (Status s = d->serve_device_pool(); !s) return s.error();
+  }
   d->start_swap_engine();
   return d;
 }
@@ -77,7 +85,7 @@ Status DataPlane::serve_device_pool() {
 void DataPlane::start_swap_engine() {
   swap_.reset();
   pinned_host_.clear();
-  if (!host_pool_) return;
+  if (!host_pool_ || !device_pool_) return;
   const int device = device_pool_->cuda_device();
   Result<std::unique_ptr<kernels::CopyEngine>> engine =
       kernels::make_copy_engine(device_pool_->memory_kind(), host_pool_->memory_kind(),
@@ -155,7 +163,7 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
   PoolRegistration out;
   const PoolTier tier =
       d.getTier() == schema::PoolDescriptor::Tier::HOST ? PoolTier::kHost : PoolTier::kDevice;
-  if (scheduler_->live_requests() != 0 || (swap_ && swap_->pending() != 0)) {
+  if (busy()) {
     out.message = fmt::format("{} requests are in flight; register pools before sending",
                               scheduler_->live_requests());
     return out;
@@ -228,6 +236,7 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
 
 PoolRegistration DataPlane::serve(PoolTier tier, std::unique_ptr<LocalPool> pool) {
   PoolRegistration out;
+  if (tier == PoolTier::kDevice) exited_owner_pid_ = 0;
   swap_.reset();  // it holds the old pools
   // Unpinned while its memory is still mapped: the host pool replaced below
   // is unmapped with it, and cudaHostUnregister of unmapped pages fails (or
@@ -257,15 +266,24 @@ PoolRegistration DataPlane::release_orphaned_pools() {
     if (!owner_[t].valid()) continue;
     pollfd p{owner_[t].get(), POLLIN, 0};
     if (poll(&p, 1, 0) <= 0) continue;  // the owner lives
-    if (scheduler_->live_requests() != 0 || (swap_ && swap_->pending() != 0)) continue;
-    spdlog::warn(
-        "rank {}: pid {}, which registered its {} pool {}, exited: letting go of its "
-        "memory and serving a pool of its own",
-        rank_, owner_pid_[t], tier == PoolTier::kHost ? "host" : "device",
-        (tier == PoolTier::kHost ? host_pool_ : device_pool_)->name());
+    if (busy()) continue;
+    // --pool none: there is nothing of its own to fall back on.
+    const bool none = tier == PoolTier::kDevice && control_.config().engine_pools != 0;
+    spdlog::warn("rank {}: pid {}, which registered its {} pool {}, exited: letting go of its "
+                 "memory and {}",
+                 rank_, owner_pid_[t], tier == PoolTier::kHost ? "host" : "device",
+                 (tier == PoolTier::kHost ? host_pool_ : device_pool_)->name(),
+                 none ? "serving nothing until the engine registers another (--pool none)"
+                      : "serving a pool of its own");
+    const uint32_t exited = owner_pid_[t];
     owner_[t].reset();
     owner_pid_[t] = 0;
     if (fd_server_) fd_server_->unpublish(tier);
+    if (none) {
+      stop_serving();
+      exited_owner_pid_ = exited;
+      continue;
+    }
     Result<std::unique_ptr<LocalPool>> own = open_or_create_pool(control_, rank_, tier);
     if (!own) {
       out.broken = true;
@@ -279,6 +297,29 @@ PoolRegistration DataPlane::release_orphaned_pools() {
     if (out.broken) return out;
   }
   return out;
+}
+
+bool DataPlane::busy() const {
+  return (scheduler_ && scheduler_->live_requests() != 0) || (swap_ && swap_->pending() != 0);
+}
+
+void DataPlane::stop_serving() {
+  swap_.reset();
+  pinned_host_.clear();
+  scheduler_.reset();
+  transports_.reset();
+  device_pool_.reset();
+  unpublish_pool(control_, rank_, PoolTier::kDevice);
+}
+
+std::string DataPlane::no_pool_reason() const {
+  return fmt::format(
+      "rank {} has no device pool: the instance runs with --pool none, and the engine has not "
+      "registered one{} (register each rank's pool before submitting transfers or swaps)",
+      rank_,
+      exited_owner_pid_ != 0
+          ? fmt::format(" since pid {}, which registered the last one, exited", exited_owner_pid_)
+          : "");
 }
 
 const LocalPool* DataPlane::truncated_pool() const {

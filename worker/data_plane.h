@@ -70,10 +70,17 @@ class DataPlane {
   // memory is not a pool of this instance's geometry.
   PoolRegistration register_pool(schema::PoolDescriptor::Reader descriptor);
 
+  // Whether the rank has a device pool, and so the transports and the
+  // scheduler over it. Not while the instance runs with --pool none and the
+  // engine has registered no pool (or the one it registered was let go of).
+  bool serving() const { return device_pool_ != nullptr; }
+  // Why it is not serving, for the request that needed it.
+  std::string no_pool_reason() const;
+  // Only while serving().
   SendScheduler& scheduler() { return *scheduler_; }
   Transports& transports() { return *transports_; }
   SwapEngine* swap() { return swap_.get(); }  // none without a host tier
-  const LocalPool& device_pool() const { return *device_pool_; }
+  const LocalPool* device_pool() const { return device_pool_.get(); }
   const LocalPool* host_pool() const { return host_pool_.get(); }
   // The pool another process truncated, if any (the worker then exits).
   const LocalPool* truncated_pool() const;
@@ -90,6 +97,10 @@ class DataPlane {
             WaitEvent& doorbell, Hooks hooks);
   // Builds the transports and the scheduler over the device pool.
   Status serve_device_pool();
+  // --pool none, once the engine's pool was let go of: back to no pool.
+  void stop_serving();
+  // Requests or swaps in flight.
+  bool busy() const;
   void start_swap_engine();
   // The engine's tensor table: maps it and returns it with the fds to offer
   // peers (moved out of `fds`).
@@ -111,6 +122,7 @@ class DataPlane {
   // (a pidfd, readable once it exited), or none.
   UniqueFd owner_[2];
   uint32_t owner_pid_[2] = {0, 0};
+  uint32_t exited_owner_pid_ = 0;  // --pool none: the exited owner of the pool let go of
   std::string no_fd_server_;  // why there is none
   std::unique_ptr<LocalPool> device_pool_;
   std::unique_ptr<LocalPool> host_pool_;

@@ -4,10 +4,48 @@ namespace kvrelay::worker {
 
 using records::ReportKind;
 
+namespace {
+
+// --pool none before the engine registered a pool: every request fails
+// once, saying why, and the registration that ends this is served.
+TaskEffect dispatch_without_pool(schema::WorkerTask::Reader t, DataPlane& data,
+                                 ReportOutbox& reports) {
+  const uint64_t h = t.getHandle();
+  TaskEffect effect;
+  switch (t.which()) {
+    case schema::WorkerTask::BIND:
+    case schema::WorkerTask::EXPECT:
+    case schema::WorkerTask::SWAP:
+      reports.report(h, ReportKind::kFailed, 0, data.no_pool_reason());
+      break;
+    // A request's second half: its first one already failed it (a second
+    // report would be a stray one).
+    case schema::WorkerTask::DEST: break;
+    case schema::WorkerTask::CONNECT:
+      reports.report(h, ReportKind::kConnectFailed, 0, data.no_pool_reason());
+      break;
+    // Nothing of it ran here: the answer that lets the coordinator settle it.
+    case schema::WorkerTask::CANCEL: reports.report(h, ReportKind::kCancelled, 0, ""); break;
+    case schema::WorkerTask::REGISTER_POOL: {
+      const PoolRegistration r = data.register_pool(t.getRegisterPool());
+      reports.report(h, r.registered ? ReportKind::kPoolRegistered : ReportKind::kPoolRejected, 0,
+                     r.message);
+      if (r.broken) effect.broken = r.message;
+      break;
+    }
+    case schema::WorkerTask::SHUTDOWN: effect.shutdown = true; break;
+    case schema::WorkerTask::SESSION_ENDED: effect.session_ended = t.getSessionEnded(); break;
+  }
+  return effect;
+}
+
+}  // namespace
+
 TaskEffect dispatch_task(schema::WorkerTask::Reader t, uint32_t rank, DataPlane& data,
                          ReportOutbox& reports, const std::function<bool()>& apply_signals,
                          uint64_t read_ns) {
   const uint64_t h = t.getHandle();
+  if (!data.serving()) return dispatch_without_pool(t, data, reports);
   SendScheduler& scheduler = data.scheduler();
   Transports& transports = data.transports();
   SwapEngine* swap = data.swap();

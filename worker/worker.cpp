@@ -136,17 +136,18 @@ class Worker {
       bool busy = drain_signals();
       busy = drain_tasks() || busy;
       if (!broken_.empty()) continue;  // a RegisterPool left nothing to serve
-      if (data_->transports().has_completions()) {
+      const bool serving = data_->serving();  // --pool none: not before the engine's pool
+      if (serving && data_->transports().has_completions()) {
         data_->scheduler().poll_transfers();
         busy = true;
       }
       drain_swap_reports();
-      busy = data_->transports().tick() || busy;
+      if (serving) busy = data_->transports().tick() || busy;
       drain_arrivals();
       reports_.flush();
       // The watchdog's count is mirrored with its listing, so that whoever
       // sees a request listed finds it counted.
-      const bool newly_stalled = stalls_.check(data_->scheduler(), mono_now_ns());
+      const bool newly_stalled = serving && stalls_.check(data_->scheduler(), mono_now_ns());
       mirror_counters();
       if (newly_stalled) stalls_.publish();
       if (const LocalPool* pool = data_->truncated_pool())
@@ -187,7 +188,8 @@ class Worker {
             [&] {
               return task_ring_.readable() ||
                      (signal_ring_.readable() && !device_signals_.pending()) ||
-                     data_->transports().has_completions() || data_->transports().has_arrivals() ||
+                     (data_->serving() && (data_->transports().has_completions() ||
+                                           data_->transports().has_arrivals())) ||
                      (data_->swap() != nullptr && data_->swap()->has_reports()) ||
                      device_signals_.word() != word || g_stop != 0;
             },
@@ -260,7 +262,7 @@ class Worker {
   // Expected requests (tcp, ipc): arrived, failed (a write broke its
   // rules), or withdrawn (the answer to a cancel).
   void drain_arrivals() {
-    if (!data_->transports().has_arrivals()) return;
+    if (!data_->serving() || !data_->transports().has_arrivals()) return;
     for (const ArrivalEvent& e : data_->transports().take_arrivals()) {
       switch (e.kind) {
         case ArrivalEvent::kArrived: report(e.handle, ReportKind::kFinished, e.bytes, ""); break;
@@ -280,7 +282,8 @@ class Worker {
       const LayerSignal& s = signals_[n++];
       const uint64_t index = signal_ring_.consumer_position() - 1;
       if (s.kind != static_cast<uint32_t>(records::SignalKind::kDeviceLayers)) {
-        data_->scheduler().on_signal(s, index);
+        // Without a pool no request is bound here: the signal moves nothing.
+        if (data_->serving()) data_->scheduler().on_signal(s, index);
         continue;
       }
       device_signals_index_ = index;
@@ -295,7 +298,9 @@ class Worker {
   }
   size_t poll_device_signals() {
     return device_signals_.poll(
-        [&](const LayerSignal& s) { data_->scheduler().on_signal(s, device_signals_index_); },
+        [&](const LayerSignal& s) {
+          if (data_->serving()) data_->scheduler().on_signal(s, device_signals_index_);
+        },
         mono_now_ns());
   }
 
@@ -305,6 +310,7 @@ class Worker {
   }
 
   void mirror_counters() {
+    if (!data_->serving()) return;  // nothing moves, and nothing is counted, without a pool
     const SchedulerCounters& c = data_->scheduler().counters();
     CounterWriter mirror(counters_);
     auto set = [&](uint32_t id, uint64_t v) { mirror.set(id, v); };

@@ -145,6 +145,38 @@ TEST(CoordinatorOptions, PoolsThatDoNotFitDevShmAreRefusedInMiB) {
   EXPECT_NE(why.find("MiB free"), std::string::npos) << why;
   EXPECT_NE(why.find("8 ranks x "), std::string::npos) << why;
   EXPECT_EQ(why.find("GiB"), std::string::npos) << why;
+  EXPECT_NE(why.find("--pool none"), std::string::npos) << "says how a GPU server avoids it: " << why;
+  EXPECT_NE(why.find("--shm-size"), std::string::npos) << why;
+}
+
+// With --pool none the engine registers its own pools (a GPU's KV cache):
+// /dev/shm needs room only for the host swap tier, and the instance says so.
+TEST(CoordinatorOptions, WithPoolNoneOnlyTheHostTierMustFitDevShm) {
+  auto parse_huge = [](std::vector<std::string> more) {
+    std::vector<std::string> args = {"kvrelay-coordinator", "--instance", "options-test",
+                                     "--num-layers", "64", "--kv-heads", "8", "--head-dim", "128",
+                                     "--tp-size", "8", "--pool", "none"};
+    args.insert(args.end(), more.begin(), more.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return parse_options(static_cast<int>(argv.size()), argv.data());
+  };
+  Result<CoordinatorOptions> o = parse_huge({"--num-blocks", "1000000"});
+  ASSERT_TRUE(o) << "16 TiB of GPU cache needs nothing in /dev/shm: " << o.error().message;
+  EXPECT_EQ(o->config.engine_pools, 1u);
+  EXPECT_EQ(pool_bytes_per_rank(o->config), 0u);
+
+  Result<CoordinatorOptions> with_tier =
+      parse_huge({"--num-blocks", "1000", "--num-host-blocks", "1000000"});
+  ASSERT_FALSE(with_tier) << "the host swap tier is still the worker's, in /dev/shm";
+  const std::string why = with_tier.error().message;
+  EXPECT_NE(why.find("a host swap tier of 1000000 blocks"), std::string::npos) << why;
+  EXPECT_EQ(why.find("device pool"), std::string::npos) << why;
+
+  EXPECT_NE(refusal({"--pool", "gpu"}).find("--pool"), std::string::npos);
+  Result<CoordinatorOptions> by_default = parse({});
+  ASSERT_TRUE(by_default);
+  EXPECT_EQ(by_default->config.engine_pools, 0u) << "a worker makes a host pool by default";
 }
 
 // A worker started by another supervisor (--external-workers) settles its

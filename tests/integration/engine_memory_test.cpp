@@ -126,6 +126,55 @@ TEST(EngineMemory, TransfersBetweenEnginesMemfdPoolsLandByteForByteAndFollowAReR
   env.stop_and_check_clean();
 }
 
+// --pool none, as on a GPU server: no worker makes a pool in /dev/shm; a
+// transfer submitted before the engines registered theirs fails once, saying
+// why; once they have, their pools carry the transfers byte for byte.
+TEST(EngineMemory, WithPoolNoneNothingIsInDevShmAndTheEnginesPoolsCarryTheTransfers) {
+  Placement where;
+  where.engine_pools = true;
+  TwoInstances env("engmem-none", RequestDriver::small_pair(), where);
+  for (Instance* instance : {&env.prefill(), &env.decode()})
+    for (const std::string& segment : instance->leftover_segments())
+      EXPECT_EQ(segment.find("-pool-r"), std::string::npos) << "a pool nobody asked for: " << segment;
+
+  uint64_t step = 0;
+  const auto send = [&](const std::string& id, const sim::RequestBlocks& r, uint32_t slot) {
+    const uint32_t tokens = static_cast<uint32_t>(r.src.size() * RequestDriver::kBlockTokens);
+    ASSERT_TRUE(env.submit_task(id, r, tokens, slot));
+    ASSERT_TRUE(env.submit_dest(id, r));
+    env.prefill_step(++step, {{slot, 0, tokens, Client::request_tag(id)}}, RequestDriver::kLayers);
+  };
+  sim::RequestBlocks early;
+  early.tag = 7;
+  early.src = {0, 1};
+  early.dst = {10, 11};
+  send("before-the-pools", early, 0);
+  Completion c = env.wait_for("before-the-pools");
+  EXPECT_EQ(c.status, CompletionStatus::kError);
+  EXPECT_NE(c.message.find("--pool none"), std::string::npos) << c.message;
+  EXPECT_NE(c.message.find("has not registered"), std::string::npos) << c.message;
+
+  std::vector<EnginePool> src = pools_for(env.prefill(), "prefill-memfd");
+  std::vector<EnginePool> dst = pools_for(env.decode(), "decode-memfd");
+  register_all(env.prefill().client(), src);
+  register_all(env.decode().client(), dst);
+  sim::RequestBlocks r;
+  r.tag = 8;
+  r.src = {3, 4, 5};
+  r.dst = {40, 41, 42};
+  for (uint32_t rank = 0; rank < env.tp(); ++rank)
+    sim::fill_request(*src[rank].view, rank, r);
+  send("into-the-engines-pools", r, 1);
+  c = env.wait_for("into-the-engines-pools");
+  ASSERT_EQ(c.status, CompletionStatus::kFinished) << c.message;
+  for (uint32_t rank = 0; rank < env.tp(); ++rank) {
+    EXPECT_EQ(sim::check_request(*dst[rank].view, rank, r), 0U) << "rank " << rank;
+    EXPECT_TRUE(sim::block_is_poisoned(*dst[rank].view, 0, 0, 10)) << "the early request wrote";
+  }
+  EXPECT_TRUE(env.engine().poll().value() == std::nullopt) << "one completion per request";
+  env.stop_and_check_clean();
+}
+
 TEST(EngineMemory, ARegistrationWhoseMemfdIsNotSealedFailsWithTheReasonAndTheRankServesOn) {
   TwoInstances env("engmem-bad", RequestDriver::small_pair());
   const PoolGeometry g = env.decode().client().info().device_pool;

@@ -31,6 +31,9 @@ struct Placement {
   // (0: as the prefill instance's).
   uint32_t decode_tp = 0, decode_kv_heads = 0;
   uint32_t decode_head_dim = 0;  // a mismatch, for the tests of refusals
+  // --pool none on both: the engines register every pool, and src_pool /
+  // dst_pool are not there to use.
+  bool engine_pools = false;
 };
 
 // How the prefill instance reaches the decode one: ipc (default) or tcp.
@@ -43,6 +46,7 @@ struct Route {
 class TwoInstances {
  public:
   TwoInstances(const std::string& tag, InstanceArgs base, const Placement& where = {}) {
+    if (where.engine_pools) base.extra.insert(base.extra.end(), {"--pool", "none"});
     const std::vector<std::string> extra = base.extra;
     base.instance = unique_instance(tag + "-d");
     base.role = "decode";
@@ -64,6 +68,7 @@ class TwoInstances {
     base.extra.insert(base.extra.end(), where.prefill_extra.begin(), where.prefill_extra.end());
     prefill_ = Instance::start(base);
     tp_ = base.tp;
+    if (where.engine_pools) return;
     for (uint32_t r = 0; r < tp_; ++r)
       src_.push_back(std::make_unique<PoolView>(
           std::move(prefill_->client().open_pool(r, PoolTier::kDevice)).value()));

@@ -35,6 +35,7 @@ class DataPlaneTest : public ::testing::Test {
     config_.block_size = 4;
     config_.head_dim = 8;
     config_.host_blocks = 8;
+    configure(config_);
     Result<ControlSegment> c = ControlSegment::create(config_);
     ASSERT_TRUE(c) << c.error().message;
     control_ = std::make_unique<ControlSegment>(std::move(c).value());
@@ -43,6 +44,8 @@ class DataPlaneTest : public ::testing::Test {
     ASSERT_TRUE(d) << d.error().message;
     data_ = std::move(d).value();
   }
+  // What a fixture changes in the instance's configuration before it starts.
+  virtual void configure(InstanceConfig&) {}
   void TearDown() override {
     data_.reset();
     for (const std::string& s : engine_segments_)
@@ -82,7 +85,7 @@ class DataPlaneTest : public ::testing::Test {
 };
 
 TEST_F(DataPlaneTest, ItMapsTheRanksPoolsOfTheInstancesGeometryAndSwapsBetweenThem) {
-  EXPECT_EQ(data_->device_pool().geometry(), pool_geometry_of(config_, PoolTier::kDevice));
+  EXPECT_EQ(data_->device_pool()->geometry(), pool_geometry_of(config_, PoolTier::kDevice));
   ASSERT_NE(data_->host_pool(), nullptr);
   EXPECT_EQ(data_->host_pool()->geometry(), pool_geometry_of(config_, PoolTier::kHost));
   EXPECT_NE(data_->swap(), nullptr) << "a host tier has a swap engine";
@@ -93,11 +96,11 @@ TEST_F(DataPlaneTest, ItMapsTheRanksPoolsOfTheInstancesGeometryAndSwapsBetweenTh
 TEST_F(DataPlaneTest, ARegisteredDevicePoolReplacesTheOldOneAndEverythingOverIt) {
   const std::string mine =
       engine_pool(pool_geometry_of(config_, PoolTier::kDevice), PoolTier::kDevice);
-  const std::string ours = data_->device_pool().name();
+  const std::string ours = data_->device_pool()->name();
   const PoolRegistration r = register_pool(mine, PoolTier::kDevice);
   EXPECT_TRUE(r.registered) << r.message;
   EXPECT_FALSE(r.broken);
-  EXPECT_EQ(data_->device_pool().name(), mine);
+  EXPECT_EQ(data_->device_pool()->name(), mine);
   EXPECT_EQ(SharedSegment::open(ours, SegmentAccess::kReadOnly).code(), Errc::kNotFound)
       << "the pool the worker made is nobody's now: its name is gone";
   EXPECT_NE(data_->swap(), nullptr) << "the swap engine was rebuilt over the new pool";
@@ -105,7 +108,7 @@ TEST_F(DataPlaneTest, ARegisteredDevicePoolReplacesTheOldOneAndEverythingOverIt)
 }
 
 TEST_F(DataPlaneTest, APoolOfAnotherGeometryIsRefusedAndNothingChanges) {
-  const std::string before = data_->device_pool().name();
+  const std::string before = data_->device_pool()->name();
   PoolGeometry wrong = pool_geometry_of(config_, PoolTier::kDevice);
   wrong.head_dim = 16;
   const PoolRegistration r =
@@ -113,7 +116,7 @@ TEST_F(DataPlaneTest, APoolOfAnotherGeometryIsRefusedAndNothingChanges) {
   EXPECT_FALSE(r.registered);
   EXPECT_FALSE(r.broken);
   EXPECT_NE(r.message.find("head_dim"), std::string::npos) << r.message;
-  EXPECT_EQ(data_->device_pool().name(), before);
+  EXPECT_EQ(data_->device_pool()->name(), before);
 }
 
 // The engine's memory by tensor table. memfds stand in for GPU memory
@@ -172,16 +175,16 @@ TEST_F(TensorTablePoolTest, MemfdsPassedByTicketBecomeTheDevicePoolTensorByTenso
   const uint64_t ticket = pass(pool);
   const PoolRegistration r = register_table(pool, ticket);
   ASSERT_TRUE(r.registered) << r.message;
-  expect_pattern(data_->device_pool());
-  EXPECT_EQ(data_->device_pool().name(), fmt::format("host-fd:{:016x}", ticket));
+  expect_pattern(*data_->device_pool());
+  EXPECT_EQ(data_->device_pool()->name(), fmt::format("host-fd:{:016x}", ticket));
   EXPECT_EQ(data_->fd_socket_server()->unclaimed(), 0U);
   // Writes through the worker's mapping are the engine's memory.
-  *data_->device_pool().tensor(1, PoolTensor::kValue) = std::byte{0x5a};
+  *data_->device_pool()->tensor(1, PoolTensor::kValue) = std::byte{0x5a};
   EXPECT_EQ(*pool.tensor(3), std::byte{0x5a});
   Result<PublishedPool> published = find_published_pool(*control_, 0, PoolTier::kDevice);
   ASSERT_TRUE(published);
   EXPECT_EQ(published->location, PoolLocation::kHostFd);
-  EXPECT_EQ(published->name, data_->device_pool().name());
+  EXPECT_EQ(published->name, data_->device_pool()->name());
 }
 
 TEST_F(TensorTablePoolTest, APeerFetchesTheSamePoolFromTheRanksSocket) {
@@ -229,21 +232,21 @@ TEST_F(TensorTablePoolTest, FdsAreClaimedOnceAndAnUnknownTicketIsRefused) {
   const testing::MemfdPool pool(pool_geometry_of(config_, PoolTier::kDevice), 2);
   const uint64_t ticket = pass(pool);
   ASSERT_TRUE(register_table(pool, ticket).registered);
-  const std::string serving = data_->device_pool().name();
+  const std::string serving = data_->device_pool()->name();
   const PoolRegistration again = register_table(pool, ticket);
   EXPECT_FALSE(again.registered);
   EXPECT_NE(again.message.find("no file descriptors wait under ticket"), std::string::npos)
       << again.message;
-  EXPECT_EQ(data_->device_pool().name(), serving) << "a refusal changes nothing";
+  EXPECT_EQ(data_->device_pool()->name(), serving) << "a refusal changes nothing";
 }
 
 TEST_F(TensorTablePoolTest, AMemfdAnyoneCouldShrinkIsRefusedSayingHowToSealIt) {
   const testing::MemfdPool pool(pool_geometry_of(config_, PoolTier::kDevice), 2, /*seal=*/false);
-  const std::string before = data_->device_pool().name();
+  const std::string before = data_->device_pool()->name();
   const PoolRegistration r = register_table(pool, pass(pool));
   EXPECT_FALSE(r.registered);
   EXPECT_NE(r.message.find("F_SEAL_SHRINK"), std::string::npos) << r.message;
-  EXPECT_EQ(data_->device_pool().name(), before);
+  EXPECT_EQ(data_->device_pool()->name(), before);
 }
 
 TEST_F(TensorTablePoolTest, AMemfdSmallerThanItsRegistrationSaysIsRefused) {
@@ -269,16 +272,16 @@ TEST_F(TensorTablePoolTest, WhenThePoolsOwnerExitsTheWorkerLetsGoOfItAndServesIt
   describe(d, pool, pass(pool));
   d.setOwnerPid(static_cast<uint32_t>(owner));
   ASSERT_TRUE(data_->register_pool(d.asReader()).registered);
-  const std::string engines = data_->device_pool().name();
+  const std::string engines = data_->device_pool()->name();
   EXPECT_FALSE(data_->release_orphaned_pools().broken);
-  EXPECT_EQ(data_->device_pool().name(), engines) << "its owner lives";
+  EXPECT_EQ(data_->device_pool()->name(), engines) << "its owner lives";
 
   kill(owner, SIGKILL);
   waitpid(owner, nullptr, 0);
   const PoolRegistration r = data_->release_orphaned_pools();
   EXPECT_FALSE(r.broken) << r.message;
-  EXPECT_NE(data_->device_pool().name(), engines);
-  EXPECT_EQ(data_->device_pool().memory_kind(), kernels::MemoryKind::kHost);
+  EXPECT_NE(data_->device_pool()->name(), engines);
+  EXPECT_EQ(data_->device_pool()->memory_kind(), kernels::MemoryKind::kHost);
   Result<PublishedPool> published = find_published_pool(*control_, 0, PoolTier::kDevice);
   ASSERT_TRUE(published);
   EXPECT_EQ(published->location, PoolLocation::kHostSegment) << "peers follow the directory";
@@ -291,11 +294,68 @@ TEST_F(TensorTablePoolTest, WhenThePoolsOwnerExitsTheWorkerLetsGoOfItAndServesIt
   auto late = again.initRoot<schema::PoolDescriptor>();
   describe(late, pool, pass(pool));
   late.setOwnerPid(static_cast<uint32_t>(owner));
-  const std::string serving = data_->device_pool().name();
+  const std::string serving = data_->device_pool()->name();
   const PoolRegistration refused = data_->register_pool(late.asReader());
   EXPECT_FALSE(refused.registered);
   EXPECT_NE(refused.message.find("has exited"), std::string::npos) << refused.message;
-  EXPECT_EQ(data_->device_pool().name(), serving);
+  EXPECT_EQ(data_->device_pool()->name(), serving);
+}
+
+// --pool none: the engine registers each rank's device pool (its GPU cache),
+// so the worker makes none of its own, serves the engine's once registered,
+// and goes back to none (not to a pool of its own) when its owner exits.
+class PoolNoneTest : public TensorTablePoolTest {
+ protected:
+  void configure(InstanceConfig& c) override { c.engine_pools = 1; }
+};
+
+TEST_F(PoolNoneTest, TheWorkerMakesNoPoolServesTheEnginesAndGoesBackToNoneWhenItsOwnerExits) {
+  EXPECT_FALSE(data_->serving());
+  EXPECT_EQ(data_->device_pool(), nullptr);
+  struct stat st {};
+  EXPECT_NE(stat(("/dev/shm/" + pool_segment_name(config_.instance, "pool", 0)).c_str(), &st), 0)
+      << "no device pool segment in /dev/shm";
+  ASSERT_NE(data_->host_pool(), nullptr) << "the host swap tier is still the worker's";
+  EXPECT_EQ(data_->swap(), nullptr) << "nothing to swap with yet";
+  Result<PublishedPool> none = find_published_pool(*control_, 0, PoolTier::kDevice);
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.error().message.find("--pool none"), std::string::npos) << none.error().message;
+  EXPECT_NE(data_->no_pool_reason().find("--pool none"), std::string::npos);
+
+  const testing::MemfdPool pool(pool_geometry_of(config_, PoolTier::kDevice), 2);
+  const pid_t owner = fork();
+  if (owner == 0) {
+    pause();
+    _exit(0);
+  }
+  capnp::MallocMessageBuilder msg;
+  auto d = msg.initRoot<schema::PoolDescriptor>();
+  describe(d, pool, pass(pool));
+  d.setOwnerPid(static_cast<uint32_t>(owner));
+  const PoolRegistration r = data_->register_pool(d.asReader());
+  ASSERT_TRUE(r.registered) << r.message;
+  ASSERT_TRUE(data_->serving());
+  expect_pattern(*data_->device_pool());
+  EXPECT_NE(data_->swap(), nullptr) << "the engine's pool swaps with the host tier";
+  EXPECT_TRUE(find_published_pool(*control_, 0, PoolTier::kDevice));
+
+  kill(owner, SIGKILL);
+  waitpid(owner, nullptr, 0);
+  const PoolRegistration after = data_->release_orphaned_pools();
+  EXPECT_FALSE(after.broken) << after.message;
+  EXPECT_FALSE(data_->serving()) << "nothing of its own to fall back on";
+  EXPECT_EQ(data_->swap(), nullptr);
+  EXPECT_FALSE(find_published_pool(*control_, 0, PoolTier::kDevice)) << "peers see it gone";
+  EXPECT_NE(stat(("/dev/shm/" + pool_segment_name(config_.instance, "pool", 0)).c_str(), &st), 0);
+  EXPECT_NE(data_->no_pool_reason().find(fmt::format("pid {}", owner)), std::string::npos)
+      << data_->no_pool_reason();
+
+  // The engine registers again, and the rank serves again.
+  capnp::MallocMessageBuilder again;
+  auto next = again.initRoot<schema::PoolDescriptor>();
+  describe(next, pool, pass(pool));
+  ASSERT_TRUE(data_->register_pool(next.asReader()).registered);
+  EXPECT_TRUE(data_->serving());
 }
 
 TEST_F(TensorTablePoolTest, ARegisteredHostTierIsPinnedOnlyForAGpuAndSwapsOverMemcpy) {
@@ -322,14 +382,14 @@ TEST_F(DataPlaneTest, ACudaPoolWithoutAUsableGpuIsRefusedWithTheReason) {
   auto tensors = d.initTensors(g.total_layers() * 2);
   for (uint32_t t = 0; t < tensors.size(); ++t)
     tensors[t].setOffset(t * g.tensor_bytes(0, PoolTensor::kKey));
-  const std::string before = data_->device_pool().name();
+  const std::string before = data_->device_pool()->name();
   const PoolRegistration r = data_->register_pool(d.asReader());
   EXPECT_FALSE(r.registered);
   // No GPU here: "CUDA is not usable on this machine" (or, in a build
   // without CUDA, that it was built without); with a GPU, this zeroed handle
   // is refused by cudaIpcOpenMemHandle.
   EXPECT_EQ(r.message.rfind("cuda-ipc pool, memories[0] (1048576 bytes): ", 0), 0U) << r.message;
-  EXPECT_EQ(data_->device_pool().name(), before);
+  EXPECT_EQ(data_->device_pool()->name(), before);
 }
 
 }  // namespace

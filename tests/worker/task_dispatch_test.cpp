@@ -20,13 +20,14 @@ namespace {
 
 class TaskDispatchTest : public ::testing::Test {
  protected:
-  void open(uint32_t host_blocks) {
+  void open(uint32_t host_blocks, bool engine_pools = false) {
     InstanceConfig config = testing::test_config(1);
     config.num_layers = 2;
     config.num_blocks = 16;
     config.block_size = 4;
     config.head_dim = 8;
     config.host_blocks = host_blocks;
+    config.engine_pools = engine_pools ? 1 : 0;
     control_ = testing::create_test_segment(config);
     ASSERT_TRUE(control_);
     Result<std::unique_ptr<DataPlane>> d =
@@ -96,6 +97,41 @@ TEST_F(TaskDispatchTest, AnExpectOnARankThatIsNotDecodeIsRefusedNamingTheRank) {
   EXPECT_NE(got[0].message_text().find("not a decode rank"), std::string_view::npos);
 }
 
+// --pool none before the engine registered a pool: each request is answered
+// once, saying why, and nothing else is touched.
+TEST_F(TaskDispatchTest, WithoutAPoolEveryRequestFailsOnceSayingWhy) {
+  open(8, /*engine_pools=*/true);
+  ASSERT_FALSE(data_->serving());
+  auto task = [&](uint64_t handle, auto init) {
+    capnp::MallocMessageBuilder msg;
+    auto w = msg.initRoot<schema::WorkerTask>();
+    w.setHandle(handle);
+    init(w);
+    EXPECT_FALSE(dispatch(msg).shutdown);
+    return reports();
+  };
+  using Kind = records::ReportKind;
+  auto one = [](const std::vector<records::WorkerReport>& got, uint64_t handle, Kind kind) {
+    ASSERT_EQ(got.size(), 1u) << "handle " << handle;
+    EXPECT_EQ(got[0].handle, handle);
+    EXPECT_EQ(got[0].kind, static_cast<uint32_t>(kind));
+    if (kind != Kind::kCancelled)
+      EXPECT_NE(got[0].message_text().find("--pool none"), std::string_view::npos)
+          << got[0].message_text();
+  };
+  one(task(1, [](auto w) { w.initBind().setRequestId("b"); }), 1, Kind::kFailed);
+  EXPECT_TRUE(task(1, [](auto w) { w.initDest().setRequestId("b"); }).empty())
+      << "its first half already answered for it";
+  one(task(2, [](auto w) { w.initExpect().setRequestId("e"); }), 2, Kind::kFailed);
+  one(task(3, [](auto w) { w.initSwap().setRequestId("s"); }), 3, Kind::kFailed);
+  one(task(4, [](auto w) { w.initConnect(); }), 4, Kind::kConnectFailed);
+  one(task(5, [](auto w) { w.setCancel(); }), 5, Kind::kCancelled);
+  capnp::MallocMessageBuilder stop;
+  stop.initRoot<schema::WorkerTask>().setShutdown();
+  EXPECT_TRUE(dispatch(stop).shutdown);
+  EXPECT_TRUE(reports().empty());
+}
+
 TEST_F(TaskDispatchTest, AConnectIsAnsweredWithItsResult) {
   open(0);
   capnp::MallocMessageBuilder msg;
@@ -111,7 +147,7 @@ TEST_F(TaskDispatchTest, AConnectIsAnsweredWithItsResult) {
 
 TEST_F(TaskDispatchTest, ARefusedRegisterPoolIsReportedAndLeavesTheDataPlaneServing) {
   open(8);
-  const LocalPool* before = &data_->device_pool();
+  const LocalPool* before = data_->device_pool();
   capnp::MallocMessageBuilder msg;
   auto w = msg.initRoot<schema::WorkerTask>();
   w.setHandle(13);
@@ -125,7 +161,7 @@ TEST_F(TaskDispatchTest, ARefusedRegisterPoolIsReportedAndLeavesTheDataPlaneServ
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].kind, static_cast<uint32_t>(records::ReportKind::kPoolRejected));
   EXPECT_FALSE(got[0].message_text().empty());
-  EXPECT_EQ(&data_->device_pool(), before);
+  EXPECT_EQ(data_->device_pool(), before);
   EXPECT_NE(data_->swap(), nullptr);
 }
 

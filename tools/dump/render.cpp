@@ -117,11 +117,11 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
                      v.coordinator.state, v.coordinator.health, v.coordinator.heartbeat_age_ms);
   out += fmt::format(
       "config  tp {}  role {}  layers {}+{}  blocks {} (extra layers: {})  block {} tokens  "
-      "kv_heads {} ({} in all)  head_dim {}  dtype {}{}  host blocks {}  deadline {} ms\n",
+      "kv_heads {} ({} in all)  head_dim {}  dtype {}{}  pool {}  host blocks {}  deadline {} ms\n",
       c.tp_size, role_name(static_cast<Role>(c.role)), c.num_layers, c.extra_layers, c.num_blocks,
       c.extra_layer_blocks, c.block_size, c.kv_heads, head_layout_of(c).total_heads, c.head_dim,
-      dtype_name(static_cast<CacheDtype>(c.dtype)), c.has_scales ? " +scales" : "", c.host_blocks,
-      c.request_deadline_ms);
+      dtype_name(static_cast<CacheDtype>(c.dtype)), c.has_scales ? " +scales" : "",
+      c.engine_pools != 0 ? "none" : "host", c.host_blocks, c.request_deadline_ms);
   out += "\nworkers\n";
   out += fmt::format(
       "  {:>4} {:>8} {:<9} {:<8} {:>10} {:>5} {:>6} {:>8} {:>10} {:>11} {:>9} {:>7} {:>9} {:>10}\n",
@@ -150,7 +150,10 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
     for (const PoolEntryView& p : w.pools)
       out += fmt::format(
           "  rank {} {:<6} {:<12} {}{}{}\n", w.rank, p.tier,
-          p.location.empty() ? "none" : p.location, p.name,
+          p.location.empty() ? "none" : p.location,
+          p.location.empty() && p.tier == "device" && c.engine_pools != 0
+              ? "(--pool none: the engine has registered none yet; transfers fail until it does)"
+              : p.name,
           p.bytes != 0 ? fmt::format(" ({})", bytes(p.bytes)) : "",
           p.location.rfind("cuda", 0) == 0 ? fmt::format(" on GPU {}", p.device_id) : "");
     if (w.device_signal_word != 0)
@@ -263,6 +266,7 @@ nlohmann::json render_json(const InstanceView& v) {
                  {"head_dim", c.head_dim},
                  {"dtype", dtype_name(static_cast<CacheDtype>(c.dtype))},
                  {"has_scales", c.has_scales != 0},
+                 {"pool", c.engine_pools != 0 ? "none" : "host"},
                  {"host_blocks", c.host_blocks},
                  {"request_deadline_ms", c.request_deadline_ms},
                  {"peer_timeout_ms", c.peer_timeout_ms},
