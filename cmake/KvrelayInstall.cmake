@@ -8,7 +8,8 @@
 #   lib/python3/dist-packages/ (under /usr; lib/python3.X/dist-packages elsewhere)
 #             the Python module and its stubs
 #   lib/systemd/system/  kvrelay.service, kvrelay@.service
-#   share/doc/kvrelay/   README.md, docs/, examples/kvrelay.env (the units' flags)
+#   share/doc/kvrelay/   README.md, docs/, examples/kvrelay.env (the units' flags),
+#                        examples/containers/ (docs/containers.md)
 include(CMakePackageConfigHelpers)
 
 install(TARGETS kvrelay-coordinator kvrelay-worker kvrelay-dump kvrelay-sim
@@ -62,6 +63,8 @@ install(CODE "
   endforeach()
 ")
 install(FILES ${PROJECT_SOURCE_DIR}/tools/systemd/kvrelay.env
+        DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/examples/containers
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
