@@ -451,15 +451,15 @@ kvrelay_status kvrelay_pool_block(const kvrelay_pool* pool, uint32_t layer, kvre
   const PoolGeometry& g = pool->pool->geometry();
   const int ti = static_cast<int>(tensor);
   const auto t = static_cast<PoolTensor>(ti);
-  std::byte* p = ti < 0 || static_cast<uint32_t>(ti) >= g.tensors_per_layer()
-                     ? nullptr
-                     : pool->pool->block(layer, t, block_id);
+  std::byte* p =
+      ti < 0 || !g.has_tensor_id(static_cast<uint32_t>(ti)) ? nullptr : pool->pool->block(layer, t, block_id);
   if (p == nullptr)
     return fail(KVRELAY_INVALID_ARGUMENT,
                 "no block " + std::to_string(block_id) + " of tensor " + std::to_string(ti) +
                     " in layer " + std::to_string(layer) + ": the pool has " +
                     std::to_string(g.total_layers()) + " layers, " +
-                    std::to_string(g.tensors_per_layer()) + " tensors per layer and " +
+                    std::to_string(g.tensors_per_layer()) + " tensors per layer" +
+                    (g.k_only != 0 ? " (K only: no V)" : "") + " and " +
                     std::to_string(g.blocks_in_layer(layer < g.total_layers() ? layer : 0)) +
                     " blocks per layer");
   *data = p;

@@ -103,8 +103,8 @@ PoolSpec spec_of(uint32_t rank, PoolTier tier, const kernels::ExportedPool& pool
 std::vector<uint64_t> tensor_sizes(const PoolGeometry& g) {
   std::vector<uint64_t> sizes;
   for (uint32_t layer = 0; layer < g.total_layers(); ++layer)
-    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
-      sizes.push_back(g.tensor_bytes(layer, static_cast<PoolTensor>(t)));
+    for (uint32_t slot = 0; slot < g.tensors_per_layer(); ++slot)
+      sizes.push_back(g.tensor_bytes(layer, g.tensor_at(slot)));
   return sizes;
 }
 

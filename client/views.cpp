@@ -53,8 +53,8 @@ PoolView pool_view_of(const PoolGeometry& geometry, std::vector<std::byte*> tens
   impl->name = std::move(name);
   impl->rank = rank;
   for (uint32_t l = 0; l < geometry.total_layers(); ++l)
-    for (uint32_t t = 0; t < geometry.tensors_per_layer(); ++t)
-      impl->bytes += geometry.tensor_bytes(l, static_cast<PoolTensor>(t));
+    for (uint32_t slot = 0; slot < geometry.tensors_per_layer(); ++slot)
+      impl->bytes += geometry.tensor_bytes(l, geometry.tensor_at(slot));
   impl->tensors = std::move(tensors);
   impl->owner = std::move(owner);
   return PoolView(std::move(impl));
@@ -79,10 +79,9 @@ uint64_t PoolView::bytes() const {
 }
 std::byte* PoolView::tensor(uint32_t layer, PoolTensor t) const {
   if (impl_->pool) return impl_->pool->tensor(layer, t);
-  const uint32_t per_layer = impl_->geometry.tensors_per_layer();
-  const auto i = static_cast<uint32_t>(t);
-  if (layer >= impl_->geometry.total_layers() || i >= per_layer) return nullptr;
-  return impl_->tensors[size_t{layer} * per_layer + i];
+  const PoolGeometry& g = impl_->geometry;
+  if (layer >= g.total_layers() || !g.has_tensor(t)) return nullptr;
+  return impl_->tensors[size_t{layer} * g.tensors_per_layer() + g.slot_of(t)];
 }
 std::byte* PoolView::block(uint32_t layer, PoolTensor t, uint32_t block_id) const {
   if (impl_->pool) return impl_->pool->block(layer, t, block_id);

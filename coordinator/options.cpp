@@ -153,6 +153,13 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
                  "blocks per rank in the host tier for swap tasks; 0: none (original transfer "
                  "manager: num_cpu_blocks)")
       ->capture_default_str();
+  bool k_only = false;
+  app.add_flag("--k-only", k_only,
+               "the cache has no V: one tensor per layer (plus its scale). For multi-head latent "
+               "attention (DeepSeek-style MLA), with --total-kv-heads 1 (every rank holds the "
+               "whole latent) and --head-dim the latent's values per token, or --dtype uint8 "
+               "with --head-dim the bytes per token for an opaque format such as FlashMLA's fp8 "
+               "(656)");
   std::string pool = "host";
   app.add_option("--pool", pool,
                  "where each rank's KV pool lives: host (the worker makes one in /dev/shm, the "
@@ -259,6 +266,7 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   c.num_blocks = d.num_blocks;
   c.host_blocks = d.host_blocks;
   c.engine_pools = pool == "none" ? 1 : 0;
+  c.k_only = k_only ? 1 : 0;
   c.request_deadline_ms = d.request_deadline_ms;
   c.peer_timeout_ms = d.peer_timeout_ms;
   c.stall_report_ms = d.stall_report_ms;

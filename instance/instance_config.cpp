@@ -106,6 +106,7 @@ Status validate_config(const InstanceConfig& c) {
   if (c.protocols == 0 || c.protocols > (kProtocolIpc | kProtocolTcp | kProtocolRdma))
     return out_of_range("protocols", c.protocols,
                         "must be a non-empty set of ipc (1), tcp (2), rdma (4)");
+  if (c.k_only > 1) return out_of_range("k_only", c.k_only, "must be 0 or 1");
   if (c.engine_pools > 1) return out_of_range("engine_pools", c.engine_pools, "must be 0 or 1");
   if (c.host_blocks > (1U << 24))
     return out_of_range("host_blocks", c.host_blocks, "must be in [0, 16777216]");

@@ -51,7 +51,9 @@ struct InstanceConfig {
   // worker makes none of its own; 0: a worker makes a host-memory pool in
   // /dev/shm (--pool host). The host swap tier is host_blocks' either way.
   uint32_t engine_pools;
-  uint32_t reserved_geometry[2];
+  // 1: the cache has no V (an MLA latent cache: kvrelay/pool_geometry.h).
+  uint32_t k_only;
+  uint32_t reserved_geometry[1];
 
   // Rings. Byte rings are sized in bytes, fixed-record rings in records.
   uint32_t submit_ring_bytes;      // clients -> coordinator (multi-producer)

@@ -20,6 +20,7 @@ inline PoolGeometry pool_geometry_of(const InstanceConfig& c, PoolTier tier) {
   g.head_dim = c.head_dim;
   g.dtype = c.dtype;
   g.has_scales = c.has_scales;
+  g.k_only = c.k_only;
   return g;
 }
 

@@ -18,10 +18,10 @@ std::vector<uint64_t> plan_tensors(const PoolGeometry& g, uint64_t* total) {
   std::vector<uint64_t> offsets(size_t{g.total_layers()} * 4, 0);
   uint64_t cursor = align_up(sizeof(PoolHeader), HostPool::kTensorAlignment);
   for (uint32_t l = 0; l < g.total_layers(); ++l) {
-    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
-      offsets[size_t{l} * 4 + t] = cursor;
-      cursor = align_up(cursor + g.tensor_bytes(l, static_cast<PoolTensor>(t)),
-                        HostPool::kTensorAlignment);
+    for (uint32_t slot = 0; slot < g.tensors_per_layer(); ++slot) {
+      const PoolTensor t = g.tensor_at(slot);
+      offsets[size_t{l} * 4 + static_cast<uint32_t>(t)] = cursor;
+      cursor = align_up(cursor + g.tensor_bytes(l, t), HostPool::kTensorAlignment);
     }
   }
   *total = cursor;
@@ -31,7 +31,7 @@ std::vector<uint64_t> plan_tensors(const PoolGeometry& g, uint64_t* total) {
 Status validate_geometry(const PoolGeometry& g, const std::string& name) {
   if (g.total_layers() == 0 || g.total_layers() > 2048 || g.num_blocks == 0 || g.kv_heads == 0 ||
       g.block_size == 0 || g.head_dim == 0 || g.dtype > static_cast<uint32_t>(CacheDtype::kFp8) ||
-      g.has_scales > 1 || (g.extra_layers > 0 && g.extra_layer_blocks == 0) ||
+      g.has_scales > 1 || g.k_only > 1 || (g.extra_layers > 0 && g.extra_layer_blocks == 0) ||
       g.num_blocks > (1U << 24) || g.extra_layer_blocks > (1U << 24))
     return make_error(Errc::kCorrupt, fmt::format("pool /{} has an impossible geometry", name));
   return {};
@@ -122,13 +122,13 @@ Result<HostPool> HostPool::open(const std::string& segment_name, const PoolGeome
         Errc::kLayoutMismatch,
         fmt::format(
             "pool /{} has geometry layers {}+{} blocks {} heads {} block_size {} head_dim {} "
-            "dtype {} scales {}, expected layers {}+{} blocks {} heads {} block_size {} "
-            "head_dim {} dtype {} scales {}",
+            "dtype {} scales {}{}, expected layers {}+{} blocks {} heads {} block_size {} "
+            "head_dim {} dtype {} scales {}{}",
             segment_name, h.geometry.num_layers, h.geometry.extra_layers, h.geometry.num_blocks,
             h.geometry.kv_heads, h.geometry.block_size, h.geometry.head_dim, h.geometry.dtype,
-            h.geometry.has_scales, expected->num_layers, expected->extra_layers,
+            h.geometry.has_scales, h.geometry.k_only != 0 ? " K only" : "", expected->num_layers, expected->extra_layers,
             expected->num_blocks, expected->kv_heads, expected->block_size, expected->head_dim,
-            expected->dtype, expected->has_scales));
+            expected->dtype, expected->has_scales, expected->k_only != 0 ? " K only" : ""));
   return HostPool(std::move(seg).value(), h.geometry, h.rank);
 }
 
@@ -141,9 +141,8 @@ Status HostPool::check_intact() const {
 }
 
 std::byte* HostPool::tensor(uint32_t layer, PoolTensor t) const {
-  const auto ti = static_cast<uint32_t>(t);
-  if (layer >= geometry_.total_layers() || ti >= geometry_.tensors_per_layer()) return nullptr;
-  return segment_.data() + tensor_offsets_[size_t{layer} * 4 + ti];
+  if (layer >= geometry_.total_layers() || !geometry_.has_tensor(t)) return nullptr;
+  return segment_.data() + tensor_offsets_[size_t{layer} * 4 + static_cast<uint32_t>(t)];
 }
 
 std::byte* HostPool::block(uint32_t layer, PoolTensor t, uint32_t block_id) const {

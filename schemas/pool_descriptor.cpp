@@ -12,6 +12,7 @@ void set_shape(schema::PoolDescriptor::Builder d, const PoolGeometry& g) {
   d.setHeadDim(g.head_dim);
   d.setDtype(static_cast<schema::CacheDtype>(g.dtype));
   d.setHasScales(g.has_scales != 0);
+  d.setHasValues(g.k_only == 0);
 }
 
 PoolGeometry shape_of(schema::PoolDescriptor::Reader d) {
@@ -25,6 +26,7 @@ PoolGeometry shape_of(schema::PoolDescriptor::Reader d) {
   g.head_dim = d.getHeadDim();
   g.dtype = static_cast<uint32_t>(d.getDtype());
   g.has_scales = d.getHasScales() ? 1 : 0;
+  g.k_only = d.getHasValues() ? 0 : 1;
   return g;
 }
 

@@ -69,8 +69,6 @@ Status validate(schema::Cancel::Reader cancel, const Limits& limits);
 // cudaVmm, hostFd) must place every tensor inside its allocation, aligned,
 // without overlaps (schemas/validate_pool.cpp).
 Status validate(schema::RegisterPool::Reader reg, const Limits& limits);
-// "K", "V", "K scale", "V scale".
-const char* tensor_name(PoolTensor t);
 
 // A message's encoded size against the ring record limit it must fit in.
 Status validate_record_size(std::string_view message, std::string_view request_id, size_t bytes,

@@ -111,7 +111,7 @@ Status check_tensor_table(const std::string& w, schema::PoolDescriptor::Reader p
   std::vector<bool> used(memories.size(), false);
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     const uint32_t layer = i / per_layer;
-    const auto t = static_cast<PoolTensor>(i % per_layer);
+    const PoolTensor t = g.tensor_at(i % per_layer);
     const auto place = tensors[i];
     const std::string what = fmt::format("tensors[{}] (layer {} {})", i, layer, tensor_name(t));
     if (place.getMemory() >= memories.size())
@@ -149,16 +149,6 @@ Status check_tensor_table(const std::string& w, schema::PoolDescriptor::Reader p
 
 }  // namespace
 
-const char* tensor_name(PoolTensor t) {
-  switch (t) {
-    case PoolTensor::kKey: return "K";
-    case PoolTensor::kValue: return "V";
-    case PoolTensor::kKeyScale: return "K scale";
-    case PoolTensor::kValueScale: return "V scale";
-  }
-  return "?";
-}
-
 Status validate(schema::RegisterPool::Reader reg, const Limits& limits) {
   if (!reg.hasPool()) return invalid("RegisterPool: pool is missing");
   const auto pool = reg.getPool();
@@ -186,6 +176,8 @@ Status validate(schema::RegisterPool::Reader reg, const Limits& limits) {
       {"head_dim", pool.getHeadDim(), limits.pool.head_dim},
       {"dtype", static_cast<uint64_t>(pool.getDtype()), limits.pool.dtype},
       {"has_scales", pool.getHasScales() ? 1U : 0U, limits.pool.has_scales != 0 ? 1U : 0U},
+      // A K-only (MLA) cache registered as K+V, or the other way round.
+      {"has_values", pool.getHasValues() ? 1U : 0U, limits.pool.k_only != 0 ? 0U : 1U},
   };
   for (const auto& g : geometry) {
     if (g.got != g.want)

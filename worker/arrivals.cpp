@@ -147,9 +147,10 @@ void Arrivals::forget_old_early() {
 // Sets the arrived bits of the span's blocks; a head range sets its heads'
 // bits in the block's mask, and the block's bit once the mask is full.
 void Arrivals::mark(Expected& e, const Span& span) {
-  const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(span.tensor));
+  const auto tensor = static_cast<PoolTensor>(span.tensor);
+  const uint64_t block = pool_.block_bytes(tensor);
   const uint64_t row =
-      (uint64_t{span.layer} * pool_.tensors_per_layer() + span.tensor) * e.blocks.size();
+      (uint64_t{span.layer} * pool_.tensors_per_layer() + pool_.slot_of(tensor)) * e.blocks.size();
   for (uint32_t b = span.first; b <= span.last; ++b) {
     const uint64_t bit = row + index_in_owner_[b];
     uint64_t& word = e.arrived[bit / 64];
@@ -182,6 +183,7 @@ bool Arrivals::withdraw(uint64_t handle) {
 }
 
 bool Arrivals::write_span(const LandedWrite& f, Span* span) const {
+  if (!pool_.has_tensor_id(f.tensor)) return false;  // a K-only pool has no V
   const uint64_t block = pool_.block_bytes(static_cast<PoolTensor>(f.tensor));
   if (block == 0 || f.bytes == 0) return false;
   span->layer = f.layer;

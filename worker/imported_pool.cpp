@@ -144,10 +144,8 @@ std::vector<std::span<std::byte>> ImportedPool::host_memory() const {
 }
 
 std::byte* ImportedPool::tensor(uint32_t layer, PoolTensor t) const {
-  const uint32_t per_layer = geometry_.tensors_per_layer();
-  const auto i = static_cast<uint32_t>(t);
-  if (layer >= geometry_.total_layers() || i >= per_layer) return nullptr;
-  return tensors_[size_t{layer} * per_layer + i];
+  if (layer >= geometry_.total_layers() || !geometry_.has_tensor(t)) return nullptr;
+  return tensors_[size_t{layer} * geometry_.tensors_per_layer() + geometry_.slot_of(t)];
 }
 
 }  // namespace kvrelay::worker

@@ -43,12 +43,13 @@ Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const Loc
     if (targets[i].share != nullptr)
       if (Status s = share_fits(*targets[i].share, from, to); !s) return s.error();
     for (uint32_t t = 0; t < tensors; ++t) {
-      const auto tensor = static_cast<PoolTensor>(t);
+      const PoolTensor tensor = g.tensor_at(t);
       const std::byte* src = from.tensor(layer, tensor);
       std::byte* dst = to.tensor(layer, tensor);
       if (src == nullptr || dst == nullptr)
         return make_error(Errc::kInvalidArgument,
-                          fmt::format("layer {} tensor {} does not exist", layer, t));
+                          fmt::format("layer {} tensor {} does not exist", layer,
+                                      tensor_name(tensor)));
       std::vector<kernels::CopyRun>& out = scratch.runs[i * tensors + t];
       if (targets[i].share == nullptr) {
         to_byte_runs(runs, g.block_bytes(tensor), out);

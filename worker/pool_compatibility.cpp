@@ -6,7 +6,17 @@
 
 namespace kvrelay::worker {
 
+namespace {
+const char* kind_of(const PoolGeometry& g) {
+  return g.k_only != 0 ? "K only (an MLA latent cache)" : "K and V";
+}
+}  // namespace
+
 Status check_compatible(const PoolGeometry& local, const PoolGeometry& peer) {
+  if (local.k_only != peer.k_only)
+    return make_error(Errc::kLayoutMismatch,
+                      fmt::format("pools differ in kind: {} here, {} at the peer", kind_of(local),
+                                  kind_of(peer)));
   const struct {
     const char* what;
     uint64_t mine;
@@ -28,6 +38,9 @@ Status check_compatible(const PoolGeometry& local, const PoolGeometry& peer) {
 
 Status check_compatible(const PoolGeometry& local, const HeadLayout& local_heads,
                         const PoolGeometry& peer, const HeadLayout& peer_heads) {
+  // The kind first: an MLA cache against a GQA one differs in heads too, and
+  // the kind is what the operator got wrong.
+  if (local.k_only != peer.k_only) return check_compatible(local, peer);
   if (local_heads.total_heads != peer_heads.total_heads)
     return make_error(Errc::kLayoutMismatch,
                       fmt::format("pools differ in the model's KV heads: {} here (tp {}), {} at "

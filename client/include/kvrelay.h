@@ -114,7 +114,9 @@ typedef struct kvrelay_pool_geometry {
   uint32_t block_size; /* tokens per block */
   uint32_t head_dim;
   uint32_t dtype;             /* 0 bfloat16, 1 float16, 2 uint8, 3 fp8 */
-  uint32_t tensors_per_layer; /* 2 (K, V) or 4 (K, V, K scale, V scale) */
+  uint32_t tensors_per_layer; /* 2 (K, V) or 4 (K, V, K scale, V scale); in a K-only
+                                 pool (an MLA latent cache, --k-only) 1 (K) or 2 (K,
+                                 K scale) */
 } kvrelay_pool_geometry;
 
 /* Host memory an engine brings by file descriptor (kvrelay_register_host_fd_pool):
@@ -206,7 +208,7 @@ kvrelay_status kvrelay_register_pool(kvrelay_client* client, uint32_t rank, int 
                                      const char* segment_name, int64_t timeout_ms);
 /* Host memory the engine allocated in memfds (see kvrelay_pool_memory): every
  * tensor's place in them, layer-major (K, V[, K scale, V scale] per layer, extra
- * layers included). The completion (KVRELAY_KIND_REGISTER_POOL) says whether
+ * layers included; in a K-only pool K[, K scale] per layer). The completion (KVRELAY_KIND_REGISTER_POOL) says whether
  * the worker mapped it, or why not. */
 kvrelay_status kvrelay_register_host_fd_pool(kvrelay_client* client, uint32_t rank, int host_tier,
                                              const kvrelay_pool_memory* memories,
@@ -214,7 +216,8 @@ kvrelay_status kvrelay_register_host_fd_pool(kvrelay_client* client, uint32_t ra
                                              const kvrelay_tensor_placement* tensors,
                                              size_t n_tensors, int64_t timeout_ms);
 /* GPU memory by the device address of each of the pool's n_tensors tensors,
- * layer-major (K, V[, K scale, V scale] per layer): the library shares each
+ * layer-major (K, V[, K scale, V scale] per layer; in a K-only pool, such as an
+ * MLA latent cache, K[, K scale] per layer): the library shares each
  * allocation once (a legacy IPC handle for cudaMalloc memory, POSIX fds for
  * VMM memory). KVRELAY_UNSUPPORTED without CUDA or a GPU. */
 kvrelay_status kvrelay_register_cuda_pool(kvrelay_client* client, uint32_t rank, int host_tier,

@@ -271,7 +271,8 @@ class Client:
         """Registers host memory the engine allocated in memfds (os.memfd_create,
         sealed with F_SEAL_SHRINK): `memories` is (fd, bytes) per memfd, and
         `tensors` is (memory index, byte offset) per tensor, layer-major:
-        [layer 0 K, layer 0 V, (K scale, V scale,) layer 1 K, ...], each
+        [layer 0 K, layer 0 V, (K scale, V scale,) layer 1 K, ...] (a K-only
+        pool, an MLA latent cache: [layer 0 K, (K scale,) layer 1 K, ...]), each
         16-byte aligned. The engine keeps its fds. The completion (kind
         "register_pool") says whether the worker mapped it, or why not."""
     def register_cuda_pool(
@@ -279,7 +280,8 @@ class Client:
     ) -> None:
         """Registers GPU memory by the device address of each tensor
         (tensor.data_ptr()), layer-major: [layer 0 K, layer 0 V, (K scale,
-        V scale,) layer 1 K, ...]. cudaMalloc memory is shared by legacy IPC
+        V scale,) layer 1 K, ...]; a K-only pool (an MLA latent cache) has one
+        per layer (and its scale). cudaMalloc memory is shared by legacy IPC
         handle, VMM memory (PyTorch's expandable segments) by POSIX fds.
         Raises Unsupported without CUDA or a GPU."""
 

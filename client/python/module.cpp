@@ -102,7 +102,7 @@ py::dict config_dict(const InstanceInfo& c) {
                   "kv_heads"_a = g.kv_heads, "total_kv_heads"_a = c.total_kv_heads,
                   "head_dim"_a = g.head_dim,
                   "dtype"_a = dtype_name(static_cast<CacheDtype>(g.dtype)),
-                  "has_scales"_a = g.has_scales != 0,
+                  "has_scales"_a = g.has_scales != 0, "k_only"_a = g.k_only != 0,
                   "request_deadline_ms"_a = c.request_deadline_ms);
 }
 

@@ -22,20 +22,27 @@ const char* kTensorNames[] = {"k", "v", "k_scale", "v_scale"};
 
 }  // namespace
 
+// A tensor by its name ('k', 'v', 'k_scale', 'v_scale') or its id (0..3),
+// one this pool has: a K-only (MLA) pool has no 'v'.
 PoolTensor PyPool::to_tensor(py::handle tensor) const {
-  const uint32_t count = geometry().tensors_per_layer();
+  const PoolGeometry& g = geometry();
+  std::string present;
+  for (uint32_t slot = 0; slot < g.tensors_per_layer(); ++slot)
+    present += fmt::format("{}'{}'", slot == 0 ? "" : ", ",
+                           kTensorNames[static_cast<uint32_t>(g.tensor_at(slot))]);
   if (py::isinstance<py::str>(tensor)) {
     const std::string name = tensor.cast<std::string>();
-    for (uint32_t t = 0; t < count; ++t)
-      if (name == kTensorNames[t]) return static_cast<PoolTensor>(t);
+    for (uint32_t t = 0; t < 4; ++t)
+      if (name == kTensorNames[t] && g.has_tensor_id(t)) return static_cast<PoolTensor>(t);
     raise(Errc::kInvalidArgument,
-          fmt::format("tensor '{}' is not one of {} in this pool", name,
-                      count == 4 ? "'k', 'v', 'k_scale', 'v_scale'" : "'k', 'v'"));
+          fmt::format("tensor '{}' is not one of {} in this pool", name, present));
   }
   const long t = tensor.cast<long>();
-  if (t < 0 || t >= static_cast<long>(count))
+  if (t < 0 || t > 3 || !g.has_tensor_id(static_cast<uint32_t>(t)))
     raise(Errc::kInvalidArgument,
-          fmt::format("tensor {} is out of range: this pool has {} tensors per layer", t, count));
+          fmt::format("tensor {} is not in this pool, whose tensors are {} (ids 0..3: k, v, "
+                      "k_scale, v_scale)",
+                      t, present));
   return static_cast<PoolTensor>(t);
 }
 
@@ -84,15 +91,16 @@ void define_pool(py::module_& m) {
       .def_property_readonly("tensors",
                              [](const PyPool& p) {
                                py::list names;
-                               for (uint32_t t = 0; t < p.geometry().tensors_per_layer(); ++t)
-                                 names.append(kTensorNames[t]);
+                               const PoolGeometry& g = p.geometry();
+                               for (uint32_t slot = 0; slot < g.tensors_per_layer(); ++slot)
+                                 names.append(kTensorNames[static_cast<uint32_t>(g.tensor_at(slot))]);
                                return names;
                              })
       .def("block_bytes", &PyPool::block_bytes, py::arg("tensor") = "k",
            "Bytes of one block of `tensor`.")
       .def("block", &PyPool::block, py::arg("layer"), py::arg("tensor"), py::arg("block_id"),
            "A writable memoryview of one block of one tensor ('k', 'v', 'k_scale', 'v_scale' or "
-           "0..3) of one layer.");
+           "0..3; a K-only pool has no 'v') of one layer.");
 }
 
 }  // namespace kvrelay::python

@@ -23,8 +23,19 @@ enum class PoolLocation : uint32_t {
   kHostFd = 3,       // host memory in memfds sealed with F_SEAL_SHRINK
 };
 // The tensors of one layer: K and V, then (fp8 with scales) their
-// block-wise float32 scales.
+// block-wise float32 scales. A K-only pool (an MLA latent cache) has no V
+// and no V scale (kvrelay/pool_geometry.h).
 enum class PoolTensor : uint32_t { kKey = 0, kValue = 1, kKeyScale = 2, kValueScale = 3 };
+
+constexpr const char* tensor_name(PoolTensor t) {
+  switch (t) {
+    case PoolTensor::kKey: return "K";
+    case PoolTensor::kValue: return "V";
+    case PoolTensor::kKeyScale: return "K scale";
+    case PoolTensor::kValueScale: return "V scale";
+  }
+  return "?";
+}
 
 const char* role_name(Role r);
 const char* dtype_name(CacheDtype d);

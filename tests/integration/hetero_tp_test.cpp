@@ -43,6 +43,32 @@ TEST(HeteroTp, AnotherModelsHeadCountIsRefusedNamingBothSides) {
   env.stop_and_check_clean();
 }
 
+// A K-only (MLA latent) pool never pairs with a K+V pool: refused at the
+// handshake, naming the kind of both sides, whatever else differs.
+TEST(HeteroTp, AKOnlyPoolAgainstAKAndVPoolIsRefusedNamingBothKinds) {
+  Placement same_heads;
+  same_heads.prefill_extra = {"--k-only"};
+  TwoInstances env("hetkind", prefill_args(2, 1), same_heads);
+  Completion c = one_request(env, "k-only-to-kv");
+  EXPECT_EQ(c.status, CompletionStatus::kError);
+  EXPECT_NE(c.message.find("pools differ in kind: K only (an MLA latent cache) here, K and V at "
+                           "the peer"),
+            std::string::npos)
+      << c.message;
+  env.stop_and_check_clean();
+
+  // An MLA cache (one head in all, replicated) against a GQA one (four).
+  Placement gqa;
+  gqa.decode_extra = {"--total-kv-heads", "4"};
+  gqa.decode_kv_heads = 2;
+  gqa.prefill_extra = {"--k-only", "--total-kv-heads", "1"};
+  TwoInstances mla("hetmla", prefill_args(2, 1), gqa);
+  c = one_request(mla, "mla-to-gqa");
+  EXPECT_EQ(c.status, CompletionStatus::kError);
+  EXPECT_NE(c.message.find("pools differ in kind"), std::string::npos) << c.message;
+  mla.stop_and_check_clean();
+}
+
 TEST(HeteroTp, AnotherBlockShapeIsRefusedNamingTheFieldAndBothValues) {
   Placement where;
   where.decode_tp = 1;

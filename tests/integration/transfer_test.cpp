@@ -75,7 +75,7 @@ class Differential {
       for (const PoolView* pool : pools) {
         const PoolGeometry& g = pool->geometry();
         for (uint32_t l = 0; l < g.total_layers(); ++l)
-          for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+          for (uint32_t t : sim::tensor_ids(g))
             for (uint32_t b = 0; b < g.blocks_in_layer(l); ++b)
               sim::poison_block(*pool, l, t, b);
       }
@@ -114,7 +114,7 @@ class Differential {
           auto it = owner.find(b);
           const bool should_arrive =
               it != owner.end() && it->second.second < it->second.first->arrived(l, bt_);
-          for (uint32_t t = 0; t < tensors_; ++t) {
+          for (uint32_t t : sim::tensor_ids(dst.geometry())) {
             if (should_arrive) {
               const ModelRequest& r = *it->second.first;
               const uint32_t index = r.blocks.prefix() + it->second.second;
@@ -155,6 +155,7 @@ struct Scenario {
   // KV heads (0: one per prefill rank).
   uint32_t decode_tp = 0;
   uint32_t total_heads = 0;
+  bool k_only = false;  // no V: an MLA latent cache (with total_heads 1)
   uint32_t heads() const { return total_heads != 0 ? total_heads : tp; }
   Placement placement() const {
     Placement p;
@@ -175,6 +176,7 @@ InstanceArgs args_of(const Scenario& s) {
   a.dtype = s.dtype;
   a.kv_heads = std::max(1u, s.heads() / s.tp);
   a.extra = {"--total-kv-heads", std::to_string(s.heads())};
+  if (s.k_only) a.extra.push_back("--k-only");
   return a;
 }
 
@@ -187,8 +189,10 @@ void run_random_schedule(const Scenario& s, uint64_t seed, uint32_t requests, ui
                    tcp != nullptr ? tcp->placement() : s.placement());
   if (tcp != nullptr) env.set_route(tcp->route());
   const PoolGeometry& g = env.src_pool(0).geometry();
+  ASSERT_EQ(g.k_only, s.k_only ? 1u : 0u);
+  ASSERT_EQ(g.tensors_per_layer(), (s.k_only ? 1u : 2u) * (s.dtype == "fp8" ? 2u : 1u));
   uint64_t layer_block_bytes = 0;
-  for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+  for (uint32_t t : sim::tensor_ids(g))
     layer_block_bytes += env.dst_pool(0).geometry().block_bytes(static_cast<PoolTensor>(t));
   Differential model(env, g.total_layers(), s.block_tokens, g.tensors_per_layer(),
                      layer_block_bytes);
@@ -274,7 +278,7 @@ void run_random_schedule(const Scenario& s, uint64_t seed, uint32_t requests, ui
             static_cast<uint32_t>((r->prefilled + len + s.block_tokens - 1) / s.block_tokens),
             static_cast<uint32_t>(r->blocks.src.size()));
         for (uint32_t rank = 0; rank < env.tp(); ++rank)
-          for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+          for (uint32_t t : sim::tensor_ids(g))
             for (uint32_t i = first; i < last; ++i)
               sim::fill_block_heads(env.src_pool(rank), r->blocks.src[i],
                                     sim::BlockTag{r->blocks.tag, l, t, i, 0},
@@ -385,6 +389,35 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& split) {
       return fmt::format("tp{}_to_tp{}_{}_heads", std::get<0>(split.param),
                          std::get<1>(split.param), std::get<2>(split.param));
+    });
+
+// MLA latent caches: K only, one KV head in all, which every rank of both
+// instances holds whole. Each decode rank gets each block from exactly one
+// prefill rank, and the bytes the workers copy are exactly decode_tp x one
+// rank's latent (Differential::check compares the counters with that):
+// never a block twice to one rank. (prefill tp, decode tp, fp8 with scales)
+class KOnlyDifferential
+    : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t, bool>> {};
+
+TEST_P(KOnlyDifferential, EveryRankGetsTheWholeLatentOnceAndNothingElse) {
+  const auto [prefill_tp, decode_tp, fp8] = GetParam();
+  Scenario s;
+  s.tp = prefill_tp;
+  s.decode_tp = decode_tp;
+  s.total_heads = 1;
+  s.k_only = true;
+  if (fp8) s.dtype = "fp8";
+  run_random_schedule(s, 700 + prefill_tp * 10 + decode_tp + (fp8 ? 100 : 0), 8, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Mla, KOnlyDifferential,
+    ::testing::Values(std::tuple{2u, 2u, false}, std::tuple{2u, 4u, false},
+                      std::tuple{4u, 2u, false}, std::tuple{1u, 4u, false},
+                      std::tuple{4u, 1u, false}, std::tuple{2u, 2u, true}),
+    [](const auto& split) {
+      return fmt::format("tp{}_to_tp{}{}", std::get<0>(split.param), std::get<1>(split.param),
+                         std::get<2>(split.param) ? "_fp8" : "");
     });
 
 // ---- specific cases ----

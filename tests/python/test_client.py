@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import kvrelay
-from conftest import BIN_DIR, BLOCK_TOKENS, HOST_BLOCKS, LAYERS, TP
+from conftest import BIN_DIR, BLOCK_TOKENS, HOST_BLOCKS, LAYERS, TP, Instance, unique
 
 POISON = 0xEE
 
@@ -463,6 +463,71 @@ def test_a_load_lands_in_the_memfds_an_engine_registered_by_fd_and_nowhere_else(
         finally:
             for fd in fds:  # the mappings go with the arrays that view them
                 os.close(fd)
+
+
+def test_an_mla_cache_has_one_tensor_per_layer_and_registers_and_loads_by_fd():
+    """A K-only instance (an MLA latent cache): pools have 'k' only, 'v' is
+    refused naming what is there, a registration lists one tensor per layer,
+    and a swap load lands in the engine's memfds, in its blocks only."""
+    inst = Instance(unique("mla"), "mixed", "--k-only", "--total-kv-heads", "1")
+    try:
+        with kvrelay.Client(inst.name, timeout=30) as client:
+            config = client.config
+            assert config["k_only"] and config["total_kv_heads"] == 1
+            device = client.open_pool(0)
+            assert device.tensors == ["k"]
+            with pytest.raises(kvrelay.InvalidArgument, match="'k'"):
+                device.block(0, "v", 0)
+            with pytest.raises(kvrelay.InvalidArgument):
+                device.block(0, 1, 0)
+            block_bytes = device.block_bytes("k")
+            tensor_bytes = config["num_blocks"] * block_bytes
+            pool_bytes = LAYERS * tensor_bytes  # one tensor per layer
+            placements = [(0, layer * tensor_bytes) for layer in range(LAYERS)]
+            host = [client.open_pool(r, host_tier=True) for r in range(TP)]
+            fds, maps, memfd_bytes = [], [], []
+            try:
+                for r in range(TP):
+                    fd = os.memfd_create(f"py-mla-{r}", os.MFD_ALLOW_SEALING)
+                    fds.append(fd)
+                    os.ftruncate(fd, pool_bytes)
+                    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+                    maps.append(mmap.mmap(fd, pool_bytes))
+                    memfd_bytes.append(np.frombuffer(maps[-1], dtype=np.uint8))
+                    memfd_bytes[-1][:] = POISON
+                    with pytest.raises(kvrelay.InvalidArgument):  # K and V: not this pool
+                        client.register_host_fd_pool(r, [(fd, 2 * pool_bytes)],
+                                                     placements + placements)
+                    client.register_host_fd_pool(r, [(fd, pool_bytes)], placements)
+                    c = client.wait(timeout=20)
+                    assert c.kind == "register_pool" and c.ok, c.message
+
+                dev_blocks, host_blocks = [3, 17, 60], [1, 8, 31]
+                for r in range(TP):
+                    for layer in range(LAYERS):
+                        for i, b in enumerate(host_blocks):
+                            v = view(host[r], layer, 0, b)
+                            v[:] = pattern(21, r, layer, 0, i, v.size)
+                client.submit_swap("py-mla-load", "load", dev_blocks, host_blocks)
+                c = wait_for(client, "py-mla-load")
+                assert c.ok, c.message
+                for r in range(TP):
+                    written = np.zeros(pool_bytes, dtype=bool)
+                    for layer in range(LAYERS):
+                        for i, b in enumerate(dev_blocks):
+                            begin = layer * tensor_bytes + b * block_bytes
+                            got = memfd_bytes[r][begin:begin + block_bytes]
+                            assert np.array_equal(got, pattern(21, r, layer, 0, i, block_bytes)), \
+                                f"rank {r} layer {layer} block {b}"
+                            written[begin:begin + block_bytes] = True
+                    assert (memfd_bytes[r][~written] == POISON).all(), f"rank {r}: a stray write"
+                assert client.poll() is None
+            finally:
+                for fd in fds:
+                    os.close(fd)
+    finally:
+        assert inst.stop() == 0
+        assert inst.leftover_segments() == []
 
 
 def test_gpu_calls_say_why_they_cannot_run_without_a_gpu(engine):

@@ -6,7 +6,8 @@
 #   2. A soak that SIGKILLs a random worker every 700 ms: every request gets
 #      exactly one completion, failures name the killed rank, no finished
 #      request has a wrong byte, nothing hangs.
-#   3. Long prompts: 128k-token requests in 16-token blocks (8,192 blocks in
+#   3. An MLA latent cache (K only, replicated) at unequal TP.
+#   4. Long prompts: 128k-token requests in 16-token blocks (8,192 blocks in
 #      a layer), declared and byte-verified; and kvrelay-bench-rdma moving
 #      64 MiB of scattered 16 KiB blocks (a long backlog of granted writes:
 #      both once failed with "rdma session lost", then a crash on exit).
@@ -30,6 +31,9 @@ echo "== rdma: expected requests, byte-verified"
 echo "== rdma: heterogeneous TP, prefill tp 2 into decode tp 4, byte-verified head by head"
 "$sim" "${common[@]}" --decode-tp 4 --total-kv-heads 4 --requests 16 --layer-compute-us 2000 \
   --prefill rdma-hp --decode rdma-hd --expect-arrivals 2>&1 | grep -v 'requests, .* MiB moved$' || exit 1
+echo "== rdma: an MLA latent cache (K only, one head on every rank), tp 2 into tp 4, fp8 with scales"
+"$sim" "${common[@]}" --mla --dtype fp8 --decode-tp 4 --requests 16 --layer-compute-us 2000 \
+  --prefill rdma-mp --decode rdma-md --expect-arrivals 2>&1 | grep -v 'requests, .* MiB moved$' || exit 1
 echo "== rdma: soak, a worker SIGKILLed every 700 ms"
 "$sim" "${common[@]}" --requests 200 --layer-compute-us 1000 --prefill rdma-kp --decode rdma-kd \
   --kill-every-ms 700 2>&1 | grep -v 'requests, .* MiB moved$' || exit 1

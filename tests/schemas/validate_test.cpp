@@ -339,6 +339,21 @@ TEST_F(RegisterPoolRules, GeometryDisagreesWithTheInstance) {
   EXPECT_EQ(check(), "RegisterPool rank 1: head_dim is 64 but the instance is configured with 128");
 }
 
+// An MLA cache (K only) registered with an instance of K+V pools, and the
+// other way round: refused naming the field.
+TEST_F(RegisterPoolRules, AKOnlyPoolForAKAndVInstanceAndTheOtherWayRound) {
+  pool.setHasValues(false);
+  EXPECT_EQ(check(),
+            "RegisterPool rank 1: has_values is 0 but the instance is configured with 1");
+  pool.setHasValues(true);
+  messages::Limits k_only = example_limits();
+  k_only.pool.k_only = 1;
+  EXPECT_EQ(error_of(validate(msg.getRoot<schema::RegisterPool>().asReader(), k_only)),
+            "RegisterPool rank 1: has_values is 1 but the instance is configured with 0");
+  pool.setHasValues(false);
+  EXPECT_EQ(error_of(validate(msg.getRoot<schema::RegisterPool>().asReader(), k_only)), "ok");
+}
+
 TEST_F(RegisterPoolRules, SegmentNameWithASlash) {
   pool.setSegmentName("../x");
   EXPECT_EQ(check(), "RegisterPool rank 1: segment_name '../x' is not a valid segment name");

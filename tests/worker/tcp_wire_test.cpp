@@ -1,6 +1,7 @@
 // The tcp transport's wire format and key: what is accepted, what is refused
 // and how the refusal reads.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -95,6 +96,26 @@ TEST(TcpWire, GarbageEnvelopesAreErrorsNotCrashes) {
       reinterpret_cast<const std::byte*>(words.data()), words.size() * 8)));
 }
 
+// A K-only pool (an MLA latent cache) has K, and K's scale with fp8: a frame
+// for V, or for V's scale, is refused naming what the pool has.
+TEST(TcpWire, AFrameForATensorAKOnlyPoolLacksIsRefused) {
+  PoolGeometry g = frame_geometry();
+  g.k_only = 1;
+  g.has_scales = 1;
+  FrameHeader f;
+  f.bytes = g.block_bytes(PoolTensor::kKeyScale);
+  f.tensor = static_cast<uint32_t>(PoolTensor::kKeyScale);
+  EXPECT_TRUE(check_frame(f, g)) << "K's scale is there";
+  for (PoolTensor missing : {PoolTensor::kValue, PoolTensor::kValueScale}) {
+    f.tensor = static_cast<uint32_t>(missing);
+    ASSERT_FALSE(check_frame(f, g));
+    EXPECT_EQ(check_frame(f, g).error().message,
+              fmt::format("frame for tensor {}, which the pool does not have (its tensors: K, K "
+                          "scale)",
+                          f.tensor));
+  }
+}
+
 TEST(TcpWire, FramesInsideThePoolInWholeBlocksAreAccepted) {
   FrameHeader f;
   f.layer = 3;
@@ -113,7 +134,7 @@ TEST(TcpWire, EveryFrameCheckNamesWhatIsWrong) {
   f.layer = 0;
   f.tensor = 2;  // no scales in a bf16 pool
   EXPECT_EQ(check_frame(f, g).error().message,
-            "frame for tensor 2, but the pool has 2 tensors per layer");
+            "frame for tensor 2, which the pool does not have (its tensors: K, V)");
   f.tensor = 0;
   f.dst_offset = 100;
   EXPECT_EQ(check_frame(f, g).error().message,

@@ -120,7 +120,8 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
       "kv_heads {} ({} in all)  head_dim {}  dtype {}{}  pool {}  host blocks {}  deadline {} ms\n",
       c.tp_size, role_name(static_cast<Role>(c.role)), c.num_layers, c.extra_layers, c.num_blocks,
       c.extra_layer_blocks, c.block_size, c.kv_heads, head_layout_of(c).total_heads, c.head_dim,
-      dtype_name(static_cast<CacheDtype>(c.dtype)), c.has_scales ? " +scales" : "",
+      dtype_name(static_cast<CacheDtype>(c.dtype)),
+      fmt::format("{}{}", c.has_scales ? " +scales" : "", c.k_only ? " K only (no V)" : ""),
       c.engine_pools != 0 ? "none" : "host", c.host_blocks, c.request_deadline_ms);
   out += "\nworkers\n";
   out += fmt::format(
@@ -266,6 +267,7 @@ nlohmann::json render_json(const InstanceView& v) {
                  {"head_dim", c.head_dim},
                  {"dtype", dtype_name(static_cast<CacheDtype>(c.dtype))},
                  {"has_scales", c.has_scales != 0},
+                 {"k_only", c.k_only != 0},
                  {"pool", c.engine_pools != 0 ? "none" : "host"},
                  {"host_blocks", c.host_blocks},
                  {"request_deadline_ms", c.request_deadline_ms},

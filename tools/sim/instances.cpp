@@ -37,6 +37,7 @@ Status ManagedInstance::start(const std::string& name, const std::string& role, 
     args.push_back("--log-dir");
     args.push_back(log_dir + "/" + name);
   }
+  if (g.k_only) args.push_back("--k-only");
   args.insert(args.end(), extra.begin(), extra.end());
   // The instances go with the simulator, however it dies.
   SpawnOptions spawn;

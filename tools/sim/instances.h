@@ -21,6 +21,7 @@ struct Geometry {
   uint32_t head_dim = 128;
   std::string dtype = "bfloat16";
   uint32_t host_blocks = 0;
+  bool k_only = false;  // no V: an MLA latent cache (--k-only)
 };
 
 class ManagedInstance {

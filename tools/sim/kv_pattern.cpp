@@ -78,7 +78,7 @@ namespace kvrelay::sim {
 void fill_request(const PoolView& pool, uint32_t rank, const RequestBlocks& r) {
   const PoolGeometry& g = pool.geometry();
   for (uint32_t layer = 0; layer < g.total_layers(); ++layer)
-    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+    for (uint32_t t : tensor_ids(g))
       for (uint32_t i = 0; i < r.src.size(); ++i)
         fill_block(pool, r.src[i], BlockTag{r.tag, layer, t, i, rank});
 }
@@ -87,7 +87,7 @@ uint64_t check_request(const PoolView& pool, uint32_t rank, const RequestBlocks&
   const PoolGeometry& g = pool.geometry();
   uint64_t wrong = 0;
   for (uint32_t layer = 0; layer < g.total_layers(); ++layer)
-    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+    for (uint32_t t : tensor_ids(g))
       for (uint32_t j = 0; j < r.dst.size(); ++j)
         wrong += check_block(pool, r.dst[j], BlockTag{r.tag, layer, t, r.prefix() + j, rank});
   return wrong;
@@ -145,7 +145,7 @@ uint64_t check_block_heads(const PoolView& pool, uint32_t block_id, const BlockT
 
 void fill_blocks_heads(const PoolView& pool, uint32_t first_head, const RequestBlocks& r,
                        uint32_t layer, uint32_t first, uint32_t last) {
-  for (uint32_t t = 0; t < pool.geometry().tensors_per_layer(); ++t)
+  for (uint32_t t : tensor_ids(pool.geometry()))
     for (uint32_t i = first; i < last; ++i)
       heads_of_block(pool, r.src[i], BlockTag{r.tag, layer, t, i, 0}, first_head, true);
 }
@@ -159,7 +159,7 @@ uint64_t check_request_heads(const PoolView& pool, uint32_t first_head, const Re
   const PoolGeometry& g = pool.geometry();
   uint64_t wrong = 0;
   for (uint32_t layer = 0; layer < g.total_layers(); ++layer)
-    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+    for (uint32_t t : tensor_ids(g))
       for (uint32_t j = 0; j < r.dst.size(); ++j)
         wrong += heads_of_block(pool, r.dst[j], BlockTag{r.tag, layer, t, r.prefix() + j, 0},
                                 first_head, false);

@@ -20,6 +20,15 @@ struct BlockTag {
   uint32_t rank;
 };
 
+// The ids (PoolTensor values) of the tensors a pool of `g` has, in their
+// order in a layer: K, V, K scale, V scale, less what a K-only pool lacks.
+inline std::vector<uint32_t> tensor_ids(const PoolGeometry& g) {
+  std::vector<uint32_t> ids;
+  for (uint32_t slot = 0; slot < g.tensors_per_layer(); ++slot)
+    ids.push_back(static_cast<uint32_t>(g.tensor_at(slot)));
+  return ids;
+}
+
 // Writes the pattern of `tag` into one block of `pool`. False if the block
 // does not exist.
 bool fill_block(const PoolView& pool, uint32_t block_id, const BlockTag& tag);

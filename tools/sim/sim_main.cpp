@@ -94,6 +94,13 @@ int main(int argc, char** argv) {
                  "with --start: the model's KV heads (0: --kv-heads x --tp); fewer than a TP "
                  "size replicate heads over that instance's ranks")
       ->capture_default_str();
+  app.add_flag("--k-only", g.k_only,
+               "with --start: pools without V (one tensor per layer, plus its scale with fp8)");
+  bool mla = false;
+  app.add_flag("--mla", mla,
+               "with --start: a DeepSeek-style MLA latent cache: --k-only, one KV head in all "
+               "(--total-kv-heads 1, replicated on every rank of both instances), and "
+               "--head-dim 576 (512 latent + 64 RoPE values) unless given");
   uint32_t peer_timeout_ms = 0;
   app.add_option("--peer-timeout-ms", peer_timeout_ms,
                  "with --start: the instances' --peer-timeout-ms (0: their default); raise it "
@@ -106,6 +113,17 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-s", timeout_s, "give up after this long")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   o.timeout = std::chrono::seconds(timeout_s);
+  if (mla) {
+    g.k_only = true;
+    if (total_kv_heads != 0 && total_kv_heads != 1) {
+      fmt::print(stderr, "kvrelay-sim: --mla has one KV head in all, not --total-kv-heads {}\n",
+                 total_kv_heads);
+      return 2;
+    }
+    total_kv_heads = 1;
+    g.kv_heads = 1;
+    if (app.count("--head-dim") == 0) g.head_dim = 576;
+  }
   if (swap) {
     g.host_blocks = 2 * g.blocks;
     swap_options.rounds = o.requests;

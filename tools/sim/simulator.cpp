@@ -171,7 +171,7 @@ class Simulation {
       for (const PoolView* pool : all_pools()) {
         const PoolGeometry& g = pool->geometry();
         for (uint32_t l = 0; l < g.total_layers(); ++l)
-          for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+          for (uint32_t t : tensor_ids(g))
             for (uint32_t b = 0; b < g.blocks_in_layer(l); ++b)
               poison_block(*pool, l, t, b);
       }
@@ -288,7 +288,7 @@ class Simulation {
       const PoolGeometry& g = dst_[rank]->geometry();
       for (uint32_t b : r.blocks.dst)
         for (uint32_t l = 0; l < g.total_layers(); ++l)
-          for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+          for (uint32_t t : tensor_ids(g))
             if (!block_is_poisoned(*dst_[rank], l, t, b)) {
               ++report_.stray_blocks;
               if (report_.first_error.empty())
@@ -564,7 +564,7 @@ class Simulation {
         const PoolGeometry& g = pool->geometry();
         for (uint32_t b : *ids)
           for (uint32_t l = 0; l < g.total_layers(); ++l)
-            for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+            for (uint32_t t : tensor_ids(g))
               poison_block(*pool, l, t, b);
       }
     }

@@ -102,7 +102,7 @@ SwapReportSummary run_swap_scenario(const SwapOptions& o, Client& client) {
     // The engine reuses the device blocks meanwhile.
     for (uint32_t r = 0; r < tp; ++r)
       for (uint32_t l = 0; l < g.total_layers(); ++l)
-        for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+        for (uint32_t t : tensor_ids(g))
           for (uint32_t b : *dev)
             poison_block(*device[r], l, t, b);
     s.request_id = fmt::format("load-{}", round);
@@ -122,7 +122,7 @@ SwapReportSummary run_swap_scenario(const SwapOptions& o, Client& client) {
       if (l == 0) first_ready.push_back(ready);
       if (l + 1 == g.total_layers()) all_ready.push_back(ready);
       for (uint32_t r = 0; r < tp; ++r)
-        for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
+        for (uint32_t t : tensor_ids(g))
           for (uint32_t i = 0; i < dev->size(); ++i)
             report.wrong_words +=
                 check_block(*device[r], (*dev)[i], BlockTag{blocks.tag, l, t, i, r});

@@ -50,8 +50,10 @@ Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& poo
           }
         };
         for (uint32_t i = 0; i < firsts.size(); ++i) {
-          for (uint32_t t = 0; t < pool.tensors_per_layer(); ++t) {
-            const uint64_t block = pool.block_bytes(static_cast<PoolTensor>(t));
+          for (uint32_t slot = 0; slot < pool.tensors_per_layer(); ++slot) {
+            const PoolTensor tensor = pool.tensor_at(slot);
+            const auto t = static_cast<uint32_t>(tensor);  // landed writes name it by its id
+            const uint64_t block = pool.block_bytes(tensor);
             if (heads == 0 || landed.getRefused()) {
               apply(LandedWrite{landed.getRequestKey(), layer, t, firsts[i] * block,
                                 counts[i] * block, sender});

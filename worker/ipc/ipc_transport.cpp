@@ -294,8 +294,8 @@ Result<std::shared_ptr<Destination>> IpcTransport::resolve_split(schema::CacheDe
                                                                  const std::string& instance) {
   Result<std::shared_ptr<const ControlSegment>> control = peers_.share(instance);
   if (!control) return control.error();
+  if (Status s = same_model(instance, (*control)->config()); !s) return s.error();
   const HeadLayout theirs = head_layout_of((*control)->config());
-  if (Status s = same_model_heads(instance, theirs); !s) return s.error();
   std::vector<Part> parts;
   std::string ranks;
   for (const HeadShare& share : head_shares(heads_, rank_, theirs)) {
@@ -341,16 +341,25 @@ Status IpcTransport::check_connect(schema::ConnectTask::Reader connect) {
 Result<std::vector<uint32_t>> IpcTransport::decode_ranks(const std::string& instance) {
   Result<std::shared_ptr<const ControlSegment>> control = peers_.share(instance);
   if (!control) return control.error();
+  if (Status s = same_model(instance, (*control)->config()); !s) return s.error();
   const HeadLayout theirs = head_layout_of((*control)->config());
   if (theirs == heads_) return std::vector<uint32_t>{rank_};
-  if (Status s = same_model_heads(instance, theirs); !s) return s.error();
   std::vector<uint32_t> ranks;
   for (const HeadShare& share : head_shares(heads_, rank_, theirs))
     ranks.push_back(share.decode_rank);
   return ranks;
 }
 
-Status IpcTransport::same_model_heads(const std::string& instance, const HeadLayout& theirs) const {
+Status IpcTransport::same_model(const std::string& instance, const InstanceConfig& peer) const {
+  // The kind first (K only against K and V): an MLA cache against a GQA one
+  // differs in heads too, and the kind is what is wrong.
+  const PoolGeometry peer_pool = pool_geometry_of(peer, PoolTier::kDevice);
+  if (peer_pool.k_only != local_.geometry().k_only) {
+    const Status kinds = check_compatible(local_.geometry(), peer_pool);
+    return make_error(kinds.code(),
+                      fmt::format("peer instance '{}': {}", instance, kinds.error().message));
+  }
+  const HeadLayout theirs = head_layout_of(peer);
   if (theirs.total_heads == heads_.total_heads) return {};
   return make_error(Errc::kLayoutMismatch,
                     fmt::format("peer instance '{}' has {} KV heads in all (tp {}, {} per rank), "

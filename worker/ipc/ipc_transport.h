@@ -117,7 +117,9 @@ class IpcTransport final : public Transport {
   // The decode ranks this rank writes into: its own rank with the same
   // layout, else those its head shares name.
   Result<std::vector<uint32_t>> decode_ranks(const std::string& instance);
-  Status same_model_heads(const std::string& instance, const HeadLayout& theirs) const;
+  // The peer holds this model's cache: the same kind (K only, or K and V) and the
+  // same KV heads in all.
+  Status same_model(const std::string& instance, const InstanceConfig& peer) const;
   struct Mapped {
     // The peer segment it was found through (held: a successor's segment
     // can never be mistaken for it).

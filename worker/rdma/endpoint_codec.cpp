@@ -50,7 +50,7 @@ void encode_regions(const PoolGeometry& g, const std::vector<RemoteTensor>& tens
   for (unsigned i = 0; i < tensors.size(); ++i) {
     auto r = list[i];
     r.setLayer(i / per_layer);
-    r.setTensor(i % per_layer);
+    r.setTensor(static_cast<uint32_t>(g.tensor_at(i % per_layer)));  // on the wire by its id
     r.setAddress(tensors[i].address);
     r.setRkey(tensors[i].rkey);
     r.setBytes(tensors[i].bytes);
@@ -81,7 +81,7 @@ Result<RemoteTensors> check_regions(std::span<const RegionEntry> regions, const 
   out.tensors_.assign(want, RemoteTensor{});
   for (size_t i = 0; i < regions.size(); ++i) {
     const RegionEntry& r = regions[i];
-    if (r.layer >= g.total_layers() || r.tensor >= out.tensors_per_layer_)
+    if (r.layer >= g.total_layers() || !g.has_tensor_id(r.tensor))
       return invalid(
           fmt::format("RdmaMemoryRegions: region {} names layer {} tensor {}, which "
                       "the pool does not have",
@@ -97,7 +97,9 @@ Result<RemoteTensors> check_regions(std::span<const RegionEntry> regions, const 
           fmt::format("RdmaMemoryRegions: layer {} tensor {} at {:#x} is not a usable "
                       "address range",
                       r.layer, r.tensor, r.address));
-    RemoteTensor& t = out.tensors_[uint64_t{r.layer} * out.tensors_per_layer_ + r.tensor];
+    RemoteTensor& t =
+        out.tensors_[uint64_t{r.layer} * out.tensors_per_layer_ +
+                     g.slot_of(static_cast<PoolTensor>(r.tensor))];
     if (t.address != 0)
       return invalid(fmt::format("RdmaMemoryRegions: layer {} tensor {} is given twice", r.layer,
                                  r.tensor));

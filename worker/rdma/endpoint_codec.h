@@ -42,7 +42,9 @@ struct RegionEntry {
 class RemoteTensors {
  public:
   // The remote address of `length` bytes at `offset` in (layer, tensor), or
-  // kInvalidArgument when they fall outside it.
+  // kInvalidArgument when they fall outside it. `tensor` is the tensor's slot
+  // in a layer (PoolGeometry::slot_of); on the wire, regions name tensors by
+  // their ids.
   Result<uint64_t> address(uint32_t layer, uint32_t tensor, uint64_t offset, uint64_t length) const;
   uint32_t rkey(uint32_t layer, uint32_t tensor) const;
 

@@ -148,8 +148,10 @@ Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
       break;
     }
     if (heads == 0) {
-      for (uint32_t t = 0; t < geometry.tensors_per_layer() && g.refused.empty(); ++t) {
-        const uint64_t bb = geometry.block_bytes(static_cast<PoolTensor>(t));
+      for (uint32_t slot = 0; slot < geometry.tensors_per_layer() && g.refused.empty(); ++slot) {
+        const PoolTensor tensor = geometry.tensor_at(slot);
+        const auto t = static_cast<uint32_t>(tensor);  // landed writes name it by its id
+        const uint64_t bb = geometry.block_bytes(tensor);
         admit(g, LandedWrite{part.request_key, part.layer, t, run.first * bb, run.count * bb,
                              sender_});
       }
@@ -157,8 +159,10 @@ Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
     }
     // Heterogeneous TP: each block's head range is a write of its own.
     for (uint64_t b = run.first; b < uint64_t{run.first} + run.count && g.refused.empty(); ++b) {
-      for (uint32_t t = 0; t < geometry.tensors_per_layer() && g.refused.empty(); ++t) {
-        const uint64_t bb = geometry.block_bytes(static_cast<PoolTensor>(t));
+      for (uint32_t slot = 0; slot < geometry.tensors_per_layer() && g.refused.empty(); ++slot) {
+        const PoolTensor tensor = geometry.tensor_at(slot);
+        const auto t = static_cast<uint32_t>(tensor);  // landed writes name it by its id
+        const uint64_t bb = geometry.block_bytes(tensor);
         const uint64_t hb = bb / geometry.kv_heads;
         admit(g, LandedWrite{part.request_key, part.layer, t, b * bb + part.first_head * hb,
                              heads * hb, sender_});

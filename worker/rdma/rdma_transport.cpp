@@ -294,8 +294,10 @@ class Session final : public net::ClientChannel {
     LayerWrite lw;
     lw.transfer = job.transfer;
     lw.immediate = immediate_of(job.transfer);
+    // Tensors by their slot in a layer: both sides' pools are of one kind
+    // (checked at the hello), so the slots are the same tensors.
     for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
-      const auto tensor = static_cast<PoolTensor>(t);
+      const PoolTensor tensor = g.tensor_at(t);
       if (job.share) {  // heterogeneous TP: one write per block's head range
         const uint64_t head = g.block_bytes(tensor) / g.kv_heads;
         to_head_runs(job.runs, g.block_bytes(tensor), head * ack().pool.kv_heads, head,

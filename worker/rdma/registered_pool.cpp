@@ -16,15 +16,15 @@ Result<std::unique_ptr<RegisteredPool>> RegisteredPool::create(
   };
   std::vector<Span> spans;
   for (uint32_t l = 0; l < g.total_layers(); ++l)
-    for (uint32_t t = 0; t < per_layer; ++t) {
-      const std::byte* base = pool.tensor(l, static_cast<PoolTensor>(t));
+    for (uint32_t t = 0; t < per_layer; ++t) {  // by slot: K, V, K scale, V scale, as present
+      const PoolTensor tensor = g.tensor_at(t);
+      const std::byte* base = pool.tensor(l, tensor);
       if (base == nullptr)
         return make_error(Errc::kInvalidArgument,
                           fmt::format("pool {} has no layer {} tensor {} to register for rdma",
-                                      pool.name(), l, t));
+                                      pool.name(), l, tensor_name(tensor)));
       const auto at = reinterpret_cast<uint64_t>(base);
-      spans.push_back({at, at + g.tensor_bytes(l, static_cast<PoolTensor>(t)),
-                       size_t{l} * per_layer + t});
+      spans.push_back({at, at + g.tensor_bytes(l, tensor), size_t{l} * per_layer + t});
     }
   std::sort(spans.begin(), spans.end(),
             [](const Span& a, const Span& b) { return a.begin < b.begin; });

@@ -10,8 +10,8 @@ void plan_frames(const LayerJob& job, const PoolGeometry& local, uint32_t peer_k
                  std::vector<kernels::CopyRun>& scratch, std::vector<PlannedFrame>& out) {
   out.clear();
   const uint32_t layer = job.ticket.layer;
-  for (uint32_t t = 0; t < local.tensors_per_layer(); ++t) {
-    const auto tensor = static_cast<PoolTensor>(t);
+  for (uint32_t slot = 0; slot < local.tensors_per_layer(); ++slot) {
+    const PoolTensor tensor = local.tensor_at(slot);  // on the wire by its id
     if (job.share) {
       const uint64_t head = local.block_bytes(tensor) / local.kv_heads;
       to_head_runs(job.runs, local.block_bytes(tensor), head * peer_kv_heads, head, *job.share,
@@ -25,7 +25,7 @@ void plan_frames(const LayerJob& job, const PoolGeometry& local, uint32_t peer_k
       p.header.request_key = job.ticket.request_key;
       p.header.handle = job.ticket.handle;
       p.header.layer = layer;
-      p.header.tensor = t;
+      p.header.tensor = static_cast<uint32_t>(tensor);
       p.header.dst_offset = r.dst_offset;
       p.header.bytes = r.bytes;
       p.src_offset = r.src_offset;

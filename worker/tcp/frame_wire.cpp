@@ -71,10 +71,15 @@ Status check_frame(const FrameHeader& f, const PoolGeometry& g) {
     return make_error(
         Errc::kInvalidArgument,
         fmt::format("frame for layer {}, but the pool has {} layers", f.layer, g.total_layers()));
-  if (f.tensor >= g.tensors_per_layer())
+  if (!g.has_tensor_id(f.tensor)) {
+    std::string has;
+    for (uint32_t slot = 0; slot < g.tensors_per_layer(); ++slot)
+      has += fmt::format("{}{}", slot == 0 ? "" : ", ", tensor_name(g.tensor_at(slot)));
     return make_error(Errc::kInvalidArgument,
-                      fmt::format("frame for tensor {}, but the pool has {} tensors per layer",
-                                  f.tensor, g.tensors_per_layer()));
+                      fmt::format("frame for tensor {}, which the pool does not have (its tensors: "
+                                  "{})",
+                                  f.tensor, has));
+  }
   const auto tensor = static_cast<PoolTensor>(f.tensor);
   const uint64_t block = g.block_bytes(tensor);
   const uint64_t size = g.tensor_bytes(f.layer, tensor);

@@ -11,8 +11,8 @@ namespace kvrelay::worker::tcp {
 
 uint64_t largest_block_bytes(const PoolGeometry& g) {
   uint64_t largest = 0;
-  for (uint32_t t = 0; t < g.tensors_per_layer(); ++t)
-    largest = std::max(largest, g.block_bytes(static_cast<PoolTensor>(t)));
+  for (uint32_t slot = 0; slot < g.tensors_per_layer(); ++slot)
+    largest = std::max(largest, g.block_bytes(g.tensor_at(slot)));
   return largest;
 }
 

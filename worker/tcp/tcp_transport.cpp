@@ -182,11 +182,12 @@ class Lane final : public net::ClientChannel {
     const LocalPool& pool = peer_.local();
     const PoolGeometry& g = pool.geometry();
     const uint32_t layer = job.ticket.layer;
-    for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
-      if (pool.tensor(layer, static_cast<PoolTensor>(t)) == nullptr)
-        return peer_.completed(job, make_error(Errc::kInvalidArgument,
-                                               fmt::format("layer {} tensor {} does not exist",
-                                                           layer, t)));
+    for (uint32_t slot = 0; slot < g.tensors_per_layer(); ++slot) {
+      if (pool.tensor(layer, g.tensor_at(slot)) == nullptr)
+        return peer_.completed(
+            job, make_error(Errc::kInvalidArgument,
+                            fmt::format("layer {} tensor {} does not exist", layer,
+                                        tensor_name(g.tensor_at(slot)))));
     }
     plan_frames(job, g, ack().pool.kv_heads, byte_runs_, frames_);
     if (pool.memory_kind() != kernels::MemoryKind::kHost) return write_staged(std::move(job));
