@@ -189,6 +189,28 @@ TEST(TcpWire, AHelloOfAnotherTpSizeIsAcceptedWhenItServesTheSameModelHeads) {
             "pools differ in head_dim: 64 here, 32 at the peer");
 }
 
+// The hello (tcp and rdma alike) refuses a K-only pool (an MLA latent cache)
+// against a K+V one by its kind, before any head count: an MLA model's one
+// replicated head against a GQA model's heads is the wrong kind of cache.
+TEST(TcpWire, AHelloOfAnotherKindOfPoolIsRefusedByItsKindFirst) {
+  Hello h;
+  h.version = net::kWireVersion;
+  h.pool = frame_geometry();
+  h.pool.k_only = 1;
+  EXPECT_EQ(check_hello(h, "d0", frame_geometry()).error().message,
+            "pools differ in kind: K and V here, K only (an MLA latent cache) at the peer");
+  const HeadLayout gqa{2, 2, 4};
+  h.pool.kv_heads = 1;
+  h.tp_size = 2;
+  h.total_kv_heads = 1;  // MLA: one head, on every rank
+  EXPECT_EQ(check_hello(h, "d0", frame_geometry(), gqa).error().message,
+            "pools differ in kind: K and V here, K only (an MLA latent cache) at the peer");
+  PoolGeometry mla = frame_geometry();
+  mla.k_only = 1;
+  mla.kv_heads = 1;
+  EXPECT_TRUE(check_hello(h, "d0", mla, HeadLayout{2, 1, 1})) << "the same kind and heads";
+}
+
 TEST(TcpWire, AHelloIsRefusedNamingTheFieldThatDiffers) {
   Hello h;
   h.version = net::kWireVersion;
