@@ -13,6 +13,9 @@ packages=(
   libibverbs-dev librdmacm-dev nlohmann-json3-dev libssl-dev
   # Python bindings and their tests
   python3 python3-dev pybind11-dev python3-pytest python3-numpy
+  # the example engine (examples/engine): PyTorch on the CPU, gloo for its
+  # tensor-parallel all-reduce
+  python3-torch
   # tools used by tests and benchmarks: setpriv (util-linux), procps, gnuplot for plots
   util-linux procps gnuplot-nox
   # ip netns and veth pairs: the tcp transport's two-host tests

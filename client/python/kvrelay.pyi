@@ -138,6 +138,10 @@ class Pool:
     def tensors(self) -> list[str]:
         """['k', 'v'] or ['k', 'v', 'k_scale', 'v_scale']."""
     def block_bytes(self, tensor: Union[str, int] = "k") -> int: ...
+    def tensor(self, layer: int, tensor: Union[str, int]) -> memoryview:
+        """A writable view of a whole tensor of one layer, [num_blocks, kv_heads,
+        block_size, head_dim] of the pool's dtype: the KV cache in place, e.g.
+        torch.frombuffer(view, dtype=torch.bfloat16).view(...). No copy."""
     def block(self, layer: int, tensor: Union[str, int], block_id: int) -> memoryview:
         """A writable view of one block (np.frombuffer(view, dtype) for an
         array). The view keeps the mapping alive."""

@@ -66,6 +66,19 @@ py::memoryview PyPool::block(uint32_t layer, py::handle tensor, uint32_t block_i
   return py::reinterpret_steal<py::memoryview>(view);
 }
 
+py::memoryview PyPool::tensor(uint32_t layer, py::handle tensor) const {
+  const PoolTensor t = to_tensor(tensor);
+  const PoolGeometry& g = geometry();
+  std::byte* p = layer < g.total_layers() ? pool_->tensor(layer, t) : nullptr;
+  if (p == nullptr)
+    raise(Errc::kInvalidArgument,
+          fmt::format("no layer {}: the pool has {} layers", layer, g.total_layers()));
+  const py::object owner = py::cast(BlockBuffer{pool_, p, g.tensor_bytes(layer, t)});
+  PyObject* view = PyMemoryView_FromObject(owner.ptr());
+  if (view == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::memoryview>(view);
+}
+
 void define_pool(py::module_& m) {
   py::class_<BlockBuffer>(m, "_BlockBuffer", py::buffer_protocol()).def_buffer([](BlockBuffer& b) {
     return py::buffer_info(b.data, 1, py::format_descriptor<uint8_t>::format(), 1,
@@ -98,6 +111,10 @@ void define_pool(py::module_& m) {
                              })
       .def("block_bytes", &PyPool::block_bytes, py::arg("tensor") = "k",
            "Bytes of one block of `tensor`.")
+      .def("tensor", &PyPool::tensor, py::arg("layer"), py::arg("tensor"),
+           "A writable memoryview of a whole tensor of one layer ([num_blocks, kv_heads, "
+           "block_size, head_dim] of the pool's dtype): the KV cache in place, e.g. "
+           "torch.frombuffer(view, dtype=torch.bfloat16).view(...).")
       .def("block", &PyPool::block, py::arg("layer"), py::arg("tensor"), py::arg("block_id"),
            "A writable memoryview of one block of one tensor ('k', 'v', 'k_scale', 'v_scale' or "
            "0..3; a K-only pool has no 'v') of one layer.");

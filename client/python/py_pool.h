@@ -19,6 +19,10 @@ class PyPool {
   const std::string& name() const { return pool_->segment_name(); }
   // A memoryview of one block of one tensor; the view keeps the mapping alive.
   pybind11::memoryview block(uint32_t layer, pybind11::handle tensor, uint32_t block_id) const;
+  // A memoryview of a whole tensor of one layer, [num_blocks, kv_heads,
+  // block_size, head_dim] (or the scales' shape): an engine's KV cache seen
+  // in place (torch.frombuffer(view, dtype=...).view(...)), without a copy.
+  pybind11::memoryview tensor(uint32_t layer, pybind11::handle tensor) const;
   // Bytes of one block of `tensor`.
   uint64_t block_bytes(pybind11::handle tensor) const;
 
