@@ -33,6 +33,9 @@ struct SendScheduler::Request {
   uint64_t legacy_step = 0;
   uint32_t slot = 0;
   uint32_t tag = 0;
+  // Its chunks came in batches that carry its tag: signals find it by tag,
+  // whatever else is bound to its slot (on_bind).
+  bool tagged = false;
   bool owns_slot = false;
   Progress progress;
   bool has_dest = false;
@@ -113,13 +116,18 @@ void SendScheduler::on_bind(uint64_t handle, schema::CacheTask::Reader task,
                     req.slot, slot.unowned_final.step, slot.unowned_final.tokens, rank_));
     return;
   }
-  // An untagged engine gives no other way to see that the slot moved on.
+  // An untagged engine gives no other way to see that the slot moved on. A
+  // tagged request stays bound: the bind comes from the engine's scheduler,
+  // and may overtake the last layers that another rank's model runner
+  // pushes for it; they find it by its tag, and this rank's own next batch
+  // for the slot says whether the slot moved on before its prefill completed
+  // (on_batch_entry).
   for (uint64_t h : std::vector<uint64_t>(slot.bound)) {
     auto prev = requests_.find(h);
     if (prev == requests_.end()) continue;
     if (prefill_complete(*prev->second)) {
       unbind(*prev->second);
-    } else if (prev->second->tag != req.tag) {
+    } else if (prev->second->tag != req.tag && !prev->second->tagged) {
       end(*prev->second, ReportKind::kFailed,
           fmt::format("engine slot {} was given to request '{}' before this request's prefill "
                       "completed",
@@ -144,6 +152,7 @@ void SendScheduler::adopt_pending(Request& req, Slot& slot, std::optional<uint64
       return s.tag == 0 && (!watermark || s.first_index >= *watermark);
     });
   if (it != slot.pending.end()) {
+    req.tagged = it->tag != 0;
     req.progress = std::move(it->progress);
     slot.pending.erase(it);
     --pending_sessions_;
@@ -379,8 +388,9 @@ void SendScheduler::on_batch_entry(const records::BatchEntry& e, uint32_t pusher
   }
   moved_on_.clear();
   Request* owner = nullptr;
-  if (progress_for(e.slot, e.request_tag, &owner) == nullptr ||
-      (owner == nullptr && e.request_tag == 0)) {
+  Progress* progress = progress_for(e.slot, e.request_tag, &owner);
+  if (owner != nullptr && e.request_tag != 0) owner->tagged = true;
+  if (progress == nullptr || (owner == nullptr && e.request_tag == 0)) {
     Session& s = pending_session(slot, e.request_tag, e.chunk_token_offset, index);
     s.last_index = index;
     s.pusher = pusher;

@@ -27,10 +27,16 @@ import time
 import torch
 import torch.distributed as dist
 
-from model import Config, Model, PagedCache
+from mla import MlaConfig, MlaModel
+from model import Model
 from schedule import Plan
 
 STEP_TIMEOUT_S = 60.0
+
+
+def make_model(cfg, rank: int, tp: int):
+    """The GQA model (model.py) or the MLA one (mla.py), by its config."""
+    return MlaModel(cfg, rank, tp) if isinstance(cfg, MlaConfig) else Model(cfg, rank, tp)
 
 
 def init_group(rank: int, tp: int, port: int) -> None:
@@ -38,7 +44,7 @@ def init_group(rank: int, tp: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp)
 
 
-def prefill_step(model: Model, cache: PagedCache, plan: Plan, step: list, on_layer=None) -> dict[int, int]:
+def prefill_step(model, cache, plan: Plan, step: list, on_layer=None) -> dict[int, int]:
     """One step of the plan, layer by layer over its batch; returns the first
     generated token of each request whose prompt this step finished."""
     h = {c.request: model.embed_tokens(plan.requests[c.request].prompt[c.offset:c.offset + c.length])
@@ -52,7 +58,7 @@ def prefill_step(model: Model, cache: PagedCache, plan: Plan, step: list, on_lay
             for c in step if c.offset + c.length == len(plan.requests[c.request].prompt)}
 
 
-def decode(model: Model, cache: PagedCache, table: list[int], prompt_len: int, first: int,
+def decode(model, cache, table: list[int], prompt_len: int, first: int,
            gen_tokens: int) -> list[int]:
     """Greedy decoding from the first token, one token at a time."""
     tokens = [first]
@@ -66,11 +72,11 @@ def decode(model: Model, cache: PagedCache, table: list[int], prompt_len: int, f
 
 # ---------------------------------------------------------------- reference
 
-def reference_rank(rank: int, tp: int, port: int, cfg: Config, plan: Plan, num_blocks: int,
+def reference_rank(rank: int, tp: int, port: int, cfg, plan: Plan, num_blocks: int,
                    results) -> None:
     init_group(rank, tp, port)
-    model = Model(cfg, rank, tp)
-    cache = PagedCache.local(cfg, tp, num_blocks, plan.block_size)
+    model = make_model(cfg, rank, tp)
+    cache = model.local_cache(num_blocks, plan.block_size)
     first: dict[int, int] = {}
     for step in plan.steps:
         first.update(prefill_step(model, cache, plan, step))
@@ -83,15 +89,15 @@ def reference_rank(rank: int, tp: int, port: int, cfg: Config, plan: Plan, num_b
 
 # ---------------------------------------------------------------- prefill
 
-def prefill_rank(rank: int, tp: int, port: int, cfg: Config, plan: Plan, instance: str,
+def prefill_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str,
                  decode_instance: str, dests, first_tokens, results) -> None:
     import kvrelay  # after the fork: each rank its own client
 
     init_group(rank, tp, port)
-    model = Model(cfg, rank, tp)
+    model = make_model(cfg, rank, tp)
     client = kvrelay.Client(instance, timeout=30)
     client.own_signals(rank)
-    cache = PagedCache.over_pool(client.open_pool(rank), cfg.layers)
+    cache = model.cache_over_pool(client.open_pool(rank))
     scheduler = rank == 0
     if scheduler:
         client.own_completions()
@@ -137,14 +143,14 @@ def prefill_rank(rank: int, tp: int, port: int, cfg: Config, plan: Plan, instanc
 
 # ---------------------------------------------------------------- decode
 
-def decode_rank(rank: int, tp: int, port: int, cfg: Config, plan: Plan, instance: str,
+def decode_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str,
                 prefill_instance: str, dests, first_tokens, results, corrupt: bool = False) -> None:
     import kvrelay
 
     init_group(rank, tp, port)
-    model = Model(cfg, rank, tp)
+    model = make_model(cfg, rank, tp)
     client = kvrelay.Client(instance, timeout=30)
-    cache = PagedCache.over_pool(client.open_pool(rank), cfg.layers)
+    cache = model.cache_over_pool(client.open_pool(rank))
     scheduler = rank == 0
     n = len(plan.requests)
     if scheduler:
@@ -185,10 +191,10 @@ def decode_rank(rank: int, tp: int, port: int, cfg: Config, plan: Plan, instance
         r = int(pick[0])
         req = plan.requests[r]
         if corrupt and r == 0:
-            # The negative control (run.py --corrupt): request 0's received V
-            # zeroed on every rank, as if a transfer had lost it.
+            # The negative control (run.py --corrupt): what request 0 received
+            # zeroed on every rank (its V; an MLA latent), as if a transfer had lost it.
             for l in range(cfg.layers):
-                cache.v[l][plan.sent_blocks[0]] = 0
+                cache.zero_blocks(l, plan.sent_blocks[0])
         tokens = decode(model, cache, plan.dst_tables[r], len(req.prompt), int(pick[1]),
                         req.gen_tokens)
         decoded.add(r)

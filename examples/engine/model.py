@@ -35,6 +35,11 @@ class Config:
     rope_theta: float = 10000.0
     seed: int = 1234
 
+    def kvrelay_flags(self, tp: int) -> list[str]:
+        """The instance's pool: K and V, each rank its share of the KV heads."""
+        return ["--kv-heads", str(self.kv_heads // tp), "--total-kv-heads", str(self.kv_heads),
+                "--head-dim", str(self.head_dim)]
+
 
 def _weight(gen: torch.Generator, rows: int, cols: int) -> torch.Tensor:
     return torch.randn(rows, cols, generator=gen) / (rows ** 0.5)
@@ -75,6 +80,13 @@ class Model:
         self.lm_head = _weight(gen, cfg.hidden, cfg.vocab)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
         self.inv_freq = inv
+
+    # The cache: the kvrelay pool's memory in place, or local tensors.
+    def cache_over_pool(self, pool) -> "PagedCache":
+        return PagedCache.over_pool(pool, self.cfg.layers)
+
+    def local_cache(self, num_blocks: int, block_size: int) -> "PagedCache":
+        return PagedCache.local(self.cfg, self.tp, num_blocks, block_size)
 
     # ---- pieces ----
     @staticmethod
@@ -164,6 +176,10 @@ class PagedCache:
         # [tokens, heads, hd] into [block, heads, offset, hd]
         self.k[layer][blocks, :, offsets, :] = k.to(torch.bfloat16)
         self.v[layer][blocks, :, offsets, :] = v.to(torch.bfloat16)
+
+    def zero_blocks(self, layer: int, blocks: list[int]) -> None:
+        """The negative control's damage: these blocks' V gone."""
+        self.v[layer][blocks] = 0
 
     def read(self, layer: int, table: list[int], end: int) -> tuple[torch.Tensor, torch.Tensor]:
         blocks, offsets = self._slots(table, 0, end)

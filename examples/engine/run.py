@@ -37,6 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from mla import MlaConfig  # noqa: E402
 from model import Config  # noqa: E402
 from schedule import make_requests, plan  # noqa: E402
 
@@ -58,12 +59,11 @@ def coordinator_binary(bin_dir: str) -> str:
     sys.exit("run.py: kvrelay-coordinator not found (give --bin-dir or put it on PATH)")
 
 
-def start_instance(binary: str, name: str, role: str, cfg: Config, tp: int) -> subprocess.Popen:
+def start_instance(binary: str, name: str, role: str, cfg, tp: int) -> subprocess.Popen:
     return subprocess.Popen([
         binary, "--instance", name, "--role", role, "--tp-size", str(tp),
         "--num-layers", str(cfg.layers), "--num-blocks", str(NUM_BLOCKS),
-        "--block-size", str(BLOCK_SIZE), "--kv-heads", str(cfg.kv_heads // tp),
-        "--total-kv-heads", str(cfg.kv_heads), "--head-dim", str(cfg.head_dim),
+        "--block-size", str(BLOCK_SIZE), *cfg.kvrelay_flags(tp),
         "--dtype", "bfloat16", "--protocol", "ipc", "--log-level", "warn"])
 
 
@@ -101,6 +101,9 @@ def collect(results, procs: list, want: int, timeout: float) -> list:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=["gqa", "mla"], default="gqa",
+                    help="gqa: Llama-style grouped-query attention (K and V pools); mla: "
+                         "DeepSeek-style latent attention (K-only pools, the latent on every rank)")
     ap.add_argument("--requests", type=int, default=6)
     ap.add_argument("--gen-tokens", type=int, default=8)
     ap.add_argument("--tp", type=int, default=2)
@@ -119,7 +122,7 @@ def main() -> int:
         print(f"run.py: skipped: {e} (tools/setup.sh installs python3-torch)")
         return 77
 
-    cfg = Config()
+    cfg = MlaConfig() if args.model == "mla" else Config()
     requests = make_requests(args.seed, args.requests, cfg.vocab, BLOCK_SIZE, args.gen_tokens)
     the_plan = plan(requests, BLOCK_SIZE, args.slots, args.chunk_tokens, NUM_BLOCKS)
     ctx = mp.get_context("spawn")
@@ -174,8 +177,13 @@ def main() -> int:
     if any(code != 0 for code in codes):
         failures.append(f"instances exited {codes}")
 
-    print(f"model: Llama-style GQA, {cfg.layers} layers, {cfg.heads} query heads over "
-          f"{cfg.kv_heads} KV heads, head_dim {cfg.head_dim}, vocab {cfg.vocab}, TP {args.tp}")
+    if args.model == "mla":
+        print(f"model: DeepSeek-style MLA, {cfg.layers} layers, {cfg.heads} heads, a latent of "
+              f"{cfg.kv_lora_rank} + {cfg.rope_dim} RoPE values cached on every rank, vocab "
+              f"{cfg.vocab}, TP {args.tp}")
+    else:
+        print(f"model: Llama-style GQA, {cfg.layers} layers, {cfg.heads} query heads over "
+              f"{cfg.kv_heads} KV heads, head_dim {cfg.head_dim}, vocab {cfg.vocab}, TP {args.tp}")
     print(f"requests: {len(requests)} (prompts {min(len(r.prompt) for r in requests)}.."
           f"{max(len(r.prompt) for r in requests)} tokens, {args.gen_tokens} generated each), "
           f"{len(the_plan.steps)} prefill steps of up to {args.slots} slots x {args.chunk_tokens} tokens")

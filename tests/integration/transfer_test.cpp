@@ -58,14 +58,9 @@ struct ModelRequest {
 class Differential {
  public:
   // `block_bytes`: one decode block of every tensor of a layer together (K,
-  // V and the scales of fp8 pools).
-  Differential(TwoInstances& env, uint32_t layers, uint32_t block_tokens, uint32_t tensors,
-               uint64_t block_bytes)
-      : env_(env),
-        layers_(layers),
-        bt_(block_tokens),
-        tensors_(tensors),
-        block_bytes_(block_bytes) {}
+  // V and the scales of fp8 pools; K alone in a K-only pool).
+  Differential(TwoInstances& env, uint32_t layers, uint32_t block_tokens, uint64_t block_bytes)
+      : env_(env), layers_(layers), bt_(block_tokens), block_bytes_(block_bytes) {}
 
   void poison_all() {
     std::vector<const PoolView*> pools;
@@ -140,7 +135,6 @@ class Differential {
   TwoInstances& env_;
   uint32_t layers_;
   uint32_t bt_;
-  uint32_t tensors_;
   uint64_t block_bytes_;
 };
 
@@ -194,8 +188,7 @@ void run_random_schedule(const Scenario& s, uint64_t seed, uint32_t requests, ui
   uint64_t layer_block_bytes = 0;
   for (uint32_t t : sim::tensor_ids(g))
     layer_block_bytes += env.dst_pool(0).geometry().block_bytes(static_cast<PoolTensor>(t));
-  Differential model(env, g.total_layers(), s.block_tokens, g.tensors_per_layer(),
-                     layer_block_bytes);
+  Differential model(env, g.total_layers(), s.block_tokens, layer_block_bytes);
   model.poison_all();
   std::mt19937_64 rng(seed);
   auto pick = [&](uint32_t lo, uint32_t hi) {

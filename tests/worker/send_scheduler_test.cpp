@@ -303,6 +303,35 @@ TEST_F(SchedulerTest, TaggedSlotMovingOnBeforePrefillCompletedFailsTheBoundReque
             "engine slot 0 moved on to another request before this request's prefill completed");
 }
 
+// A TP engine's scheduler (one process) submits the next request of a slot
+// while another rank's model runner (another process) has not yet pushed the
+// last layer of the previous request's final chunk: the bind overtakes that
+// rank's last signal. With tagged batches the previous request still gets
+// its last layer by its tag and finishes; only a batch of this rank that
+// gives the slot away before its prefill completed fails it. (The example
+// engine hit this on the real processes: "engine slot 0 was given to request
+// 'req-7-4' before this request's prefill completed".)
+TEST_F(SchedulerTest, ATaggedBindOvertakingAnotherRanksLastLayerLeavesThePreviousRequestItsLayer) {
+  const uint32_t a = records::request_tag("r1");
+  const uint32_t b = records::request_tag("r2");
+  bind(1, {10, 11}, 32, 0);
+  dest(1, {50, 51});
+  batch(1, {{0, 0, 32, a}});
+  for (uint32_t l = 0; l + 1 < kLayers; ++l) layer(1, l);  // this rank: not the last layer yet
+  bind(2, {40}, 16, 0);  // the scheduler moved slot 0 on
+  EXPECT_TRUE(reports.empty()) << "r1 failed: " << (reports.empty() ? "" : reports[0].message);
+  layer(1, kLayers - 1);  // the last layer of r1, pushed after r2's submission
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].handle, 1u);
+  EXPECT_EQ(reports[0].kind, ReportKind::kFinished) << reports[0].message;
+  EXPECT_TRUE(written(kLayers - 1, 51));
+  dest(2, {60});
+  batch(2, {{0, 0, 16, b}});
+  all_layers(2);
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[1].kind, ReportKind::kFinished) << reports[1].message;
+}
+
 TEST_F(SchedulerTest, ConsecutiveIdsCoalesceIntoOneCopyPerLayer) {
   bind(1, {10, 11, 12, 13}, 64, 0);
   dest(1, {20, 21, 22, 23});

@@ -115,9 +115,10 @@ TEST_F(TaskDispatchTest, WithoutAPoolEveryRequestFailsOnceSayingWhy) {
     ASSERT_EQ(got.size(), 1u) << "handle " << handle;
     EXPECT_EQ(got[0].handle, handle);
     EXPECT_EQ(got[0].kind, static_cast<uint32_t>(kind));
-    if (kind != Kind::kCancelled)
+    if (kind != Kind::kCancelled) {
       EXPECT_NE(got[0].message_text().find("--pool none"), std::string_view::npos)
           << got[0].message_text();
+    }
   };
   one(task(1, [](auto w) { w.initBind().setRequestId("b"); }), 1, Kind::kFailed);
   EXPECT_TRUE(task(1, [](auto w) { w.initDest().setRequestId("b"); }).empty())
