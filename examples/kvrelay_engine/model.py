@@ -9,10 +9,14 @@ kv_heads, block_size, head_dim], stored in bfloat16. The cache is whatever
 holds those tensors: a kvrelay pool seen in place, or local tensors for the
 single-process reference.
 
-Every computation is per request (never batched across requests) so that a
-request's numbers do not depend on what else was in its batch: the same
-prompt then gives bit-identical KV and logits in the reference and through
-kvrelay, and the tokens must match exactly.
+Every computation is per request (never batched across requests), in
+float64, so that a request's numbers do not depend on its batch or on how
+the ranks split the sums: the oracle (one process, TP 1) and the engines at
+any TP then agree to ~1e-12, and no near-tie can flip a token. Only the
+cache is stored in the instance's dtype (bfloat16 here), as an engine's is.
+
+Fewer KV heads than ranks replicate them (GQA at TP 4 with 2 KV heads): rank
+r then holds KV head r // (tp / kv_heads), as kvrelay's head layout has it.
 """
 
 from __future__ import annotations
@@ -34,15 +38,24 @@ class Config:
     ffn: int = 1024
     rope_theta: float = 10000.0
     seed: int = 1234
+    cache_dtype: str = "bfloat16"   # the instance's --dtype
+
+    def kv_heads_per_rank(self, tp: int) -> int:
+        return max(1, self.kv_heads // tp)
 
     def kvrelay_flags(self, tp: int) -> list[str]:
-        """The instance's pool: K and V, each rank its share of the KV heads."""
-        return ["--kv-heads", str(self.kv_heads // tp), "--total-kv-heads", str(self.kv_heads),
-                "--head-dim", str(self.head_dim)]
+        """The instance's pool: K and V, each rank its share of the KV heads
+        (one replicated head when there are fewer heads than ranks)."""
+        return ["--kv-heads", str(self.kv_heads_per_rank(tp)), "--total-kv-heads",
+                str(self.kv_heads), "--head-dim", str(self.head_dim)]
+
+
+DTYPE = torch.float64  # every computation; the cache is the instance's dtype
+CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _weight(gen: torch.Generator, rows: int, cols: int) -> torch.Tensor:
-    return torch.randn(rows, cols, generator=gen) / (rows ** 0.5)
+    return torch.randn(rows, cols, generator=gen, dtype=DTYPE) / (rows ** 0.5)
 
 
 class Model:
@@ -50,13 +63,16 @@ class Model:
     from the seed, then sliced: every TP size serves the same model."""
 
     def __init__(self, cfg: Config, rank: int, tp: int) -> None:
-        assert cfg.heads % tp == 0 and cfg.kv_heads % tp == 0 and cfg.ffn % tp == 0
+        assert cfg.heads % tp == 0 and cfg.ffn % tp == 0
+        assert cfg.kv_heads % tp == 0 or tp % cfg.kv_heads == 0
         self.cfg, self.rank, self.tp = cfg, rank, tp
         gen = torch.Generator().manual_seed(cfg.seed)
         hd = cfg.head_dim
         self.q_heads = cfg.heads // tp
-        self.local_kv_heads = cfg.kv_heads // tp
-        self.embed = torch.randn(cfg.vocab, cfg.hidden, generator=gen)
+        self.local_kv_heads = cfg.kv_heads_per_rank(tp)
+        first_kv = rank * self.local_kv_heads if tp <= cfg.kv_heads else rank // (tp // cfg.kv_heads)
+        self.first_kv_head = first_kv
+        self.embed = torch.randn(cfg.vocab, cfg.hidden, generator=gen, dtype=DTYPE)
         self.layers = []
         for _ in range(cfg.layers):
             wq = _weight(gen, cfg.hidden, cfg.heads * hd)
@@ -67,18 +83,19 @@ class Model:
             wu = _weight(gen, cfg.hidden, cfg.ffn)
             wd = _weight(gen, cfg.ffn, cfg.hidden)
             q = slice(rank * self.q_heads * hd, (rank + 1) * self.q_heads * hd)
-            kv = slice(rank * self.local_kv_heads * hd, (rank + 1) * self.local_kv_heads * hd)
+            kv = slice(first_kv * hd, (first_kv + self.local_kv_heads) * hd)
             f = slice(rank * cfg.ffn // tp, (rank + 1) * cfg.ffn // tp)
             self.layers.append({
-                "attn_norm": torch.ones(cfg.hidden), "mlp_norm": torch.ones(cfg.hidden),
+                "attn_norm": torch.ones(cfg.hidden, dtype=DTYPE),
+                "mlp_norm": torch.ones(cfg.hidden, dtype=DTYPE),
                 "wq": wq[:, q].contiguous(), "wk": wk[:, kv].contiguous(),
                 "wv": wv[:, kv].contiguous(), "wo": wo[q, :].contiguous(),
                 "wg": wg[:, f].contiguous(), "wu": wu[:, f].contiguous(),
                 "wd": wd[f, :].contiguous(),
             })
-        self.final_norm = torch.ones(cfg.hidden)
+        self.final_norm = torch.ones(cfg.hidden, dtype=DTYPE)
         self.lm_head = _weight(gen, cfg.hidden, cfg.vocab)
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=DTYPE) / hd))
         self.inv_freq = inv
 
     # The cache: the kvrelay pool's memory in place, or local tensors.
@@ -95,7 +112,7 @@ class Model:
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x: [tokens, heads, head_dim]; rotate pairs (half-split convention).
-        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        angles = positions.to(DTYPE)[:, None] * self.inv_freq[None, :]
         cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
         x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -135,9 +152,11 @@ class Model:
         act = torch.nn.functional.silu(b @ w["wg"]) * (b @ w["wu"])
         return h + self._all_reduce(act @ w["wd"])
 
+    def logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        return self._rmsnorm(h_last, self.final_norm) @ self.lm_head
+
     def next_token(self, h_last: torch.Tensor) -> int:
-        logits = self._rmsnorm(h_last, self.final_norm) @ self.lm_head
-        return int(torch.argmax(logits).item())
+        return int(torch.argmax(self.logits(h_last)).item())
 
 
 class PagedCache:
@@ -149,18 +168,19 @@ class PagedCache:
 
     @staticmethod
     def local(cfg: Config, tp: int, num_blocks: int, block_size: int) -> "PagedCache":
-        shape = (num_blocks, cfg.kv_heads // tp, block_size, cfg.head_dim)
-        make = lambda: [torch.zeros(shape, dtype=torch.bfloat16) for _ in range(cfg.layers)]  # noqa: E731
+        shape = (num_blocks, cfg.kv_heads_per_rank(tp), block_size, cfg.head_dim)
+        dtype = CACHE_DTYPES[cfg.cache_dtype]
+        make = lambda: [torch.zeros(shape, dtype=dtype) for _ in range(cfg.layers)]  # noqa: E731
         return PagedCache(make(), make(), block_size)
 
     @staticmethod
     def over_pool(pool, layers: int) -> "PagedCache":
         """The kvrelay pool's own memory as the cache: no copy anywhere."""
-        assert pool.dtype == "bfloat16", pool.dtype
+        dtype = CACHE_DTYPES[pool.dtype]
         shape = (pool.num_blocks, pool.kv_heads, pool.block_size, pool.head_dim)
 
         def view(layer: int, tensor: str) -> torch.Tensor:
-            return torch.frombuffer(pool.tensor(layer, tensor), dtype=torch.bfloat16).view(shape)
+            return torch.frombuffer(pool.tensor(layer, tensor), dtype=dtype).view(shape)
 
         return PagedCache([view(l, "k") for l in range(layers)],
                           [view(l, "v") for l in range(layers)], pool.block_size)
@@ -174,8 +194,20 @@ class PagedCache:
               v: torch.Tensor) -> None:
         blocks, offsets = self._slots(table, start, k.shape[0])
         # [tokens, heads, hd] into [block, heads, offset, hd]
-        self.k[layer][blocks, :, offsets, :] = k.to(torch.bfloat16)
-        self.v[layer][blocks, :, offsets, :] = v.to(torch.bfloat16)
+        self.k[layer][blocks, :, offsets, :] = k.to(self.k[layer].dtype)
+        self.v[layer][blocks, :, offsets, :] = v.to(self.v[layer].dtype)
+
+    def swap_heads(self, blocks: list[int]) -> None:
+        """A planted bug: KV heads 0 and 1 of these blocks in each other's place."""
+        for t in self.k + self.v:
+            t[blocks, 0], t[blocks, 1] = t[blocks, 1].clone(), t[blocks, 0].clone()
+
+    def received(self, layer: int, table: list[int], end: int, first_head: int,
+                 heads: int) -> list[tuple[str, torch.Tensor]]:
+        """K and V of tokens [0, end), heads [first_head, first_head + heads),
+        as stored: what a decode rank compares with the oracle's."""
+        k, v = self.read(layer, table, end)
+        return [("K", k[:, first_head:first_head + heads]), ("V", v[:, first_head:first_head + heads])]
 
     def zero_blocks(self, layer: int, blocks: list[int]) -> None:
         """The negative control's damage: these blocks' V gone."""
@@ -183,5 +215,5 @@ class PagedCache:
 
     def read(self, layer: int, table: list[int], end: int) -> tuple[torch.Tensor, torch.Tensor]:
         blocks, offsets = self._slots(table, 0, end)
-        return (self.k[layer][blocks, :, offsets, :].float(),
-                self.v[layer][blocks, :, offsets, :].float())
+        return (self.k[layer][blocks, :, offsets, :].to(DTYPE),
+                self.v[layer][blocks, :, offsets, :].to(DTYPE))

@@ -38,18 +38,20 @@ class Plan:
     dst_tables: list[list[int]] = field(default_factory=list)   # decode blocks, prompt + generated
     sent_blocks: list[list[int]] = field(default_factory=list)  # the decode blocks that are sent
     donors: list[set[int]] = field(default_factory=list)        # requests whose blocks it reuses
+    late_dest: list[bool] = field(default_factory=list)         # decode half after prefill ended
 
     def chunks_of(self, r: int) -> list[Chunk]:
         return [c for step in self.steps for c in step if c.request == r]
 
 
 def make_requests(seed: int, count: int, vocab: int, block_size: int, gen_tokens: int) -> list[Request]:
-    """`count` prompts of 20-90 tokens; every third shares the first two full
-    blocks of the first prompt (the decode side's prefix cache gets hits)."""
+    """`count` prompts of 20-150 tokens (several chunks each); every third
+    shares the first two full blocks of the first prompt (the decode side's
+    prefix cache gets hits)."""
     rng = random.Random(seed)
     requests: list[Request] = []
     for i in range(count):
-        length = rng.randint(20, 90)
+        length = rng.randint(20, 150)
         prompt = [rng.randrange(vocab) for _ in range(length)]
         if i % 3 == 2 and requests:
             shared = requests[0].prompt[: 2 * block_size]
@@ -120,5 +122,6 @@ def plan(requests: list[Request], block_size: int, slots: int, chunk_tokens: int
         p.dst_tables.append(table)
         p.sent_blocks.append(table[reused: blocks_for(len(req.prompt))])
         p.donors.append(donors)
+        p.late_dest.append(i % 4 == 1)
     assert max(next_ref, next_dst) <= decode_blocks, "pools too small for the plan"
     return p

@@ -10,8 +10,8 @@ not shares. That is a kvrelay K-only pool with one KV head in all
 (`--k-only --total-kv-heads 1 --kv-heads 1 --head-dim kv_lora_rank +
 rope_dim`), replicated on every rank of both instances.
 
-As in model.py, every computation is per request, so the tokens through
-kvrelay must equal the one-instance run's exactly.
+As in model.py, every computation is per request and in float64, so the
+tokens through kvrelay must equal the oracle's exactly.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class MlaConfig:
     ffn: int = 1024
     rope_theta: float = 10000.0
     seed: int = 4321
+    cache_dtype: str = "bfloat16"   # the instance's --dtype
 
     @property
     def latent_dim(self) -> int:
@@ -45,8 +46,12 @@ class MlaConfig:
                 "--head-dim", str(self.latent_dim)]
 
 
+DTYPE = torch.float64
+CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def _weight(gen: torch.Generator, rows: int, cols: int) -> torch.Tensor:
-    return torch.randn(rows, cols, generator=gen) / (rows ** 0.5)
+    return torch.randn(rows, cols, generator=gen, dtype=DTYPE) / (rows ** 0.5)
 
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -66,11 +71,19 @@ class LatentCache:
 
     def write(self, layer: int, table: list[int], start: int, latent: torch.Tensor) -> None:
         blocks, offsets = self._slots(table, start, latent.shape[0])
-        self.latents[layer][blocks, 0, offsets, :] = latent.to(torch.bfloat16)
+        self.latents[layer][blocks, 0, offsets, :] = latent.to(self.latents[layer].dtype)
 
     def read(self, layer: int, table: list[int], end: int) -> torch.Tensor:
         blocks, offsets = self._slots(table, 0, end)
-        return self.latents[layer][blocks, 0, offsets, :].float()
+        return self.latents[layer][blocks, 0, offsets, :].to(DTYPE)
+
+    def received(self, layer: int, table: list[int], end: int, first_head: int,
+                 heads: int) -> list[tuple[str, torch.Tensor]]:
+        """The latent of tokens [0, end): every rank holds it whole."""
+        return [("latent", self.read(layer, table, end))]
+
+    def swap_heads(self, blocks: list[int]) -> None:
+        raise ValueError("an MLA cache has one head: there are no two to swap")
 
     def zero_blocks(self, layer: int, blocks: list[int]) -> None:
         self.latents[layer][blocks] = 0
@@ -83,8 +96,9 @@ class MlaModel:
         gen = torch.Generator().manual_seed(cfg.seed)
         h = cfg.heads // tp
         self.local_heads = h
+        self.first_kv_head, self.local_kv_heads = 0, 1  # the latent, on every rank
         heads = slice(rank * h, (rank + 1) * h)
-        self.embed = torch.randn(cfg.vocab, cfg.hidden, generator=gen)
+        self.embed = torch.randn(cfg.vocab, cfg.hidden, generator=gen, dtype=DTYPE)
         self.layers = []
         for _ in range(cfg.layers):
             wq = _weight(gen, cfg.hidden, cfg.heads * (cfg.nope_dim + cfg.rope_dim))
@@ -99,8 +113,9 @@ class MlaModel:
             qd, nd, vd = cfg.nope_dim + cfg.rope_dim, cfg.nope_dim, cfg.v_dim
             f = slice(rank * cfg.ffn // tp, (rank + 1) * cfg.ffn // tp)
             self.layers.append({
-                "attn_norm": torch.ones(cfg.hidden), "kv_norm": torch.ones(cfg.kv_lora_rank),
-                "mlp_norm": torch.ones(cfg.hidden),
+                "attn_norm": torch.ones(cfg.hidden, dtype=DTYPE),
+                "kv_norm": torch.ones(cfg.kv_lora_rank, dtype=DTYPE),
+                "mlp_norm": torch.ones(cfg.hidden, dtype=DTYPE),
                 "wq": wq.view(cfg.hidden, cfg.heads, qd)[:, heads].reshape(cfg.hidden, -1).contiguous(),
                 "w_dkv": w_dkv, "w_kr": w_kr,  # every rank: the latent is replicated
                 "w_uk": w_uk.view(-1, cfg.heads, nd)[:, heads].contiguous(),
@@ -108,25 +123,26 @@ class MlaModel:
                 "wo": wo.view(cfg.heads, vd, cfg.hidden)[heads].reshape(-1, cfg.hidden).contiguous(),
                 "wg": wg[:, f].contiguous(), "wu": wu[:, f].contiguous(), "wd": wd[f, :].contiguous(),
             })
-        self.final_norm = torch.ones(cfg.hidden)
+        self.final_norm = torch.ones(cfg.hidden, dtype=DTYPE)
         self.lm_head = _weight(gen, cfg.hidden, cfg.vocab)
         self.inv_freq = 1.0 / (cfg.rope_theta ** (
-            torch.arange(0, cfg.rope_dim, 2, dtype=torch.float32) / cfg.rope_dim))
+            torch.arange(0, cfg.rope_dim, 2, dtype=DTYPE) / cfg.rope_dim))
 
     # The cache: the kvrelay pool's memory in place, or local tensors.
     def cache_over_pool(self, pool) -> LatentCache:
-        assert pool.dtype == "bfloat16" and pool.tensors == ["k"], (pool.dtype, pool.tensors)
+        assert pool.tensors == ["k"], pool.tensors
         shape = (pool.num_blocks, 1, pool.block_size, pool.head_dim)
-        return LatentCache([torch.frombuffer(pool.tensor(l, "k"), dtype=torch.bfloat16).view(shape)
+        dtype = CACHE_DTYPES[pool.dtype]
+        return LatentCache([torch.frombuffer(pool.tensor(l, "k"), dtype=dtype).view(shape)
                             for l in range(self.cfg.layers)], pool.block_size)
 
     def local_cache(self, num_blocks: int, block_size: int) -> LatentCache:
         shape = (num_blocks, 1, block_size, self.cfg.latent_dim)
-        return LatentCache([torch.zeros(shape, dtype=torch.bfloat16)
+        return LatentCache([torch.zeros(shape, dtype=CACHE_DTYPES[self.cfg.cache_dtype])
                             for _ in range(self.cfg.layers)], block_size)
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        angles = positions.to(DTYPE)[:, None] * self.inv_freq[None, :]
         cos, sin = angles.cos(), angles.sin()
         if x.dim() == 3:
             cos, sin = cos[:, None, :], sin[:, None, :]
@@ -165,5 +181,8 @@ class MlaModel:
         act = torch.nn.functional.silu(b @ w["wg"]) * (b @ w["wu"])
         return h + self._all_reduce(act @ w["wd"])
 
+    def logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        return _rmsnorm(h_last, self.final_norm) @ self.lm_head
+
     def next_token(self, h_last: torch.Tensor) -> int:
-        return int(torch.argmax(_rmsnorm(h_last, self.final_norm) @ self.lm_head).item())
+        return int(torch.argmax(self.logits(h_last)).item())

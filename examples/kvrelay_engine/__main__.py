@@ -1,0 +1,253 @@
+"""Prefill/decode disaggregation through kvrelay, token for token.
+
+    python3 -m kvrelay_engine [--model gqa|mla] [--prefill-tp N] [--decode-tp N]
+                              [--protocol ipc|tcp] [--dtype bfloat16|float16]
+                              [--requests N] [--seed N] [--plant BUG]
+
+Runs a small model (model.py: Llama-style GQA; mla.py: DeepSeek-style
+latent attention) twice with the same weights and prompts:
+
+1. the oracle: the model in this process, TP 1, float64, its KV cache local
+   tensors of the instance's dtype, no kvrelay;
+2. disaggregated: a prefill instance and a decode instance, each of TP rank
+   processes whose KV cache is its kvrelay pool (seen in place), with
+   kvrelay moving every request's KV layer by layer while the prefill
+   computes; chunked prefill, the decode side's prefix cache sending only the
+   rest, some decode halves only after their prefill ended.
+
+Each request's generated tokens must be the oracle's, its first decode
+step's logits within 1e-3 of the oracle's, and what each decode rank
+received the oracle's KV to the cache dtype's rounding. The last line says
+`engine: N of M requests match the oracle`; the exit status is 0 only when
+N = M. --plant damages what decode rank 0 received for the first request
+(drop-block, swap-heads, zero-request): the run must then fail, naming the
+request, the layer and the rank.
+
+Needs python3-torch (CPU, gloo), kvrelay's Python module on PYTHONPATH, and
+kvrelay-coordinator (--bin-dir, KVRELAY_BIN_DIR or PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import queue
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .mla import MlaConfig
+from .model import Config
+from .schedule import make_requests, plan
+
+BLOCK_SIZE = 16
+NUM_BLOCKS = 512
+# The first decode step's logits against the oracle's: both are float64
+# computations of the same KV (bit-identical where kvrelay moved it right),
+# differing only in how TP ranks split the sums (~1e-12) and, rarely, a KV
+# value rounded to the other neighbouring bfloat16 (one step, ~0.4%, of one
+# value moves a logit by ~1e-4 here). A transfer bug moves them by > 0.1.
+LOGITS_TOLERANCE = 1e-3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def coordinator_binary(bin_dir: str) -> str:
+    for candidate in (Path(bin_dir) / "kvrelay-coordinator" if bin_dir else None,
+                      shutil.which("kvrelay-coordinator")):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    sys.exit("kvrelay_engine: kvrelay-coordinator not found (give --bin-dir or put it on PATH)")
+
+
+def start_instance(binary: str, name: str, role: str, cfg, tp: int, extra: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([
+        binary, "--instance", name, "--role", role, "--tp-size", str(tp),
+        "--num-layers", str(cfg.layers), "--num-blocks", str(NUM_BLOCKS),
+        "--block-size", str(BLOCK_SIZE), *cfg.kvrelay_flags(tp), "--dtype", cfg.cache_dtype,
+        "--log-level", "warn", *extra])
+
+
+def stop(process: subprocess.Popen) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+def run_ranks(ctx, target, tp: int, args: tuple) -> list:
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(rank, tp, port) + args) for rank in range(tp)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def collect(results, procs: list, want: int, timeout: float) -> list:
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < want:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(got)} of {want} results")
+        try:
+            got.append(results.get(timeout=0.2))
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a rank exited with {dead[0].exitcode}")
+    return got
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python3 -m kvrelay_engine",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=["gqa", "mla"], default="gqa",
+                    help="gqa: Llama-style grouped-query attention (K and V pools); mla: "
+                         "DeepSeek-style latent attention (K-only pools, the latent on every rank)")
+    ap.add_argument("--prefill-tp", type=int, default=2)
+    ap.add_argument("--decode-tp", type=int, default=2)
+    ap.add_argument("--protocol", choices=["ipc", "tcp"], default="ipc",
+                    help="tcp: the decode instance listens on loopback ports, with a fresh key")
+    ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16",
+                    help="the KV cache's dtype, stored in the pools")
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--gen-tokens", type=int, default=8)
+    ap.add_argument("--slots", type=int, default=3)
+    ap.add_argument("--chunk-tokens", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--bin-dir", default=os.environ.get("KVRELAY_BIN_DIR", ""))
+    ap.add_argument("--plant", choices=["drop-block", "swap-heads", "zero-request"], default="",
+                    help="damage what decode rank 0 received for the first request: the run "
+                         "must fail, naming the request, layer and rank")
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    try:
+        from . import engine  # torch
+    except ImportError as e:
+        print(f"kvrelay_engine: skipped: {e} (tools/setup.sh installs python3-torch)")
+        return 77
+    cfg = (MlaConfig(cache_dtype=args.dtype) if args.model == "mla"
+           else Config(cache_dtype=args.dtype))
+    requests = make_requests(args.seed, args.requests, cfg.vocab, BLOCK_SIZE, args.gen_tokens)
+    the_plan = plan(requests, BLOCK_SIZE, args.slots, args.chunk_tokens, NUM_BLOCKS)
+
+    t0 = time.monotonic()
+    answers, expected = engine.oracle(cfg, the_plan, NUM_BLOCKS)
+    t_oracle = time.monotonic() - t0
+
+    binary = coordinator_binary(args.bin_dir)
+    tag = f"engine-{os.getpid()}"
+    prefill_name, decode_name = f"{tag}-p", f"{tag}-d"
+    route = {"protocol": args.protocol, "decode_instance": decode_name}
+    # ipc: one device id per prefill rank (at equal TP, rank r sends to decode
+    # rank r; at unequal TP the head layouts decide, and these are ignored).
+    route["device_ids"] = list(range(args.prefill_tp))
+    decode_extra, prefill_extra = ["--protocol", "ipc"], ["--protocol", "ipc"]
+    key_dir = tempfile.TemporaryDirectory(prefix="kvrelay-engine-key-")
+    if args.protocol == "tcp":
+        key = Path(key_dir.name) / "key"
+        key.write_bytes(secrets.token_bytes(32))
+        key.chmod(0o600)
+        ports = [free_port() for _ in range(args.decode_tp)]
+        decode_extra = ["--protocol", "ipc,tcp", "--tcp-ports", ",".join(map(str, ports)),
+                        "--listen-address", "127.0.0.1", "--auth-key-file", str(key)]
+        prefill_extra = ["--protocol", "ipc,tcp", "--auth-key-file", str(key)]
+        route.update(address="127.0.0.1", tcp_ports=ports)
+    decode_inst = start_instance(binary, decode_name, "decode", cfg, args.decode_tp, decode_extra)
+    prefill_inst = start_instance(binary, prefill_name, "prefill", cfg, args.prefill_tp, prefill_extra)
+    ctx = mp.get_context("spawn")
+    results, dests, first_tokens = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    procs = []
+    n = len(requests)
+    try:
+        t1 = time.monotonic()
+        procs += run_ranks(ctx, engine.decode_rank, args.decode_tp,
+                           (cfg, the_plan, decode_name, prefill_name, dests, first_tokens, results,
+                            expected, args.plant))
+        procs += run_ranks(ctx, engine.prefill_rank, args.prefill_tp,
+                           (cfg, the_plan, prefill_name, route, dests, first_tokens, results))
+        got = collect(results, procs, 2 * n + 1 + n * args.decode_tp, 300)
+        for p in procs:
+            p.join(60)
+        t_dis = time.monotonic() - t1
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        codes = [stop(prefill_inst), stop(decode_inst)]
+        key_dir.cleanup()
+
+    completions = {g[1]: g for g in got if g[0] == "prefill"}
+    decoded = {g[1]: g for g in got if g[0] == "decode"}
+    received: dict[str, list[str]] = {}
+    for g in got:
+        if g[0] == "received" and g[3]:
+            received.setdefault(g[1], []).append(g[3])
+    layer_ns = next(g[1] for g in got if g[0] == "layer_ns")
+
+    if args.model == "mla":
+        print(f"model: DeepSeek-style MLA, {cfg.layers} layers, {cfg.heads} heads, a latent of "
+              f"{cfg.kv_lora_rank} + {cfg.rope_dim} RoPE values on every rank")
+    else:
+        print(f"model: Llama-style GQA, {cfg.layers} layers, {cfg.heads} query heads over "
+              f"{cfg.kv_heads} KV heads, head_dim {cfg.head_dim}")
+    print(f"kvrelay: prefill TP {args.prefill_tp} -> decode TP {args.decode_tp} over "
+          f"{args.protocol}, {cfg.cache_dtype} cache, {len(the_plan.steps)} prefill steps of up "
+          f"to {args.slots} slots x {args.chunk_tokens} tokens"
+          f"{', planted bug: ' + args.plant if args.plant else ''}")
+    matching = 0
+    waits = []
+    for r, req in enumerate(requests):
+        problems = []
+        c = completions.get(req.id)
+        if c is None or c[2] != "finished":
+            problems.append(f"prefill side: {c[2] + ': ' + c[3] if c else 'no completion'}")
+        d = decoded.get(req.id)
+        want = answers[req.id]
+        if d is None:
+            problems.append("never decoded")
+        else:
+            if d[2] != want.tokens:
+                problems.append(f"tokens {d[2]}, oracle {want.tokens}")
+            diff = float((d[3] - want.first_logits).abs().max())
+            if diff > LOGITS_TOLERANCE:
+                problems.append(f"first decode step's logits differ by up to {diff:.3g}")
+            if not the_plan.late_dest[r]:  # a late half waits for its decode half by design
+                waits.append(d[4])
+        problems += received.get(req.id, [])
+        hit = len(the_plan.src_tables[r]) - len(the_plan.sent_blocks[r])
+        state = "match" if not problems else "MISMATCH"
+        print(f"  {req.id}: {state}, prompt {len(req.prompt)} tokens, prefix hit {hit} blocks"
+              f"{', late decode half' if the_plan.late_dest[r] else ''}"
+              + "".join(f"\n      {p}" for p in problems))
+        matching += not problems
+    if waits:
+        waits.sort()
+        print(f"decode side: prefill's last layer -> arrived p50 {waits[len(waits) // 2] / 1e6:.2f} ms "
+              f"(one layer's forward: {layer_ns / 1e6:.2f} ms); oracle {t_oracle:.1f} s, "
+              f"disaggregated {t_dis:.1f} s")
+    if any(code != 0 for code in codes):
+        print(f"instances exited {codes}")
+        matching = min(matching, n - 1)
+    print(f"engine: {matching} of {n} requests match the oracle")
+    return 0 if matching == n else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
