@@ -13,6 +13,7 @@
 #include "coordinator/hello_gate.h"
 #include "coordinator/rank_health.h"
 #include "coordinator/ring_writer.h"
+#include "coordinator/service_notify.h"
 #include "coordinator/shared_state_guard.h"
 #include "coordinator/submission_reader.h"
 #include "coordinator/task_table.h"
@@ -296,6 +297,14 @@ class Coordinator : public Sink, public RankHealth::Listener {
   void set_instance_state(InstanceState s) {
     state_ = s;
     control_.set_state(s);
+    // systemd's Type=notify: `systemctl start` returns once the instance
+    // serves; `systemctl stop` shows it draining.
+    if (s == InstanceState::kReady)
+      (void)notify_service_manager(fmt::format("READY=1\nSTATUS=instance '{}' serving, {} ranks",
+                                               control_.instance(), control_.config().tp_size));
+    if (s == InstanceState::kDraining)
+      (void)notify_service_manager(
+          fmt::format("STOPPING=1\nSTATUS=instance '{}' draining", control_.instance()));
   }
 
   void mirror_counters() {

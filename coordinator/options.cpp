@@ -11,6 +11,7 @@
 #include "instance/names.h"
 #include "instance/pool_geometry.h"
 #include "instance/pool_segment.h"
+#include "shm/command_line.h"
 #include "shm/cpu_affinity.h"
 #include "worker/transport_options.h"
 
@@ -234,10 +235,13 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
                  "pin the coordinator to the first CPU of this list and rank r's worker to "
                  "entry r + 1 (round robin), e.g. 2-5");
 
+  add_version_flag(app, "kvrelay-coordinator");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     return make_error(Errc::kNotFound, app.help());
+  } catch (const CLI::CallForVersion& e) {
+    return make_error(Errc::kNotFound, e.what());  // printed like the help, exit 0
   } catch (const CLI::ParseError& e) {
     return make_error(Errc::kInvalidArgument,
                       fmt::format("{}\nRun with --help for the flags.", e.what()));

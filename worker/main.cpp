@@ -8,6 +8,7 @@
 #include "shm/cpu_affinity.h"
 #include "worker/transport_options.h"
 #include "worker/worker.h"
+#include "shm/command_line.h"
 
 int main(int argc, char** argv) {
   kvrelay::worker::WorkerOptions o;
@@ -34,7 +35,8 @@ int main(int argc, char** argv) {
   app.add_option(
       "--cpu-list", cpu_list,
       "the instance's CPU list (the coordinator's flag): this rank takes entry rank + 1");
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-worker");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
   o.attach_timeout = std::chrono::milliseconds(attach_ms);
   if (!cpu_list.empty()) {
     kvrelay::Result<std::vector<int>> cpus = kvrelay::parse_cpu_list(cpu_list);

@@ -29,4 +29,11 @@ done
 [ "$status" = 0 ] || { echo "FAIL: systemd-analyze verify"; exit 1; }
 grep -q "^KillMode=mixed" "$units/kvrelay@.service"
 grep -q "^KillSignal=SIGTERM" "$units/kvrelay@.service"
+for u in "$units/kvrelay.service" "$units/kvrelay@.service"; do
+  # Ready when it serves, no restart loop on a configuration error, logs on disk.
+  grep -q "^Type=notify" "$u"
+  grep -q "^RestartPreventExitStatus=2" "$u"
+  grep -q "^LogsDirectory=kvrelay" "$u"
+  grep -q -- "--log-dir \${LOGS_DIRECTORY}" "$u"
+done
 echo "systemd: both units verify"

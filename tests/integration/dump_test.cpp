@@ -2,6 +2,7 @@
 // segment, corrupted headers, and decoding a waiting CacheTask.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -48,6 +49,7 @@ TEST_F(DumpTest, TextOutputShowsTheInstanceItsWorkersAndTheTraffic) {
   int code = -1;
   const std::string out = kvrelay_dump({env_->prefill().name()}, &code);
   EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(out.rfind("health healthy\n", 0), 0u) << "the first line says the health: " << out;
   EXPECT_NE(out.find("instance " + env_->prefill().name()), std::string::npos) << out;
   EXPECT_NE(out.find("ready"), std::string::npos);
   EXPECT_NE(out.find("role prefill"), std::string::npos);
@@ -145,9 +147,61 @@ TEST(DumpProcesses, SegmentOfASigkilledCoordinatorShowsAsStale) {
   EXPECT_NE(list.find("stale"), std::string::npos);
   EXPECT_NE(list.find("coordinator pid " + std::to_string(pid) + " is gone"), std::string::npos)
       << list;
-  const auto j = nlohmann::json::parse(kvrelay_dump({a.instance, "--json"}));
+  int code = -1;
+  const auto j = nlohmann::json::parse(kvrelay_dump({a.instance, "--json"}, &code));
   EXPECT_TRUE(j["instance"]["stale"].get<bool>());
   EXPECT_EQ(j["coordinator"]["health"], "dead");
+  EXPECT_EQ(code, 3) << "a stale instance is no healthy one, for a probe";
+  const std::string text = kvrelay_dump({a.instance}, &code);
+  EXPECT_EQ(code, 3) << text;
+  EXPECT_EQ(text.rfind("health unhealthy\n", 0), 0u) << text;
+}
+
+// --clean-stale removes what provably serves nothing, and nothing else: a
+// SIGKILLed instance's control segment and pools; beside a live instance
+// restarted at a smaller TP, the pool of the rank it no longer has; never a
+// live instance's segments.
+TEST(DumpProcesses, CleanStaleRemovesWhatProvablyServesNothingAndNothingElse) {
+  auto exists = [](const std::string& segment) {
+    return access(("/dev/shm/" + segment).c_str(), F_OK) == 0;
+  };
+  InstanceArgs dead;
+  dead.instance = unique_instance("clean-dead");
+  dead.tp = 2;
+  auto gone = Instance::start(dead);
+  gone->kill9();
+  InstanceArgs shrunk = dead;
+  shrunk.instance = unique_instance("clean-shrunk");
+  auto first = Instance::start(shrunk);
+  first->kill9();
+  std::this_thread::sleep_for(1500ms);  // their workers notice and exit
+  shrunk.tp = 1;
+  auto again = Instance::start(shrunk);  // replaces the stale control segment; rank 1's pool stays
+  const std::string dead_control = "kvrelay-" + dead.instance;
+  const std::string shrunk_control = "kvrelay-" + shrunk.instance;
+  ASSERT_TRUE(exists(dead_control + "-pool-r1"));
+  ASSERT_TRUE(exists(shrunk_control + "-pool-r1"));
+
+  int code = -1;
+  std::string out = kvrelay_dump({"--clean-stale", shrunk.instance}, &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("removed /" + shrunk_control + "-pool-r1: instance '" + shrunk.instance +
+                     "' runs 1 ranks now"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(exists(shrunk_control + "-pool-r1"));
+  EXPECT_TRUE(exists(shrunk_control)) << "live: " << out;
+  EXPECT_TRUE(exists(shrunk_control + "-pool-r0")) << "live: " << out;
+  EXPECT_TRUE(exists(dead_control)) << "another instance, not named: " << out;
+
+  out = kvrelay_dump({"--clean-stale", dead.instance}, &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("removed /" + dead_control + ": its coordinator is gone"), std::string::npos)
+      << out;
+  for (const std::string& s : {dead_control, dead_control + "-pool-r0", dead_control + "-pool-r1"})
+    EXPECT_FALSE(exists(s)) << s << ": " << out;
+  EXPECT_NE(out.find("removed 3 stale segments"), std::string::npos) << out;
+  EXPECT_EQ(again->stop(), 0);
 }
 
 TEST(DumpProcesses, CorruptedMagicOrVersionGivesTheRightErrorNotACrash) {
@@ -204,7 +258,9 @@ TEST(DumpProcesses, AStalledRequestIsListedPerRankWithWhatItWaitsFor) {
     EXPECT_EQ(w["counters"]["stalled_requests"], 1);
   }
   EXPECT_EQ(j["health"], "unhealthy");
-  const std::string text = kvrelay_dump({env.prefill().name()});
+  int code = -1;
+  const std::string text = kvrelay_dump({env.prefill().name()}, &code);
+  EXPECT_EQ(code, 3) << "a stalled request makes the instance unhealthy: " << text;
   EXPECT_NE(text.find("'late-half' slot 7"), std::string::npos) << text;
   EXPECT_NE(text.find("waiting for its CacheDest"), std::string::npos) << text;
 

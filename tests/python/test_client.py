@@ -377,7 +377,8 @@ def test_request_ids_with_a_nul_and_out_of_range_signals_are_refused(engine):
 
 
 def _worker_signals(instance: str, rank: int) -> int:
-    out = subprocess.run([str(BIN_DIR / "kvrelay-dump"), instance, "--json"], check=True,
+    # Not check=True: an unhealthy instance exits 3, and its JSON is just as good.
+    out = subprocess.run([str(BIN_DIR / "kvrelay-dump"), instance, "--json"], check=False,
                          capture_output=True, text=True).stdout
     return json.loads(out)["workers"][rank]["counters"]["signals"]
 

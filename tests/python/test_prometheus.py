@@ -119,6 +119,10 @@ def test_prometheus_output_is_well_formed_and_counts_what_happened(pair, engine)
     total = [v for n, _, v in latency["samples"] if n.endswith("_sum")][0]
     assert 0 < total < 60, "seconds, not nanoseconds"
     assert {l["rank"] for _, l, _ in families["kvrelay_worker_tasks_total"]["samples"]} == {"0", "1"}
+    # Base units, each once in a name (Prometheus's naming rules).
+    for name in families:
+        assert "_bytes_bytes" not in name and "megabytes" not in name, name
+    assert "kvrelay_worker_layer_copy_rate_bytes_per_second" in families, sorted(families)
 
 
 def curl(url: str, *extra: str) -> subprocess.CompletedProcess:

@@ -24,6 +24,7 @@
 #include "shm/barrier.h"
 #include "shm/clock.h"
 #include "shm/futex.h"
+#include "shm/command_line.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -160,7 +161,8 @@ int main(int argc, char** argv) {
   app.add_option("--python-baseline", script,
                  "tools/bench/manager_baseline.py: also measure the original's proxied barrier");
   app.add_option("--python", python, "the interpreter for the baseline")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-bench-barrier");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
 
   std::vector<Row> rows;
   print_header("Barrier round latency (microseconds, lower is better)", "pthread pshared");

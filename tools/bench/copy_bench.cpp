@@ -19,6 +19,7 @@
 #include "instance/pool_segment.h"
 #include "worker/copy_plan.h"
 #include "worker/ipc/ipc_transport.h"
+#include "shm/command_line.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -106,7 +107,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--trials", trials, "trials per case; the median is reported")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-bench-copy");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
 
   print_header("Layer copy bandwidth (GB/s), worker path vs memcpy of the same bytes", "memcpy");
   double worst = 1e9;

@@ -42,6 +42,7 @@
 #include "worker/receiver.h"
 #include "worker/tcp/staging.h"
 #include "worker/tcp/tcp_transport.h"
+#include "shm/command_line.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -394,7 +395,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--samples", samples, "signal samples")->capture_default_str();
   app.add_option("--only", only, "swap, gather, signal or tcp");
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-bench-gpu");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
   if (Status s = kernels::cuda_device_usable(0); !s) {
     fmt::print("kvrelay-bench-gpu: skipped: {}\n", s.error().message);
     return 0;

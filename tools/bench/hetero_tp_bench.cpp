@@ -29,6 +29,7 @@
 #include "instance/pool_segment.h"
 #include "worker/copy_plan.h"
 #include "worker/ipc/ipc_transport.h"
+#include "shm/command_line.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -217,7 +218,8 @@ int main(int argc, char** argv) {
   app.add_option("--trials", trials, "trials per case; the median is reported")
       ->capture_default_str();
   app.add_flag("--mla", mla, "the MLA latent cache cases instead of heterogeneous TP");
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-bench-hetero-tp");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
   if (mla) {
     const double worst = mla_cases(layer_mib, trials);
     print_target(">= 90% of K+V with the same bytes", worst >= 0.9,

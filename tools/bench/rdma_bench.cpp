@@ -29,6 +29,7 @@
 #include "worker/rdma/fabric.h"
 #include "worker/rdma/rdma_transport.h"
 #include "worker/receiver.h"
+#include "shm/command_line.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -151,7 +152,8 @@ int main(int argc, char** argv) {
                  "the instances' peer timeout (--peer-timeout-ms): soft-RoCE in an emulated "
                  "guest copies in the guest's kernel, on the CPUs the heartbeats need")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-bench-rdma");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
   const worker::net::Timing timing = worker::net::timing_of(instance);
   spdlog::set_level(spdlog::level::warn);
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug: what the sessions say

@@ -14,6 +14,7 @@
 
 #include "bench_support.h"
 #include "worker/rdma/write_poster.h"
+#include "shm/command_line.h"
 
 using namespace kvrelay;
 using namespace kvrelay::worker::rdma;
@@ -75,7 +76,8 @@ int main(int argc, char** argv) {
   int trials = 5;
   app.add_option("--runs", runs, "runs (writes) per transfer")->capture_default_str();
   app.add_option("--trials", trials, "transfers measured; the median counts")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-bench-rdma-post");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
 
   const std::vector<WriteRequest> source = writes_of(runs);
   std::vector<double> ours, base;

@@ -24,6 +24,7 @@
 #include "shm/clock.h"
 #include "shm/wait_event.h"
 #include "wake_floor.h"
+#include "shm/command_line.h"
 
 namespace kvrelay::bench {
 namespace {
@@ -419,7 +420,8 @@ int main(int argc, char** argv) {
     sub->add_option("--idle-strategies", idle_list,
                     "the prefill coordinator's and workers' --idle-strategy values to measure")
         ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-bench-requests");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
   std::vector<kvrelay::IdleStrategy> idles;
   for (size_t at = 0; at <= idle_list.size();) {
     const size_t comma = std::min(idle_list.find(',', at), idle_list.size());

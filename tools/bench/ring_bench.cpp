@@ -23,6 +23,7 @@
 #include "shm/clock.h"
 #include "shm/mpsc_ring.h"
 #include "shm/spsc_ring.h"
+#include "shm/command_line.h"
 
 namespace bip = boost::interprocess;
 using namespace kvrelay;
@@ -250,7 +251,8 @@ int main(int argc, char** argv) {
   app.add_option("--records", records, "records per SPSC trial (MPSC: per producer, /2)");
   app.add_option("--trials", trials, "trials per case; the median is reported")
       ->check(CLI::Range(1, 100));
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-bench-ring");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
 
   print_header("SPSC ring throughput, cross-process (millions of records/s)", "boost spsc_queue");
   // 56 bytes is what kvrelay's own records are sized to: with the 8-byte

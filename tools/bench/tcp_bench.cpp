@@ -31,6 +31,7 @@
 #include "worker/local_pool.h"
 #include "worker/receiver.h"
 #include "worker/tcp/tcp_transport.h"
+#include "shm/command_line.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -330,7 +331,8 @@ int main(int argc, char** argv) {
                  "baseline is a plain socket either way")
       ->check(CLI::IsMember({"authenticate", "encrypt"}))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-bench-tcp");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
   const auto mode = protection == "encrypt" ? worker::net::Protection::kEncrypt
                                             : worker::net::Protection::kAuthenticate;
   spdlog::set_level(spdlog::level::err);  // connections closing at the end of each case

@@ -12,6 +12,7 @@
 #include "render.h"
 #include "ring_peek.h"
 #include "segment_list.h"
+#include "shm/command_line.h"
 
 using namespace kvrelay;
 
@@ -25,17 +26,26 @@ Result<ControlSegment> open_instance(const std::string& instance) {
 
 }  // namespace
 
+// Exit statuses (docs/operating.md): 0 healthy, 1 no such instance, 2 a
+// usage error or a segment that cannot be read, 3 unhealthy or stale.
+constexpr int kExitUnhealthy = 3;
+
 int main(int argc, char** argv) {
   CLI::App app{
       "kvrelay-dump: shows an instance's header, configuration, workers, rings, barrier, counters "
       "and latency histograms, read from its shared memory without writing to it"};
   std::string instance, ring, serve;
-  bool list = false, json = false, prometheus = false;
+  bool list = false, json = false, prometheus = false, clean_stale = false;
   size_t peek = 10;
   int watch_ms = 0;
   app.add_option("instance", instance, "the instance to show (--instance of its coordinator)");
   app.add_flag("--list", list,
                "list every kvrelay segment in /dev/shm: live, stale (creator gone) or foreign");
+  app.add_flag("--clean-stale", clean_stale,
+               "remove this user's segments that provably serve nothing (those of the named "
+               "instance only, if one is named): instances whose coordinator is gone, and pools "
+               "whose worker is gone and whose instance is gone or no longer has their rank; "
+               "each is named with why");
   app.add_flag("--json", json,
                "machine-readable output (schema kvrelay-dump/1, see docs/operating.md)");
   app.add_flag("--prometheus", prometheus,
@@ -52,9 +62,18 @@ int main(int argc, char** argv) {
       "instances), signal[R], report[R]");
   app.add_option("--peek", peek, "with --ring: how many records to show")->capture_default_str();
   app.footer(dump::kColumnHelp);
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-dump");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
   if (app.count("--watch") != 0 && watch_ms == 0) watch_ms = 1000;
 
+  if (clean_stale) {
+    const std::vector<dump::Removed> removed = dump::clean_stale_segments(instance);
+    for (const dump::Removed& r : removed)
+      fmt::print("removed /{}: {}\n", r.name, r.why);
+    fmt::print("kvrelay-dump: removed {} stale segment{}\n", removed.size(),
+               removed.size() == 1 ? "" : "s");
+    return 0;
+  }
   if (list) {
     const auto entries = dump::list_segments();
     fmt::print("{}", json ? dump::render_list_json(entries).dump(2) + "\n"
@@ -109,7 +128,7 @@ int main(int argc, char** argv) {
   if (watch_ms <= 0) {
     const dump::InstanceView v = dump::snapshot(*control);
     fmt::print("{}", json ? dump::render_json(v).dump(2) + "\n" : dump::render_text(v));
-    return 0;
+    return v.health == "healthy" ? 0 : kExitUnhealthy;
   }
   std::vector<uint64_t> last_bytes;
   uint64_t last_ns = mono_now_ns();

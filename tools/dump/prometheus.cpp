@@ -45,7 +45,7 @@ struct Unit {
 Unit unit_of(const std::string& unit) {
   if (unit == "ns") return {"seconds", 1e-9};
   if (unit == "bytes") return {"bytes", 1};
-  if (unit == "MB/s") return {"megabytes_per_second", 1};
+  if (unit == "MB/s") return {"bytes_per_second", 1e6};  // base units, as Prometheus asks
   return {name_part(unit), 1};
 }
 
@@ -98,7 +98,13 @@ void write_process_metrics(Writer& w, const std::string& prefix,
         histograms.emplace_back(h.label, h.unit);
   for (const auto& [label, unit] : histograms) {
     const Unit u = unit_of(unit);
-    const std::string name = fmt::format("kvrelay_{}_{}_{}", prefix, name_part(label), u.suffix);
+    // The unit once: layer_copy_bytes in bytes is ..._layer_copy_bytes.
+    const std::string base = name_part(label);
+    const bool has_unit = base.size() > u.suffix.size() &&
+                          base.compare(base.size() - u.suffix.size() - 1, std::string::npos,
+                                       "_" + u.suffix) == 0;
+    const std::string name = fmt::format("kvrelay_{}_{}{}", prefix, base,
+                                         has_unit ? "" : "_" + u.suffix);
     w.family(name, "histogram",
              fmt::format("kvrelay {} histogram '{}' (of {}, exported at powers of two)", prefix,
                          label, unit));

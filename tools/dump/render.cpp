@@ -108,11 +108,12 @@ void network(std::string& out, const WorkerView& w) {
 std::string render_text(const InstanceView& v, const std::vector<double>* rates) {
   std::string out;
   const InstanceConfig& c = v.config;
-  out += fmt::format("instance {}  (layout v{}, epoch {}, {}{})\n", v.name, v.layout_version,
-                     v.epoch, v.state, v.stale ? fmt::format(", STALE: {}", v.stale_reason) : "");
+  // The health first: a probe reads one line (and the exit status).
   out += fmt::format("health {}\n", v.health);
   for (const std::string& p : v.problems)
     out += fmt::format("  - {}\n", p);
+  out += fmt::format("instance {}  (layout v{}, epoch {}, {}{})\n", v.name, v.layout_version,
+                     v.epoch, v.state, v.stale ? fmt::format(", STALE: {}", v.stale_reason) : "");
   out += fmt::format("coordinator pid {}  {}  {}  heartbeat {:.0f} ms ago\n", v.coordinator.pid,
                      v.coordinator.state, v.coordinator.health, v.coordinator.heartbeat_age_ms);
   out += fmt::format(

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "instance/control_segment.h"
 #include "instance/names.h"
@@ -69,6 +71,65 @@ std::vector<SegmentEntry> list_segments() {
   std::sort(out.begin(), out.end(),
             [](const SegmentEntry& a, const SegmentEntry& b) { return a.name < b.name; });
   return out;
+}
+
+namespace {
+
+// "kvrelay-<instance>-(pool|host)-r<rank>" -> (instance, rank).
+bool parse_pool_name(const std::string& name, std::string& instance, uint32_t& rank) {
+  for (const char* tag : {"-pool-r", "-host-r"}) {
+    const size_t at = name.rfind(tag);
+    if (at == std::string::npos || at <= kSegmentPrefix.size()) continue;
+    const std::string digits = name.substr(at + std::strlen(tag));
+    if (digits.empty() || digits.size() > 4 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    instance = name.substr(kSegmentPrefix.size(), at - kSegmentPrefix.size());
+    rank = static_cast<uint32_t>(std::stoul(digits));
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<Removed> clean_stale_segments(const std::string& only) {
+  std::vector<SegmentEntry> entries = list_segments();
+  if (!only.empty()) {
+    const std::string control = control_segment_name(only);
+    std::erase_if(entries, [&](const SegmentEntry& e) {
+      return e.name != control && e.name.rfind(control + "-", 0) != 0;
+    });
+  }
+  std::map<std::string, const SegmentEntry*> by_name;
+  for (const SegmentEntry& e : entries) by_name[e.name] = &e;
+  std::vector<Removed> removed;
+  auto remove = [&](const SegmentEntry& e, std::string why) {
+    if (SharedSegment::unlink(e.name).ok()) removed.push_back({e.name, std::move(why)});
+  };
+  for (const SegmentEntry& e : entries) {
+    if (e.status != "stale") continue;  // live, foreign and unreadable ones stay
+    if (e.kind == "control") {
+      remove(e, fmt::format("its coordinator is gone ({})", e.detail));
+      continue;
+    }
+    std::string instance;
+    uint32_t rank = 0;
+    if (e.kind != "pool" || !parse_pool_name(e.name, instance, rank)) continue;
+    const auto control = by_name.find(control_segment_name(instance));
+    if (control == by_name.end() || control->second->status == "stale") {
+      remove(e, fmt::format("its worker and its instance '{}' are gone", instance));
+      continue;
+    }
+    if (control->second->status != "live") continue;
+    // Beside a live instance: only the pools of ranks it no longer has.
+    Result<ControlSegment> c = ControlSegment::attach(
+        instance, AttachOptions{.access = SegmentAccess::kReadOnly, .allow_stale = true});
+    if (c && rank >= c->config().tp_size)
+      remove(e, fmt::format("instance '{}' runs {} ranks now, and this rank's worker is gone",
+                            instance, c->config().tp_size));
+  }
+  return removed;
 }
 
 std::string render_list_text(const std::vector<SegmentEntry>& entries) {

@@ -11,6 +11,7 @@
 #include "simulator.h"
 #include "swap_scenario.h"
 #include "two_hosts.h"
+#include "shm/command_line.h"
 
 using namespace kvrelay;
 
@@ -111,7 +112,8 @@ int main(int argc, char** argv) {
                "the decode engine declares every request to its instance first (ExpectSpec) and "
                "must get exactly one `arrived` completion per request");
   app.add_option("--timeout-s", timeout_s, "give up after this long")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  kvrelay::add_version_flag(app, "kvrelay-sim");
+  KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
   o.timeout = std::chrono::seconds(timeout_s);
   if (mla) {
     g.k_only = true;
