@@ -45,7 +45,7 @@ Result<uint32_t> parse_length(std::span<const uint8_t, 4> p) {
 
 Result<Inbound> decode_envelope(std::span<const std::byte> envelope) {
   messages::ReadLimits limits;
-  limits.traversal_words = kMaxEnvelopeBytes / 8;
+  limits.traversal_words = kEnvelopeTraversalWords;
   limits.nesting = 8;
   return messages::with_message<schema::NetEnvelope>(
       envelope,

@@ -52,12 +52,20 @@ Result<uint32_t> parse_length(std::span<const uint8_t, 4> prefix);
 // Decodes an envelope (8-byte aligned, `length` bytes) with tight traversal
 // and nesting limits; texts are capped.
 Result<Inbound> decode_envelope(std::span<const std::byte> envelope);
+// How many words a reader may traverse in one envelope: four times the
+// largest envelope. Reading a field traverses it again (a message is checked,
+// then applied), so a limit of once its size refused the largest rdma
+// intents (4,096 runs) when they were read the second time: a 128k-token
+// request lost its session ("Exceeded message traversal limit"). Four times
+// still bounds what a hostile peer can make a reader walk.
+inline constexpr uint64_t kEnvelopeTraversalWords = 4 * (kMaxEnvelopeBytes / 8);
+
 // A transport message's body as a T, handed to `fn` (a Status or Result):
 // any capnp error inside is kCorrupt, naming T.
 template <class T, class Fn>
 auto with_body(const Inbound& in, Fn&& fn) -> decltype(fn(std::declval<typename T::Reader>())) {
   messages::ReadLimits limits;
-  limits.traversal_words = kMaxEnvelopeBytes / 8;
+  limits.traversal_words = kEnvelopeTraversalWords;
   limits.nesting = 8;
   return messages::with_message<schema::NetEnvelope>(
       in.body,
