@@ -6,6 +6,16 @@ using records::ReportKind;
 
 namespace {
 
+// A RegisterPool, answered whether or not the rank had a pool before.
+void register_pool(schema::WorkerTask::Reader t, DataPlane& data, ReportOutbox& reports,
+                   TaskEffect& effect) {
+  const PoolRegistration r = data.register_pool(t.getRegisterPool());
+  reports.report(t.getHandle(),
+                 r.registered ? ReportKind::kPoolRegistered : ReportKind::kPoolRejected, 0,
+                 r.message);
+  if (r.broken) effect.broken = r.message;
+}
+
 // --pool none before the engine registered a pool: every request fails
 // once, saying why, and the registration that ends this is served.
 TaskEffect dispatch_without_pool(schema::WorkerTask::Reader t, DataPlane& data,
@@ -26,13 +36,9 @@ TaskEffect dispatch_without_pool(schema::WorkerTask::Reader t, DataPlane& data,
       break;
     // Nothing of it ran here: the answer that lets the coordinator settle it.
     case schema::WorkerTask::CANCEL: reports.report(h, ReportKind::kCancelled, 0, ""); break;
-    case schema::WorkerTask::REGISTER_POOL: {
-      const PoolRegistration r = data.register_pool(t.getRegisterPool());
-      reports.report(h, r.registered ? ReportKind::kPoolRegistered : ReportKind::kPoolRejected, 0,
-                     r.message);
-      if (r.broken) effect.broken = r.message;
+    case schema::WorkerTask::REGISTER_POOL:
+      register_pool(t, data, reports, effect);
       break;
-    }
     case schema::WorkerTask::SHUTDOWN: effect.shutdown = true; break;
     case schema::WorkerTask::SESSION_ENDED: effect.session_ended = t.getSessionEnded(); break;
   }
@@ -89,13 +95,9 @@ TaskEffect dispatch_task(schema::WorkerTask::Reader t, uint32_t rank, DataPlane&
                        "this instance has no host tier (--num-host-blocks is 0)");
       }
       break;
-    case schema::WorkerTask::REGISTER_POOL: {
-      const PoolRegistration r = data.register_pool(t.getRegisterPool());
-      reports.report(h, r.registered ? ReportKind::kPoolRegistered : ReportKind::kPoolRejected, 0,
-                     r.message);
-      if (r.broken) effect.broken = r.message;
+    case schema::WorkerTask::REGISTER_POOL:
+      register_pool(t, data, reports, effect);
       break;
-    }
     case schema::WorkerTask::SHUTDOWN: effect.shutdown = true; break;
     case schema::WorkerTask::SESSION_ENDED:
       scheduler.on_session_ended(t.getSessionEnded());
