@@ -200,6 +200,12 @@ class Coordinator : public Sink, public RankHealth::Listener {
           status_.coordinator_doorbell, [&] { return has_input() || g_stop != 0; },
           Deadline::at_ns(std::max(wake, now)));
     }
+    // A drain can end in the very iteration in which the segment was broken
+    // (after this iteration's check): look once more, so that a broken
+    // instance never exits as if it had stopped cleanly.
+    if (!broken_)
+      broken_ = guard_.check(mono_now_ns(), state_,
+                             CoordinatorRings{submit_, completions_, tasks_, reports_});
     if (broken_) {
       spdlog::critical(
           "instance '{}' is broken: {}; failing every live request and shutting "
