@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation through kvrelay, token for token.
 
     python3 -m kvrelay_engine [--model gqa|mla] [--prefill-tp N] [--decode-tp N]
-                              [--protocol ipc|tcp] [--dtype bfloat16|float16]
+                              [--protocol ipc|tcp] [--dtype bfloat16|float16|fp8]
                               [--requests N] [--seed N] [--plant BUG]
 
 Runs a small model (model.py: Llama-style GQA; mla.py: DeepSeek-style
@@ -15,8 +15,8 @@ latent attention) twice with the same weights and prompts:
    computes; chunked prefill, the decode side's prefix cache sending only the
    rest, some decode halves only after their prefill ended.
 
-Each request's generated tokens must be the oracle's, its first decode
-step's logits within 1e-3 of the oracle's, and what each decode rank
+Each request's generated tokens must be the oracle's, every decode step's
+logits within 1e-3 of the oracle's, and what each decode rank
 received the oracle's KV to the cache dtype's rounding. The last line says
 `engine: N of M requests match the oracle`; the exit status is 0 only when
 N = M. --plant damages what decode rank 0 received for the first request
@@ -49,12 +49,28 @@ from .schedule import make_requests, plan
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 512
-# The first decode step's logits against the oracle's: both are float64
+# Every decode step's logits against the oracle's: both are float64
 # computations of the same KV (bit-identical where kvrelay moved it right),
 # differing only in how TP ranks split the sums (~1e-12) and, rarely, a KV
 # value rounded to the other neighbouring bfloat16 (one step, ~0.4%, of one
-# value moves a logit by ~1e-4 here). A transfer bug moves them by > 0.1.
+# value moves a logit by ~1e-4 here; for fp8 that needs a float64 near-tie
+# at one of 2^-3-spaced points, ~1e-13 likely per value). A transfer bug
+# moves them by > 0.1.
 LOGITS_TOLERANCE = 1e-3
+
+
+def logits_problems(got, want) -> list[str]:
+    """Every decode step's logits against the oracle's: the first step that
+    differs by more than LOGITS_TOLERANCE, if one does."""
+    if got.shape != want.shape:
+        return [f"{got.shape[0]} decode steps' logits, the oracle has {want.shape[0]}"]
+    diff = (got - want).abs().amax(-1)
+    over = (diff > LOGITS_TOLERANCE).nonzero()
+    if len(over) == 0:
+        return []
+    step = int(over[0])
+    return [f"decode step {step}'s logits differ by up to {float(diff[step]):.3g} "
+            f"(tolerance {LOGITS_TOLERANCE:g}; {len(over)} of {len(diff)} steps over it)"]
 
 
 def free_port() -> int:
@@ -121,8 +137,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--decode-tp", type=int, default=2)
     ap.add_argument("--protocol", choices=["ipc", "tcp"], default="ipc",
                     help="tcp: the decode instance listens on loopback ports, with a fresh key")
-    ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16",
-                    help="the KV cache's dtype, stored in the pools")
+    ap.add_argument("--dtype", choices=["bfloat16", "float16", "fp8"], default="bfloat16",
+                    help="the KV cache's dtype, stored in the pools; fp8: e4m3 bytes with a "
+                         "float32 scale per token and head (kvrelay's K/V scale tensors)")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--gen-tokens", type=int, default=8)
     ap.add_argument("--slots", type=int, default=3)
@@ -225,9 +242,7 @@ def main() -> int:
         else:
             if d[2] != want.tokens:
                 problems.append(f"tokens {d[2]}, oracle {want.tokens}")
-            diff = float((d[3] - want.first_logits).abs().max())
-            if diff > LOGITS_TOLERANCE:
-                problems.append(f"first decode step's logits differ by up to {diff:.3g}")
+            problems += logits_problems(d[3], want.logits)
             if not the_plan.late_dest[r]:  # a late half waits for its decode half by design
                 waits.append(d[4])
         problems += received.get(req.id, [])

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from .mla import MlaConfig, MlaModel
 from .model import Model
 from .schedule import Plan
+from .stored import tolerance
 
 STEP_TIMEOUT_S = 60.0
 
@@ -70,17 +71,15 @@ def prefill_step(model, cache, plan: Plan, step: list, on_layer=None) -> dict[in
 def decode(model, cache, table: list[int], prompt_len: int, first: int,
            gen_tokens: int) -> tuple[list[int], torch.Tensor]:
     """Greedy decoding from the first token, one token at a time; returns the
-    tokens and the logits of the first decode step."""
-    tokens, first_logits = [first], None
+    tokens and every decode step's logits, [gen_tokens - 1, vocab]."""
+    tokens, logits = [first], []
     for i in range(gen_tokens - 1):
         h = model.embed_tokens([tokens[-1]])
         for l in range(model.cfg.layers):
             h = model.layer(l, h, prompt_len + i, cache, table)
-        logits = model.logits(h[-1])
-        if first_logits is None:
-            first_logits = logits
-        tokens.append(int(torch.argmax(logits).item()))
-    return tokens, first_logits
+        logits.append(model.logits(h[-1]))
+        tokens.append(int(torch.argmax(logits[-1]).item()))
+    return tokens, torch.stack(logits)
 
 
 # ---------------------------------------------------------------- the oracle
@@ -88,7 +87,7 @@ def decode(model, cache, table: list[int], prompt_len: int, first: int,
 @dataclass
 class Answer:
     tokens: list[int]
-    first_logits: torch.Tensor
+    logits: torch.Tensor  # [decode steps, vocab]
 
 
 def oracle(cfg, plan: Plan, num_blocks: int):
@@ -111,17 +110,16 @@ def oracle(cfg, plan: Plan, num_blocks: int):
 
 def check_received(model, cache, expected, plan: Plan, r: int, rank: int) -> str:
     """What request `r` has on this decode rank against the oracle's cache,
-    layer by layer: '' when every value is the oracle's to the cache dtype's
-    rounding (one bfloat16 step: the ranks' float64 sums may round the other
-    way), else which request, layer, tensor and rank differ."""
+    layer by layer: '' when every value is the oracle's to one rounding step
+    of the cache dtype (stored.tolerance: the ranks' float64 sums may round
+    the other way), else which request, layer, tensor and rank differ."""
     req = plan.requests[r]
     n = len(req.prompt)
     for l in range(model.cfg.layers):
         mine = cache.received(l, plan.dst_tables[r], n, 0, model.local_kv_heads)
         want = expected.received(l, plan.ref_tables[r], n, model.first_kv_head, model.local_kv_heads)
         for (what, got), (_, ref) in zip(mine, want):
-            step = 2.0 ** -7 if model.cfg.cache_dtype == "bfloat16" else 2.0 ** -10
-            bad = (got - ref).abs() > ref.abs() * step + 1e-30
+            bad = (got - ref).abs() > tolerance(model.cfg.cache_dtype, ref)
             if bool(bad.any()):
                 return (f"request {req.id} layer {l} {what} on decode rank {rank}: "
                         f"{int(bad.sum())} of {bad.numel()} values differ from the oracle's "

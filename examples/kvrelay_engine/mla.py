@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .stored import COMPUTE, StoredTensor
+
 
 @dataclass(frozen=True)
 class MlaConfig:
@@ -46,8 +48,7 @@ class MlaConfig:
                 "--head-dim", str(self.latent_dim)]
 
 
-DTYPE = torch.float64
-CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE = COMPUTE
 
 
 def _weight(gen: torch.Generator, rows: int, cols: int) -> torch.Tensor:
@@ -59,10 +60,11 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 class LatentCache:
-    """One tensor per layer, [num_blocks, 1, block_size, latent_dim] in
-    bfloat16: a kvrelay K-only pool's layout."""
+    """One tensor per layer, [num_blocks, 1, block_size, latent_dim] of the
+    instance's dtype (stored.py; fp8 with one scale per token): a kvrelay
+    K-only pool's layout."""
 
-    def __init__(self, latents: list[torch.Tensor], block_size: int) -> None:
+    def __init__(self, latents: list[StoredTensor], block_size: int) -> None:
         self.latents, self.block_size = latents, block_size
 
     def _slots(self, table: list[int], start: int, n: int):
@@ -71,11 +73,12 @@ class LatentCache:
 
     def write(self, layer: int, table: list[int], start: int, latent: torch.Tensor) -> None:
         blocks, offsets = self._slots(table, start, latent.shape[0])
-        self.latents[layer][blocks, 0, offsets, :] = latent.to(self.latents[layer].dtype)
+        self.latents[layer].store(blocks, offsets, latent.unsqueeze(1))
 
     def read(self, layer: int, table: list[int], end: int) -> torch.Tensor:
+        """[tokens, latent_dim] in float64."""
         blocks, offsets = self._slots(table, 0, end)
-        return self.latents[layer][blocks, 0, offsets, :].to(DTYPE)
+        return self.latents[layer].load(blocks, offsets).squeeze(1)
 
     def received(self, layer: int, table: list[int], end: int, first_head: int,
                  heads: int) -> list[tuple[str, torch.Tensor]]:
@@ -86,7 +89,7 @@ class LatentCache:
         raise ValueError("an MLA cache has one head: there are no two to swap")
 
     def zero_blocks(self, layer: int, blocks: list[int]) -> None:
-        self.latents[layer][blocks] = 0
+        self.latents[layer].zero(blocks)
 
 
 class MlaModel:
@@ -130,15 +133,13 @@ class MlaModel:
 
     # The cache: the kvrelay pool's memory in place, or local tensors.
     def cache_over_pool(self, pool) -> LatentCache:
-        assert pool.tensors == ["k"], pool.tensors
-        shape = (pool.num_blocks, 1, pool.block_size, pool.head_dim)
-        dtype = CACHE_DTYPES[pool.dtype]
-        return LatentCache([torch.frombuffer(pool.tensor(l, "k"), dtype=dtype).view(shape)
-                            for l in range(self.cfg.layers)], pool.block_size)
+        assert pool.tensors in (["k"], ["k", "k_scale"]), pool.tensors
+        return LatentCache([StoredTensor.over_pool(pool, l, "k") for l in range(self.cfg.layers)],
+                           pool.block_size)
 
     def local_cache(self, num_blocks: int, block_size: int) -> LatentCache:
-        shape = (num_blocks, 1, block_size, self.cfg.latent_dim)
-        return LatentCache([torch.zeros(shape, dtype=CACHE_DTYPES[self.cfg.cache_dtype])
+        return LatentCache([StoredTensor.local(self.cfg.cache_dtype, num_blocks, 1, block_size,
+                                               self.cfg.latent_dim)
                             for _ in range(self.cfg.layers)], block_size)
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ o and down by rows, summed with an all-reduce.
 
 Attention reads keys and values through block tables from a paged cache
 laid out like a kvrelay pool: per layer, K and V of shape [num_blocks,
-kv_heads, block_size, head_dim], stored in bfloat16. The cache is whatever
+kv_heads, block_size, head_dim], stored in the instance's dtype. The cache is whatever
 holds those tensors: a kvrelay pool seen in place, or local tensors for the
 single-process reference.
 
@@ -13,7 +13,8 @@ Every computation is per request (never batched across requests), in
 float64, so that a request's numbers do not depend on its batch or on how
 the ranks split the sums: the oracle (one process, TP 1) and the engines at
 any TP then agree to ~1e-12, and no near-tie can flip a token. Only the
-cache is stored in the instance's dtype (bfloat16 here), as an engine's is.
+cache is stored in the instance's dtype (bfloat16, float16 or fp8 with
+scales), as an engine's is.
 
 Fewer KV heads than ranks replicate them (GQA at TP 4 with 2 KV heads): rank
 r then holds KV head r // (tp / kv_heads), as kvrelay's head layout has it.
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from .stored import COMPUTE, StoredTensor
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,7 @@ class Config:
                 str(self.kv_heads), "--head-dim", str(self.head_dim)]
 
 
-DTYPE = torch.float64  # every computation; the cache is the instance's dtype
-CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE = COMPUTE  # every computation; the cache is the instance's dtype (stored.py)
 
 
 def _weight(gen: torch.Generator, rows: int, cols: int) -> torch.Tensor:
@@ -139,7 +141,7 @@ class Model:
         k = self._rope((a @ w["wk"]).view(n, self.local_kv_heads, hd), positions)
         v = (a @ w["wv"]).view(n, self.local_kv_heads, hd)
         cache.write(l, table, start, k, v)
-        keys, values = cache.read(l, table, start + n)  # [T, kv_heads, hd], fp32
+        keys, values = cache.read(l, table, start + n)  # [T, kv_heads, hd], float64
         group = self.q_heads // self.local_kv_heads
         keys = keys.repeat_interleave(group, dim=1)
         values = values.repeat_interleave(group, dim=1)
@@ -160,30 +162,26 @@ class Model:
 
 
 class PagedCache:
-    """K and V per layer, [num_blocks, kv_heads, block_size, head_dim] in
-    bfloat16, read and written through a request's block table."""
+    """K and V per layer, [num_blocks, kv_heads, block_size, head_dim] of the
+    instance's dtype (stored.py; fp8 with its scales), read and written
+    through a request's block table."""
 
-    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], block_size: int) -> None:
+    def __init__(self, k: list[StoredTensor], v: list[StoredTensor], block_size: int) -> None:
         self.k, self.v, self.block_size = k, v, block_size
 
     @staticmethod
     def local(cfg: Config, tp: int, num_blocks: int, block_size: int) -> "PagedCache":
-        shape = (num_blocks, cfg.kv_heads_per_rank(tp), block_size, cfg.head_dim)
-        dtype = CACHE_DTYPES[cfg.cache_dtype]
-        make = lambda: [torch.zeros(shape, dtype=dtype) for _ in range(cfg.layers)]  # noqa: E731
+        def make() -> list[StoredTensor]:
+            return [StoredTensor.local(cfg.cache_dtype, num_blocks, cfg.kv_heads_per_rank(tp),
+                                       block_size, cfg.head_dim) for _ in range(cfg.layers)]
         return PagedCache(make(), make(), block_size)
 
     @staticmethod
     def over_pool(pool, layers: int) -> "PagedCache":
         """The kvrelay pool's own memory as the cache: no copy anywhere."""
-        dtype = CACHE_DTYPES[pool.dtype]
-        shape = (pool.num_blocks, pool.kv_heads, pool.block_size, pool.head_dim)
-
-        def view(layer: int, tensor: str) -> torch.Tensor:
-            return torch.frombuffer(pool.tensor(layer, tensor), dtype=dtype).view(shape)
-
-        return PagedCache([view(l, "k") for l in range(layers)],
-                          [view(l, "v") for l in range(layers)], pool.block_size)
+        return PagedCache([StoredTensor.over_pool(pool, l, "k") for l in range(layers)],
+                          [StoredTensor.over_pool(pool, l, "v") for l in range(layers)],
+                          pool.block_size)
 
     def _slots(self, table: list[int], start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(start, start + n)
@@ -192,15 +190,15 @@ class PagedCache:
 
     def write(self, layer: int, table: list[int], start: int, k: torch.Tensor,
               v: torch.Tensor) -> None:
+        """k, v [tokens, heads, hd] into their blocks' [block, heads, offset, hd]."""
         blocks, offsets = self._slots(table, start, k.shape[0])
-        # [tokens, heads, hd] into [block, heads, offset, hd]
-        self.k[layer][blocks, :, offsets, :] = k.to(self.k[layer].dtype)
-        self.v[layer][blocks, :, offsets, :] = v.to(self.v[layer].dtype)
+        self.k[layer].store(blocks, offsets, k)
+        self.v[layer].store(blocks, offsets, v)
 
     def swap_heads(self, blocks: list[int]) -> None:
         """A planted bug: KV heads 0 and 1 of these blocks in each other's place."""
         for t in self.k + self.v:
-            t[blocks, 0], t[blocks, 1] = t[blocks, 1].clone(), t[blocks, 0].clone()
+            t.swap_heads(blocks, 0, 1)
 
     def received(self, layer: int, table: list[int], end: int, first_head: int,
                  heads: int) -> list[tuple[str, torch.Tensor]]:
@@ -211,9 +209,9 @@ class PagedCache:
 
     def zero_blocks(self, layer: int, blocks: list[int]) -> None:
         """The negative control's damage: these blocks' V gone."""
-        self.v[layer][blocks] = 0
+        self.v[layer].zero(blocks)
 
     def read(self, layer: int, table: list[int], end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of tokens [0, end) in float64, [tokens, heads, hd]."""
         blocks, offsets = self._slots(table, 0, end)
-        return (self.k[layer][blocks, :, offsets, :].to(DTYPE),
-                self.v[layer][blocks, :, offsets, :].to(DTYPE))
+        return self.k[layer].load(blocks, offsets), self.v[layer].load(blocks, offsets)
