@@ -30,6 +30,7 @@ kvrelay-coordinator (--bin-dir, KVRELAY_BIN_DIR or PATH).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -43,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import hosts
 from .mla import MlaConfig
 from .model import Config
 from .schedule import make_requests, plan
@@ -87,9 +89,10 @@ def coordinator_binary(bin_dir: str) -> str:
     sys.exit("kvrelay_engine: kvrelay-coordinator not found (give --bin-dir or put it on PATH)")
 
 
-def start_instance(binary: str, name: str, role: str, cfg, tp: int, extra: list[str]) -> subprocess.Popen:
+def start_instance(binary: str, name: str, role: str, cfg, tp: int, extra: list[str],
+                   netns: str = "") -> subprocess.Popen:
     return subprocess.Popen([
-        binary, "--instance", name, "--role", role, "--tp-size", str(tp),
+        *hosts.TwoHosts.exec_prefix(netns), binary, "--instance", name, "--role", role, "--tp-size", str(tp),
         "--num-layers", str(cfg.layers), "--num-blocks", str(NUM_BLOCKS),
         "--block-size", str(BLOCK_SIZE), *cfg.kvrelay_flags(tp), "--dtype", cfg.cache_dtype,
         "--log-level", "warn", *extra])
@@ -105,9 +108,12 @@ def stop(process: subprocess.Popen) -> int:
         return process.wait()
 
 
-def run_ranks(ctx, target, tp: int, args: tuple) -> list:
+def run_ranks(ctx, target, tp: int, args: tuple, netns: str = "") -> list:
+    """The instance's TP rank processes (in network namespace `netns`, where
+    their instance is): target(rank, tp, gloo port, *args)."""
     port = free_port()
-    procs = [ctx.Process(target=target, args=(rank, tp, port) + args) for rank in range(tp)]
+    procs = [ctx.Process(target=hosts.run_in, args=(netns, target, rank, tp, port) + args)
+             for rank in range(tp)]
     for p in procs:
         p.start()
     return procs
@@ -127,6 +133,59 @@ def collect(results, procs: list, want: int, timeout: float) -> list:
     return got
 
 
+def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected):
+    """Both instances and both engines' rank processes, until every result
+    is in: (the results, the instances' exit codes, the time it took)."""
+    from . import engine
+
+    prefill_name, decode_name = f"{tag}-p", f"{tag}-d"
+    route = {"protocol": args.protocol, "decode_instance": decode_name}
+    # ipc: one device id per prefill rank (at equal TP, rank r sends to decode
+    # rank r; at unequal TP the head layouts decide, and these are ignored).
+    route["device_ids"] = list(range(args.prefill_tp))
+    decode_extra, prefill_extra = ["--protocol", "ipc"], ["--protocol", "ipc"]
+    key_dir = tempfile.TemporaryDirectory(prefix="kvrelay-engine-key-")
+    if args.protocol == "tcp":
+        key = Path(key_dir.name) / "key"
+        key.write_bytes(secrets.token_bytes(32))
+        key.chmod(0o600)
+        ports = [free_port() for _ in range(args.decode_tp)]
+        address = hosts.DECODE_ADDRESS if two else "127.0.0.1"
+        decode_extra = ["--protocol", "ipc,tcp", "--tcp-ports", ",".join(map(str, ports)),
+                        "--listen-address", address, "--auth-key-file", str(key)]
+        prefill_extra = ["--protocol", "ipc,tcp", "--auth-key-file", str(key)]
+        route.update(address=address, tcp_ports=ports)
+    prefill_ns, decode_ns = (two.prefill, two.decode) if two else ("", "")
+    decode_inst = start_instance(binary, decode_name, "decode", cfg, args.decode_tp, decode_extra,
+                                 decode_ns)
+    prefill_inst = start_instance(binary, prefill_name, "prefill", cfg, args.prefill_tp,
+                                  prefill_extra, prefill_ns)
+    ctx = mp.get_context("spawn")
+    results, dests, first_tokens = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    procs = []
+    n = len(the_plan.requests)
+    try:
+        t1 = time.monotonic()
+        procs += run_ranks(ctx, engine.decode_rank, args.decode_tp,
+                           (cfg, the_plan, decode_name, prefill_name, dests, first_tokens, results,
+                            expected, args.plant), decode_ns)
+        procs += run_ranks(ctx, engine.prefill_rank, args.prefill_tp,
+                           (cfg, the_plan, prefill_name, route, dests, first_tokens, results),
+                           prefill_ns)
+        got = collect(results, procs, 2 * n + 1 + n * args.decode_tp, 300)
+        for p in procs:
+            p.join(60)
+        t_dis = time.monotonic() - t1
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        codes = [stop(prefill_inst), stop(decode_inst)]
+        key_dir.cleanup()
+
+    return got, codes, t_dis
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python3 -m kvrelay_engine",
                                  description=__doc__.split("\n\n")[0])
@@ -137,6 +196,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--decode-tp", type=int, default=2)
     ap.add_argument("--protocol", choices=["ipc", "tcp"], default="ipc",
                     help="tcp: the decode instance listens on loopback ports, with a fresh key")
+    ap.add_argument("--two-hosts", action="store_true",
+                    help="tcp: the prefill side (instance and ranks) in one network namespace, "
+                         "the decode side in another, joined by a veth pair (198.18.214.0/24), "
+                         "as two servers; needs root and iproute2")
     ap.add_argument("--dtype", choices=["bfloat16", "float16", "fp8"], default="bfloat16",
                     help="the KV cache's dtype, stored in the pools; fp8: e4m3 bytes with a "
                          "float32 scale per token and head (kvrelay's K/V scale tensors)")
@@ -169,46 +232,18 @@ def main() -> int:
     t_oracle = time.monotonic() - t0
 
     binary = coordinator_binary(args.bin_dir)
+    if args.two_hosts:
+        if args.protocol != "tcp":
+            sys.exit("kvrelay_engine: --two-hosts needs --protocol tcp")
+        why = hosts.unavailable()
+        if why:
+            print(f"kvrelay_engine: skipped: --two-hosts: {why}")
+            return 77
     tag = f"engine-{os.getpid()}"
-    prefill_name, decode_name = f"{tag}-p", f"{tag}-d"
-    route = {"protocol": args.protocol, "decode_instance": decode_name}
-    # ipc: one device id per prefill rank (at equal TP, rank r sends to decode
-    # rank r; at unequal TP the head layouts decide, and these are ignored).
-    route["device_ids"] = list(range(args.prefill_tp))
-    decode_extra, prefill_extra = ["--protocol", "ipc"], ["--protocol", "ipc"]
-    key_dir = tempfile.TemporaryDirectory(prefix="kvrelay-engine-key-")
-    if args.protocol == "tcp":
-        key = Path(key_dir.name) / "key"
-        key.write_bytes(secrets.token_bytes(32))
-        key.chmod(0o600)
-        ports = [free_port() for _ in range(args.decode_tp)]
-        decode_extra = ["--protocol", "ipc,tcp", "--tcp-ports", ",".join(map(str, ports)),
-                        "--listen-address", "127.0.0.1", "--auth-key-file", str(key)]
-        prefill_extra = ["--protocol", "ipc,tcp", "--auth-key-file", str(key)]
-        route.update(address="127.0.0.1", tcp_ports=ports)
-    decode_inst = start_instance(binary, decode_name, "decode", cfg, args.decode_tp, decode_extra)
-    prefill_inst = start_instance(binary, prefill_name, "prefill", cfg, args.prefill_tp, prefill_extra)
-    ctx = mp.get_context("spawn")
-    results, dests, first_tokens = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    procs = []
+    with (hosts.TwoHosts(tag) if args.two_hosts else contextlib.nullcontext()) as two:
+        got, codes, t_dis = run_disaggregated(args, cfg, the_plan, binary, tag, two, expected)
+        over_veth = two.decode_received_bytes() if two else 0
     n = len(requests)
-    try:
-        t1 = time.monotonic()
-        procs += run_ranks(ctx, engine.decode_rank, args.decode_tp,
-                           (cfg, the_plan, decode_name, prefill_name, dests, first_tokens, results,
-                            expected, args.plant))
-        procs += run_ranks(ctx, engine.prefill_rank, args.prefill_tp,
-                           (cfg, the_plan, prefill_name, route, dests, first_tokens, results))
-        got = collect(results, procs, 2 * n + 1 + n * args.decode_tp, 300)
-        for p in procs:
-            p.join(60)
-        t_dis = time.monotonic() - t1
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        codes = [stop(prefill_inst), stop(decode_inst)]
-        key_dir.cleanup()
 
     completions = {g[1]: g for g in got if g[0] == "prefill"}
     decoded = {g[1]: g for g in got if g[0] == "decode"}
@@ -225,7 +260,8 @@ def main() -> int:
         print(f"model: Llama-style GQA, {cfg.layers} layers, {cfg.heads} query heads over "
               f"{cfg.kv_heads} KV heads, head_dim {cfg.head_dim}")
     print(f"kvrelay: prefill TP {args.prefill_tp} -> decode TP {args.decode_tp} over "
-          f"{args.protocol}, {cfg.cache_dtype} cache, {len(the_plan.steps)} prefill steps of up "
+          f"{args.protocol}{' between two network namespaces' if args.two_hosts else ''}, "
+          f"{cfg.cache_dtype} cache, {len(the_plan.steps)} prefill steps of up "
           f"to {args.slots} slots x {args.chunk_tokens} tokens"
           f"{', planted bug: ' + args.plant if args.plant else ''}")
     matching = 0
@@ -257,6 +293,12 @@ def main() -> int:
         print(f"decode side: prefill's last layer -> arrived p50 {waits[len(waits) // 2] / 1e6:.2f} ms "
               f"(one layer's forward: {layer_ns / 1e6:.2f} ms); oracle {t_oracle:.1f} s, "
               f"disaggregated {t_dis:.1f} s")
+    moved = sum(c[4] for c in completions.values())
+    print(f"kvrelay moved {moved / 2**20:.2f} MiB of KV cache"
+          + (f"; the decode host's link received {over_veth / 2**20:.2f} MiB" if args.two_hosts else ""))
+    if args.two_hosts and over_veth < moved:
+        print("the decode host received less than kvrelay moved: the KV did not cross the link")
+        matching = min(matching, n - 1)
     if any(code != 0 for code in codes):
         print(f"instances exited {codes}")
         matching = min(matching, n - 1)
