@@ -170,8 +170,8 @@ def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected)
                            (cfg, the_plan, decode_name, prefill_name, dests, first_tokens, results,
                             expected, args.plant), decode_ns)
         procs += run_ranks(ctx, engine.prefill_rank, args.prefill_tp,
-                           (cfg, the_plan, prefill_name, route, dests, first_tokens, results),
-                           prefill_ns)
+                           (cfg, the_plan, prefill_name, route, dests, first_tokens, results,
+                            args.adapter), prefill_ns)
         got = collect(results, procs, 2 * n + 1 + n * args.decode_tp, 300)
         for p in procs:
             p.join(60)
@@ -196,6 +196,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--decode-tp", type=int, default=2)
     ap.add_argument("--protocol", choices=["ipc", "tcp"], default="ipc",
                     help="tcp: the decode instance listens on loopback ports, with a fresh key")
+    ap.add_argument("--adapter", action="store_true",
+                    help="ipc: the prefill engine talks to kvrelay through the FastDeploy-shaped "
+                         "CacheInfoAdapter (cache_info dictionaries, the original's kv signal, "
+                         "get_finished_req), as an engine written against the original would")
     ap.add_argument("--two-hosts", action="store_true",
                     help="tcp: the prefill side (instance and ranks) in one network namespace, "
                          "the decode side in another, joined by a veth pair (198.18.214.0/24), "
@@ -239,6 +243,8 @@ def main() -> int:
         if why:
             print(f"kvrelay_engine: skipped: --two-hosts: {why}")
             return 77
+    if args.adapter and args.protocol != "ipc":
+        sys.exit("kvrelay_engine: --adapter takes the original's ipc peers (--protocol ipc)")
     tag = f"engine-{os.getpid()}"
     with (hosts.TwoHosts(tag) if args.two_hosts else contextlib.nullcontext()) as two:
         got, codes, t_dis = run_disaggregated(args, cfg, the_plan, binary, tag, two, expected)
@@ -261,7 +267,7 @@ def main() -> int:
               f"{cfg.kv_heads} KV heads, head_dim {cfg.head_dim}")
     print(f"kvrelay: prefill TP {args.prefill_tp} -> decode TP {args.decode_tp} over "
           f"{args.protocol}{' between two network namespaces' if args.two_hosts else ''}, "
-          f"{cfg.cache_dtype} cache, {len(the_plan.steps)} prefill steps of up "
+          f"{cfg.cache_dtype} cache{', through the FastDeploy-shaped adapter' if args.adapter else ''}, {len(the_plan.steps)} prefill steps of up "
           f"to {args.slots} slots x {args.chunk_tokens} tokens"
           f"{', planted bug: ' + args.plant if args.plant else ''}")
     matching = 0
@@ -293,9 +299,11 @@ def main() -> int:
         print(f"decode side: prefill's last layer -> arrived p50 {waits[len(waits) // 2] / 1e6:.2f} ms "
               f"(one layer's forward: {layer_ns / 1e6:.2f} ms); oracle {t_oracle:.1f} s, "
               f"disaggregated {t_dis:.1f} s")
-    moved = sum(c[4] for c in completions.values())
-    print(f"kvrelay moved {moved / 2**20:.2f} MiB of KV cache"
-          + (f"; the decode host's link received {over_veth / 2**20:.2f} MiB" if args.two_hosts else ""))
+    moved = sum(c[4] for c in completions.values())  # (the adapter's statuses carry no count)
+    if not args.adapter:
+        print(f"kvrelay moved {moved / 2**20:.2f} MiB of KV cache"
+              + (f"; the decode host's link received {over_veth / 2**20:.2f} MiB"
+                 if args.two_hosts else ""))
     if args.two_hosts and over_veth < moved:
         print("the decode host received less than kvrelay moved: the KV did not cross the link")
         matching = min(matching, n - 1)

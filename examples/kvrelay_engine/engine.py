@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from .mla import MlaConfig, MlaModel
 from .model import Model
+from .prefill_calls import make_calls
 from .schedule import Plan
 from .stored import tolerance
 
@@ -130,7 +131,7 @@ def check_received(model, cache, expected, plan: Plan, r: int, rank: int) -> str
 # ---------------------------------------------------------------- prefill
 
 def prefill_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str, route: dict,
-                 dests, first_tokens, results) -> None:
+                 dests, first_tokens, results, adapter: bool = False) -> None:
     import kvrelay  # after the start: each rank its own client
 
     init_group(rank, tp, port)
@@ -141,6 +142,8 @@ def prefill_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str, 
     scheduler = rank == 0
     if scheduler:
         client.own_completions()
+    # kvrelay's own API, or the FastDeploy-shaped adapter's (prefill_calls.py)
+    calls = make_calls(adapter, client, rank, scheduler, plan, route, STEP_TIMEOUT_S)
     tasked: set[int] = set()
     prefilled: set[int] = set()
     waiting: dict[int, tuple] = {}   # the decode side's blocks, not yet submitted
@@ -160,32 +163,24 @@ def prefill_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str, 
             if plan.late_dest[r] and r not in prefilled:
                 continue  # a late decode half: after its prefill ended
             blocks, nonce = waiting.pop(r)
-            client.submit_cache_dest(plan.requests[r].id, blocks, protocol=route["protocol"],
-                                     peer_instance=route["decode_instance"],
-                                     peer_address=route.get("address", ""),
-                                     tcp_ports=route.get("tcp_ports"),
-                                     device_ids=route.get("device_ids"), request_nonce=nonce)
+            calls.submit_dest(r, blocks, nonce)
             dest_sent.add(r)
 
     for number, step in enumerate(plan.steps, start=1):
+        entering = [c for c in step if c.request not in tasked]  # requests entering their slots
+        calls.enter_slots(entering)
+        tasked.update(c.request for c in entering)
         if scheduler:
-            for c in step:
-                if c.request not in tasked:  # the request enters its slot now
-                    req = plan.requests[c.request]
-                    client.submit_cache_task(req.id, plan.src_tables[c.request], len(req.prompt),
-                                             engine_slot=c.slot)
-                    tasked.add(c.request)
             take_dests(block=False)
             submit_dests()
-        client.push_batch(rank, number, [(c.slot, c.offset, c.length, plan.requests[c.request].id)
-                                         for c in step])
+        calls.start_step(number, step)
         started = time.monotonic_ns()
 
         def layer_done(l: int) -> None:
             nonlocal started
             now = time.monotonic_ns()
             layer_ns.append(now - started)
-            client.push_layer_done(rank, number, l)
+            calls.layer_done(number, l, step)
             started = time.monotonic_ns()
 
         done = prefill_step(model, cache, plan, step, on_layer=layer_done)
@@ -199,8 +194,7 @@ def prefill_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str, 
             take_dests(block=True)
             submit_dests()
         for _ in plan.requests:
-            c = client.wait(timeout=STEP_TIMEOUT_S)
-            results.put(("prefill", c.request_id, c.status, c.message, c.bytes_moved))
+            results.put(calls.next_completion())
         layer_ns.sort()
         results.put(("layer_ns", layer_ns[len(layer_ns) // 2]))
     end_group(tp)

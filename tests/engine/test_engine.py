@@ -37,6 +37,7 @@ CONFIGS = [
     ["--dtype", "float16", "--model", "mla"],
     ["--dtype", "fp8"],                                   # e4m3 with scales per token and head
     ["--dtype", "fp8", "--model", "mla", "--prefill-tp", "1"],
+    ["--adapter"],                                        # FastDeploy's call shapes, unchanged
 ]
 
 

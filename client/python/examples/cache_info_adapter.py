@@ -9,6 +9,7 @@ kvrelay.Client, so that the engine's call sites change in one place:
 
     original                                   kvrelay
     engine_worker_queue.put_cache_info(infos)  adapter.put_cache_info(infos)
+    another rank's messager: get_cache_info()  adapter.seen_cache_info(infos)
     get_output_kv_signal -> kv_signal_data     adapter.kv_signal(rank, step, kv_signal_data)
     prefilled step/layer shm (legacy mode)     adapter.legacy_layer_done(rank, step, layer)
     put_connect_rdma_task(task)                adapter.connect_task(task)
@@ -27,7 +28,7 @@ Run against two running instances (see docs/engine-api.md):
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Iterable, Mapping, Sequence, Union
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, Union
 
 import kvrelay
 
@@ -80,6 +81,19 @@ class CacheInfoAdapter:
             if "dest_block_ids" in info or info.get("error_msg"):
                 self._put_decode_half(request_id, info)
 
+    def seen_cache_info(self, cache_info: Iterable[Mapping]) -> None:
+        """On a TP rank that does not submit (in the original, every rank's
+        messager read the same cache_info from its queue): records which
+        request each engine slot now holds, so that this rank's kv_signal
+        tags its batch with the request ids too. A signal tagged with its
+        request is attributed to it even when it reaches kvrelay after the
+        slot has gone to the next request. Submits nothing."""
+        if self.mode != "per_chunk":
+            return
+        for info in cache_info:
+            if "src_block_ids" in info:
+                self._slot_request[int(info["current_id"])] = str(info["request_id"])
+
     def _put_prefill_half(self, request_id: str, info: Mapping) -> None:
         current_id = int(info["current_id"])
         if self.mode == "per_chunk":
@@ -118,6 +132,9 @@ class CacheInfoAdapter:
             rdma_ports=[int(p) for p in info.get("rdma_ports", [])] or None,
             device_ids=[int(d) for d in info.get("device_ids", [])] or None,
             error_message=str(info.get("error_msg") or ""),
+            # kvrelay's only addition to the dictionary, optional: the nonce
+            # the decode engine gave expect_arrival (see Client.random_nonce).
+            request_nonce=int(info.get("request_nonce", 0)),
             timeout=self.timeout,
         )
 
@@ -167,7 +184,7 @@ class CacheInfoAdapter:
         completion's message says why). Waits up to `timeout` seconds for the
         first one. Connect answers are kept for get_connect_responses."""
         finished = []
-        for c in self.client.completions(timeout):
+        for c in self._ended(timeout):
             if c.kind == "connect":
                 task_id = int(c.request_id.removeprefix("connect-"))
                 self._connect_responses.append(
@@ -180,6 +197,18 @@ class CacheInfoAdapter:
             finished.append((c.request_id, FINISHED if c.ok else WRITE_CACHE_ERROR))
             self._slot_request = {s: r for s, r in self._slot_request.items() if r != c.request_id}
         return finished
+
+    def _ended(self, timeout: float) -> Iterator[kvrelay.Completion]:
+        """The first completion within `timeout`, then those already waiting
+        (Client.completions(timeout) would wait `timeout` after each one)."""
+        try:
+            first = self.client.wait(timeout) if timeout > 0 else self.client.poll()
+        except kvrelay.Timeout:
+            return
+        if first is None:
+            return
+        yield first
+        yield from self.client.completions(0.0)
 
     def get_connect_responses(self) -> list[dict]:
         """Answers to connect_task, as {"task_id", "success", "message"}."""
