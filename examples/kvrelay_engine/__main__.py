@@ -51,6 +51,7 @@ from .schedule import make_requests, plan
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 512
+HOST_BLOCKS = 64  # --swap: the decode instance's host tier
 # Every decode step's logits against the oracle's: both are float64
 # computations of the same KV (bit-identical where kvrelay moved it right),
 # differing only in how TP ranks split the sums (~1e-12) and, rarely, a KV
@@ -156,6 +157,8 @@ def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected)
         prefill_extra = ["--protocol", "ipc,tcp", "--auth-key-file", str(key)]
         route.update(address=address, tcp_ports=ports)
     prefill_ns, decode_ns = (two.prefill, two.decode) if two else ("", "")
+    if args.swap:
+        decode_extra += ["--num-host-blocks", str(HOST_BLOCKS)]
     decode_inst = start_instance(binary, decode_name, "decode", cfg, args.decode_tp, decode_extra,
                                  decode_ns)
     prefill_inst = start_instance(binary, prefill_name, "prefill", cfg, args.prefill_tp,
@@ -172,7 +175,7 @@ def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected)
         procs += run_ranks(ctx, engine.prefill_rank, args.prefill_tp,
                            (cfg, the_plan, prefill_name, route, dests, first_tokens, results,
                             args.adapter), prefill_ns)
-        got = collect(results, procs, 2 * n + 1 + n * args.decode_tp, 300)
+        got = collect(results, procs, 2 * n + 1 + n * args.decode_tp + (1 if args.swap else 0), 300)
         for p in procs:
             p.join(60)
         t_dis = time.monotonic() - t1
@@ -200,6 +203,10 @@ def parse_args() -> argparse.Namespace:
                     help="ipc: the prefill engine talks to kvrelay through the FastDeploy-shaped "
                          "CacheInfoAdapter (cache_info dictionaries, the original's kv signal, "
                          "get_finished_req), as an engine written against the original would")
+    ap.add_argument("--swap", action="store_true",
+                    help="the decode side's prefix cache evicts a prefix to its host tier and a "
+                         "later request loads it back layer by layer, its forward waiting on "
+                         "each layer")
     ap.add_argument("--two-hosts", action="store_true",
                     help="tcp: the prefill side (instance and ranks) in one network namespace, "
                          "the decode side in another, joined by a veth pair (198.18.214.0/24), "
@@ -213,9 +220,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--chunk-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--bin-dir", default=os.environ.get("KVRELAY_BIN_DIR", ""))
-    ap.add_argument("--plant", choices=["drop-block", "swap-heads", "zero-request"], default="",
-                    help="damage what decode rank 0 received for the first request: the run "
-                         "must fail, naming the request, layer and rank")
+    ap.add_argument("--plant", choices=["drop-block", "swap-heads", "zero-request", "lose-swap"],
+                    default="",
+                    help="damage what decode rank 0 received for the first request (lose-swap, "
+                         "with --swap: what its host tier holds for the swap-in): the run must "
+                         "fail, naming the request, layer and rank")
     return ap.parse_args()
 
 
@@ -229,7 +238,7 @@ def main() -> int:
     cfg = (MlaConfig(cache_dtype=args.dtype) if args.model == "mla"
            else Config(cache_dtype=args.dtype))
     requests = make_requests(args.seed, args.requests, cfg.vocab, BLOCK_SIZE, args.gen_tokens)
-    the_plan = plan(requests, BLOCK_SIZE, args.slots, args.chunk_tokens, NUM_BLOCKS)
+    the_plan = plan(requests, BLOCK_SIZE, args.slots, args.chunk_tokens, NUM_BLOCKS, args.swap)
 
     t0 = time.monotonic()
     answers, expected = engine.oracle(cfg, the_plan, NUM_BLOCKS)
@@ -243,6 +252,8 @@ def main() -> int:
         if why:
             print(f"kvrelay_engine: skipped: --two-hosts: {why}")
             return 77
+    if args.plant == "lose-swap" and not args.swap:
+        sys.exit("kvrelay_engine: --plant lose-swap needs --swap")
     if args.adapter and args.protocol != "ipc":
         sys.exit("kvrelay_engine: --adapter takes the original's ipc peers (--protocol ipc)")
     tag = f"engine-{os.getpid()}"
@@ -258,6 +269,7 @@ def main() -> int:
         if g[0] == "received" and g[3]:
             received.setdefault(g[1], []).append(g[3])
     layer_ns = next(g[1] for g in got if g[0] == "layer_ns")
+    swap_result = next((g for g in got if g[0] == "swap"), None)
 
     if args.model == "mla":
         print(f"model: DeepSeek-style MLA, {cfg.layers} layers, {cfg.heads} heads, a latent of "
@@ -288,10 +300,14 @@ def main() -> int:
             if not the_plan.late_dest[r]:  # a late half waits for its decode half by design
                 waits.append(d[4])
         problems += received.get(req.id, [])
+        swapped = the_plan.swap is not None and the_plan.swap.request == r
+        if swapped and (swap_result is None or not swap_result[2]):
+            problems.append(f"its swap-in: {swap_result[3] if swap_result else 'no completion'}")
         hit = len(the_plan.src_tables[r]) - len(the_plan.sent_blocks[r])
         state = "match" if not problems else "MISMATCH"
         print(f"  {req.id}: {state}, prompt {len(req.prompt)} tokens, prefix hit {hit} blocks"
               f"{', late decode half' if the_plan.late_dest[r] else ''}"
+              + (f", its prefix evicted to the host tier and loaded back" if swapped else "")
               + "".join(f"\n      {p}" for p in problems))
         matching += not problems
     if waits:
@@ -299,6 +315,11 @@ def main() -> int:
         print(f"decode side: prefill's last layer -> arrived p50 {waits[len(waits) // 2] / 1e6:.2f} ms "
               f"(one layer's forward: {layer_ns / 1e6:.2f} ms); oracle {t_oracle:.1f} s, "
               f"disaggregated {t_dis:.1f} s")
+    if swap_result is not None:
+        sw = the_plan.swap
+        print(f"swap: {the_plan.requests[sw.request].id}'s prefix ({len(sw.blocks)} blocks) evicted "
+              f"to the decode host tier and loaded back layer by layer; its first forward waited "
+              f"up to {swap_result[4] / 1e6:.2f} ms for a layer")
     moved = sum(c[4] for c in completions.values())  # (the adapter's statuses carry no count)
     if not args.adapter:
         print(f"kvrelay moved {moved / 2**20:.2f} MiB of KV cache"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -70,13 +71,17 @@ def prefill_step(model, cache, plan: Plan, step: list, on_layer=None) -> dict[in
 
 
 def decode(model, cache, table: list[int], prompt_len: int, first: int,
-           gen_tokens: int) -> tuple[list[int], torch.Tensor]:
+           gen_tokens: int, first_step_waits=None) -> tuple[list[int], torch.Tensor]:
     """Greedy decoding from the first token, one token at a time; returns the
-    tokens and every decode step's logits, [gen_tokens - 1, vocab]."""
+    tokens and every decode step's logits, [gen_tokens - 1, vocab].
+    first_step_waits(layer), if given, runs before each layer of the first
+    step: the wait for a swap-in's layer."""
     tokens, logits = [first], []
     for i in range(gen_tokens - 1):
         h = model.embed_tokens([tokens[-1]])
         for l in range(model.cfg.layers):
+            if i == 0 and first_step_waits is not None:
+                first_step_waits(l)
             h = model.layer(l, h, prompt_len + i, cache, table)
         logits.append(model.logits(h[-1]))
         tokens.append(int(torch.argmax(logits[-1]).item()))
@@ -226,50 +231,123 @@ def decode_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str,
     decoded: set[int] = set()
     ids = {req.id: r for r, req in enumerate(plan.requests)}
     deadline = time.monotonic() + STEP_TIMEOUT_S * 2
+
+    def ready(r: int) -> bool:
+        if r in decoded or r not in arrived or r not in first or not plan.donors[r] <= arrived.keys():
+            return False
+        # The swap-in goes last: its eviction takes the donor's blocks away.
+        return plan.swap is None or r != plan.swap.request or len(decoded) == n - 1
+
+    def next_event() -> "Optional[kvrelay.Completion]":
+        """The next completion, or None once a first token came instead."""
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"decode: arrived {sorted(arrived)}, first tokens {sorted(first)}")
+            c = client.poll()
+            if c is not None:
+                return c
+            try:
+                r, token, prefilled_ns = first_tokens.get(timeout=0.01)
+                first[r] = (token, prefilled_ns)
+                return None
+            except queue.Empty:
+                pass
+
+    def next_completion() -> "kvrelay.Completion":
+        while True:
+            c = next_event()
+            if c is not None:
+                return c
+
     while len(decoded) < n:
         pick = torch.tensor([-1, 0], dtype=torch.long)
         if scheduler:
             while pick[0] < 0:
-                ready = [r for r in range(n) if r not in decoded and r in arrived and r in first
-                         and plan.donors[r] <= arrived.keys()]
-                if ready:
-                    pick = torch.tensor([ready[0], first[ready[0]][0]], dtype=torch.long)
+                picked = [r for r in range(n) if ready(r)]
+                if picked:
+                    pick = torch.tensor([picked[0], first[picked[0]][0]], dtype=torch.long)
                     break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"decode: arrived {sorted(arrived)}, first tokens {sorted(first)}")
-                c = client.poll()
-                if c is not None:
-                    if c.kind != "arrived" or not c.ok:
-                        raise RuntimeError(f"decode: {c.request_id}: {c.kind} {c.status}: {c.message}")
-                    arrived[ids[c.request_id]] = time.monotonic_ns()
+                c = next_event()
+                if c is None:
                     continue
-                try:
-                    r, token, prefilled_ns = first_tokens.get(timeout=0.01)
-                    first[r] = (token, prefilled_ns)
-                except queue.Empty:
-                    pass
+                if c.kind != "arrived" or not c.ok:
+                    raise RuntimeError(f"decode: {c.request_id}: {c.kind} {c.status}: {c.message}")
+                arrived[ids[c.request_id]] = time.monotonic_ns()
         if tp > 1:
             dist.broadcast(pick, src=0)
         r = int(pick[0])
         req = plan.requests[r]
+        waits = None
+        if plan.swap is not None and r == plan.swap.request:
+            waits = swap_in(client, model, plan, rank, tp, next_completion, plant)
         if plant:
             plant_bug(plant, cache, plan, r, rank, cfg)
-        problem = check_received(model, cache, expected, plan, r, rank)
         tokens, logits = decode(model, cache, plan.dst_tables[r], len(req.prompt), int(pick[1]),
-                                req.gen_tokens)
+                                req.gen_tokens, waits)
+        # After the decode: a swap-in's prefix is on the device only once its
+        # forward has waited for every layer. Decoding writes only the
+        # generated tokens' places, not the prompt's.
+        problem = check_received(model, cache, expected, plan, r, rank)
         decoded.add(r)
         results.put(("received", req.id, rank, problem))
         if scheduler:
             results.put(("decode", req.id, tokens, logits, arrived[r] - first[r][1]))
+            if waits is not None:
+                c = next_completion()
+                results.put(("swap", c.request_id, c.ok, c.message, waits.longest_ns))
     end_group(tp)
     client.close()
+
+
+class LayerWaits:
+    """The swap-in's forward: before each layer, wait until kvrelay has
+    loaded that layer on this rank (Client.wait_layer)."""
+
+    def __init__(self, client, load_id: str, rank: int) -> None:
+        self.client, self.load_id, self.rank = client, load_id, rank
+        self.longest_ns = 0
+
+    def __call__(self, layer: int) -> None:
+        t = time.monotonic_ns()
+        self.client.wait_layer(self.load_id, layer, rank=self.rank, timeout=STEP_TIMEOUT_S)
+        self.longest_ns = max(self.longest_ns, time.monotonic_ns() - t)
+
+
+def swap_in(client, model, plan: Plan, rank: int, tp: int, next_completion,
+            plant: str) -> LayerWaits:
+    """--swap, before the swap-in request is decoded: the scheduler evicts
+    the donor's prefix blocks to the host tier (every rank's), every rank
+    then gives those device blocks to other use (here: overwrites them), and
+    the scheduler loads them back into the request's own blocks. The
+    request's forward waits on each layer (the returned LayerWaits).
+    --plant lose-swap damages what rank 0's host tier holds (one block of
+    layer 1) before the load, as a swap bug would."""
+    swap, req = plan.swap, plan.requests[plan.swap.request]
+    cache = model.cache_over_pool(client.open_pool(rank))
+    if rank == 0:
+        client.submit_swap(f"{req.id}-evict", "evict", swap.donor_blocks, swap.host_blocks)
+        c = next_completion()
+        if c.kind != "swap" or not c.ok:
+            raise RuntimeError(f"decode: {c.request_id}: {c.kind} {c.status}: {c.message}")
+    if tp > 1:
+        dist.barrier()  # every rank's copy is in the host tier
+    if plant == "lose-swap" and rank == 0:
+        model.cache_over_pool(client.open_pool(rank, host_tier=True)).zero_blocks(
+            1, swap.host_blocks[:1])
+    for l in range(model.cfg.layers):
+        cache.scribble(l, swap.donor_blocks)
+    if tp > 1:
+        dist.barrier()
+    if rank == 0:
+        client.submit_swap(f"{req.id}-load", "load", swap.blocks, swap.host_blocks)
+    return LayerWaits(client, f"{req.id}-load", rank)
 
 
 def plant_bug(plant: str, cache, plan: Plan, r: int, rank: int, cfg) -> None:
     """The planted bugs that the oracle must catch (--plant): on decode rank
     0, before request 0 is decoded, what kvrelay delivered is damaged as a
     transfer bug would damage it."""
-    if r != 0 or rank != 0:
+    if r != 0 or rank != 0 or plant == "lose-swap":  # (that one in swap_in)
         return
     blocks = plan.sent_blocks[0]
     if plant == "drop-block":   # one block of one layer never arrived

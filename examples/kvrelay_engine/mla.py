@@ -91,6 +91,10 @@ class LatentCache:
     def zero_blocks(self, layer: int, blocks: list[int]) -> None:
         self.latents[layer].zero(blocks)
 
+    def scribble(self, layer: int, blocks: list[int]) -> None:
+        """These blocks given to other use (after their eviction)."""
+        self.latents[layer].scribble(blocks)
+
 
 class MlaModel:
     def __init__(self, cfg: MlaConfig, rank: int, tp: int) -> None:

@@ -211,6 +211,11 @@ class PagedCache:
         """The negative control's damage: these blocks' V gone."""
         self.v[layer].zero(blocks)
 
+    def scribble(self, layer: int, blocks: list[int]) -> None:
+        """These blocks given to other use (after their eviction)."""
+        self.k[layer].scribble(blocks)
+        self.v[layer].scribble(blocks)
+
     def read(self, layer: int, table: list[int], end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of tokens [0, end) in float64, [tokens, heads, hd]."""
         blocks, offsets = self._slots(table, 0, end)

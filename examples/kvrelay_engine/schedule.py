@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Optional
 
 
 @dataclass
@@ -39,6 +40,20 @@ class Plan:
     sent_blocks: list[list[int]] = field(default_factory=list)  # the decode blocks that are sent
     donors: list[set[int]] = field(default_factory=list)        # requests whose blocks it reuses
     late_dest: list[bool] = field(default_factory=list)         # decode half after prefill ended
+    swap: Optional["SwapIn"] = None                             # --swap: the decode side's swap-in
+
+
+@dataclass
+class SwapIn:
+    """--swap: the decode side's prefix cache evicts a donor's prefix blocks
+    to the host tier once every other request is decoded (their device
+    blocks go to other use), and the last request that shares the prefix
+    loads them back into blocks of its own, layer by layer, its first
+    forward waiting on each layer."""
+    request: int               # the request that loads the prefix back
+    donor_blocks: list[int]    # the decode blocks evicted
+    host_blocks: list[int]     # where they wait in the host tier
+    blocks: list[int]          # where the load puts them: the request's own
 
     def chunks_of(self, r: int) -> list[Chunk]:
         return [c for step in self.steps for c in step if c.request == r]
@@ -61,7 +76,7 @@ def make_requests(seed: int, count: int, vocab: int, block_size: int, gen_tokens
 
 
 def plan(requests: list[Request], block_size: int, slots: int, chunk_tokens: int,
-         decode_blocks: int) -> Plan:
+         decode_blocks: int, swap: bool = False) -> Plan:
     # Prefill: requests take free slots in order; each active one prefills up
     # to chunk_tokens a step (chunked prefill); a finished one frees its slot.
     steps: list[list[Chunk]] = []
@@ -103,6 +118,13 @@ def plan(requests: list[Request], block_size: int, slots: int, chunk_tokens: int
     p = Plan(requests, block_size, steps, src_tables, ref_tables)
     cached: dict[tuple[int, ...], tuple[int, int]] = {}  # prefix tokens -> (block, owner)
     next_dst = 0
+    swapper = -1
+    if swap:  # the last request that shares the first request's leading full block
+        shared = [i for i, req in enumerate(requests) if i > 0 and len(requests[0].prompt) >= block_size
+                  and req.prompt[:block_size] == requests[0].prompt[:block_size]]
+        if not shared:
+            raise ValueError("--swap: no request shares a prefix with the first (more --requests)")
+        swapper = shared[-1]
     for i, req in enumerate(requests):
         full = len(req.prompt) // block_size
         table: list[int] = []
@@ -117,6 +139,11 @@ def plan(requests: list[Request], block_size: int, slots: int, chunk_tokens: int
         total = blocks_for(len(req.prompt) + req.gen_tokens)
         table += list(range(next_dst, next_dst + total - reused))
         next_dst += total - reused
+        if i == swapper:  # the prefix comes back from the host tier into blocks of its own
+            fresh = list(range(next_dst, next_dst + reused))
+            next_dst += reused
+            p.swap = SwapIn(i, table[:reused], list(range(reused)), fresh)
+            table[:reused] = fresh
         for b in range(reused, full):
             cached[tuple(req.prompt[: (b + 1) * block_size])] = (table[b], i)
         p.dst_tables.append(table)

@@ -68,6 +68,12 @@ class StoredTensor:
         if self.scales is not None:
             self.scales[blocks] = 0
 
+    def scribble(self, blocks: list[int]) -> None:
+        """Other data in these blocks, as when they go to another request."""
+        self.data[blocks] = 3
+        if self.scales is not None:
+            self.scales[blocks] = 3.0
+
     def swap_heads(self, blocks: list[int], a: int, b: int) -> None:
         for t in (self.data, self.scales):
             if t is not None:

@@ -38,6 +38,8 @@ CONFIGS = [
     ["--dtype", "fp8"],                                   # e4m3 with scales per token and head
     ["--dtype", "fp8", "--model", "mla", "--prefill-tp", "1"],
     ["--adapter"],                                        # FastDeploy's call shapes, unchanged
+    ["--swap"],                                           # a prefix back from the host tier
+    ["--swap", "--model", "mla", "--dtype", "fp8", "--prefill-tp", "1"],
 ]
 
 
@@ -59,6 +61,7 @@ PLANTED = [
     (["--plant", "drop-block"], r"request req-7-0 layer 1 V on decode rank 0"),
     (["--plant", "swap-heads", "--decode-tp", "1"], r"request req-7-0 layer 0 K on decode rank 0"),
     (["--model", "mla", "--plant", "drop-block"], r"request req-7-0 layer 1 latent on decode rank 0"),
+    (["--swap", "--plant", "lose-swap"], r"request req-7-5 layer 1 V on decode rank 0"),
 ]
 
 
@@ -67,5 +70,6 @@ def test_a_planted_transfer_bug_is_caught_naming_request_layer_and_rank(args, na
     code, out = run_engine(*args)
     assert code == 1, out
     assert re.search(names, out), out
-    assert "req-7-0: MISMATCH" in out, out
+    damaged = re.search(r"request (req-\S+)", names).group(1)
+    assert f"{damaged}: MISMATCH" in out, out
     assert re.search(r"engine: [0-7] of 8 requests match the oracle", out.strip().splitlines()[-1]), out
