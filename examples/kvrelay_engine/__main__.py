@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation through kvrelay, token for token.
 
     python3 -m kvrelay_engine [--model gqa|mla] [--prefill-tp N] [--decode-tp N]
-                              [--protocol ipc|tcp] [--dtype bfloat16|float16|fp8]
+                              [--protocol ipc|tcp|rdma] [--dtype bfloat16|float16|fp8]
                               [--requests N] [--seed N] [--plant BUG]
 
 Runs a small model (model.py: Llama-style GQA; mla.py: DeepSeek-style
@@ -156,6 +156,18 @@ def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected)
                         "--listen-address", address, "--auth-key-file", str(key)]
         prefill_extra = ["--protocol", "ipc,tcp", "--auth-key-file", str(key)]
         route.update(address=address, tcp_ports=ports)
+    if args.protocol == "rdma":  # the control connection on loopback, the writes on the RDMA device
+        key = Path(key_dir.name) / "key"
+        key.write_bytes(secrets.token_bytes(32))
+        key.chmod(0o600)
+        ports = [free_port() for _ in range(args.decode_tp)]
+        rdma = ["--auth-key-file", str(key), "--rdma-gid-index", str(args.rdma_gid_index),
+                # soft-RoCE in an emulated guest: a second of silence is slowness
+                "--peer-timeout-ms", "5000"]
+        decode_extra = ["--protocol", "ipc,rdma", "--rdma-ports", ",".join(map(str, ports)),
+                        "--listen-address", "127.0.0.1", *rdma]
+        prefill_extra = ["--protocol", "ipc,rdma", *rdma]
+        route.update(address="127.0.0.1", rdma_ports=ports)
     prefill_ns, decode_ns = (two.prefill, two.decode) if two else ("", "")
     if args.swap:
         decode_extra += ["--num-host-blocks", str(HOST_BLOCKS)]
@@ -197,8 +209,12 @@ def parse_args() -> argparse.Namespace:
                          "DeepSeek-style latent attention (K-only pools, the latent on every rank)")
     ap.add_argument("--prefill-tp", type=int, default=2)
     ap.add_argument("--decode-tp", type=int, default=2)
-    ap.add_argument("--protocol", choices=["ipc", "tcp"], default="ipc",
-                    help="tcp: the decode instance listens on loopback ports, with a fresh key")
+    ap.add_argument("--protocol", choices=["ipc", "tcp", "rdma"], default="ipc",
+                    help="tcp: the decode instance listens on loopback ports, with a fresh key; "
+                         "rdma: the same for its control connections, the KV written over the "
+                         "first RDMA device (e.g. inside tools/rxe-vm)")
+    ap.add_argument("--rdma-gid-index", type=int, default=1,
+                    help="rdma: the instances' RoCE GID index")
     ap.add_argument("--adapter", action="store_true",
                     help="ipc: the prefill engine talks to kvrelay through the FastDeploy-shaped "
                          "CacheInfoAdapter (cache_info dictionaries, the original's kv signal, "

@@ -44,6 +44,7 @@ class DirectCalls:
                                       peer_instance=route["decode_instance"],
                                       peer_address=route.get("address", ""),
                                       tcp_ports=route.get("tcp_ports"),
+                                      rdma_ports=route.get("rdma_ports"),
                                       device_ids=route.get("device_ids"), request_nonce=nonce)
 
     def start_step(self, number: int, step: list) -> None:
