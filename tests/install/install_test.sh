@@ -31,9 +31,14 @@ if ldd "$prefix"/bin/* "$prefix/lib/libkvrelay.so" | grep -q "not found"; then
   ldd "$prefix"/bin/* "$prefix/lib/libkvrelay.so" | grep "not found"
   echo "FAIL: a library is missing"; exit 1
 fi
-leaked=$(nm -DC --defined-only "$prefix/lib/libkvrelay.so" | awk '$2 ~ /^[TW]$/' |
-         grep -v -e ' kvrelay_' -e ' kvrelay::Client' -e ' kvrelay::PoolView' \
-                 -e ' kvrelay::[a-z_]*_name(' -e 'typeinfo' || true)
+# Exactly the public API: no pimpl members (weak inline ones included), and
+# no signature that names an internal type or a library kvrelay links in.
+leaked=$( (nm -DC --defined-only "$prefix/lib/libkvrelay.so" | awk '$2 ~ /^[TWVBDR]$/' |
+           grep -v -e ' kvrelay_' -e ' kvrelay::Client' -e ' kvrelay::PoolView' \
+                   -e ' kvrelay::[a-z_]*_name(' -e 'typeinfo' -e ' KVRELAY_0$'
+         nm -DC --defined-only "$prefix/lib/libkvrelay.so" |
+           grep -e '::Impl' -e 'capnp' -e 'ControlSegment' -e 'Mpsc' -e 'spdlog' -e 'boost' \
+                -e 'kj::' -e 'records::') || true)
 [ -z "$leaked" ] || { echo "FAIL: libkvrelay.so exports more than its API:"; echo "$leaked" | head; exit 1; }
 
 echo "== find_package(kvrelay CONFIG)"
