@@ -13,6 +13,8 @@ packages=(
   libibverbs-dev librdmacm-dev nlohmann-json3-dev libssl-dev
   # Python bindings and their tests
   python3 python3-dev pybind11-dev python3-pytest python3-numpy
+  # pip install into a venv, and mypy on the installed stubs (install.pip_venv)
+  python3-venv python3-pip python3-setuptools python3-wheel mypy
   # the example engine (examples/engine): PyTorch on the CPU, gloo for its
   # tensor-parallel all-reduce
   python3-torch
