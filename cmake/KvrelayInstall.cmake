@@ -48,6 +48,9 @@ if(KVRELAY_HAVE_PYTHON)
     endif()
     file(INSTALL $<TARGET_FILE:kvrelay_python> ${PROJECT_SOURCE_DIR}/client/python/kvrelay.pyi
          DESTINATION \"\${CMAKE_INSTALL_PREFIX}/\${dir}\")
+    # The same stubs as a PEP 561 stub package, where mypy looks.
+    file(INSTALL ${PROJECT_SOURCE_DIR}/client/python/kvrelay.pyi
+         DESTINATION \"\${CMAKE_INSTALL_PREFIX}/\${dir}/kvrelay-stubs\" RENAME __init__.pyi)
   ")
 endif()
 
