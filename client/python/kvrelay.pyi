@@ -1,4 +1,4 @@
-"""kvrelay's engine-side client (type stubs of the compiled module).
+"""kvrelay's engine-side client (the compiled module; this file is its type stubs).
 
 Submit KV-cache transfer and swap requests to a kvrelay instance, push the
 model's layer signals, and read exactly one completion per request.
@@ -77,7 +77,8 @@ class Completion:
     """The one completion of a request (or of a rejected submission)."""
 
     @property
-    def request_id(self) -> str: ...
+    def request_id(self) -> str:
+        """The request (or, for kind 'connect', "connect-<task id>")."""
     @property
     def kind(self) -> str:
         """'cache', 'swap', 'connect', 'register_pool', 'cancel', 'arrived' or 'other'."""
@@ -91,14 +92,17 @@ class Completion:
     def error_rank(self) -> Optional[int]:
         """The rank that failed the request, or None."""
     @property
-    def message(self) -> str: ...
+    def message(self) -> str:
+        """Why it failed, naming the rank, peer or block; empty when finished."""
     @property
-    def bytes_moved(self) -> int: ...
+    def bytes_moved(self) -> int:
+        """Bytes this request moved, over all ranks."""
     @property
     def submitted_ns(self) -> int:
         """CLOCK_MONOTONIC (time.monotonic_ns())."""
     @property
-    def completed_ns(self) -> int: ...
+    def completed_ns(self) -> int:
+        """CLOCK_MONOTONIC, when the request ended."""
     @property
     def first_copy_ns(self) -> int:
         """When the first rank began copying for the request (0: nothing
@@ -109,35 +113,46 @@ class Completion:
         blocks, so they may be reused at once; False only when a rank could
         not be confirmed stopped (the message says which)."""
     @property
-    def latency_s(self) -> float: ...
+    def latency_s(self) -> float:
+        """completed_ns - submitted_ns, in seconds."""
 
 class Pool:
     """One rank's host-memory KV pool, mapped into this process."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The shared-memory segment's name."""
     @property
-    def num_layers(self) -> int: ...
+    def num_layers(self) -> int:
+        """Layers of the model (speculative extra layers not counted)."""
     @property
-    def extra_layers(self) -> int: ...
+    def extra_layers(self) -> int:
+        """Speculative extra layers after num_layers (e.g. MTP), each of
+        extra_layer_blocks blocks."""
     @property
-    def num_blocks(self) -> int: ...
+    def num_blocks(self) -> int:
+        """Blocks per layer."""
     @property
-    def extra_layer_blocks(self) -> int: ...
+    def extra_layer_blocks(self) -> int:
+        """Blocks in each extra layer."""
     @property
-    def kv_heads(self) -> int: ...
+    def kv_heads(self) -> int:
+        """KV heads on this rank (1 for an MLA latent cache)."""
     @property
     def block_size(self) -> int:
         """Tokens per block."""
     @property
-    def head_dim(self) -> int: ...
+    def head_dim(self) -> int:
+        """Values per token and head (bytes per token for the uint8 dtype)."""
     @property
     def dtype(self) -> str:
         """'bfloat16', 'float16', 'uint8' or 'fp8'."""
     @property
     def tensors(self) -> list[str]:
         """['k', 'v'] or ['k', 'v', 'k_scale', 'v_scale']."""
-    def block_bytes(self, tensor: Union[str, int] = "k") -> int: ...
+    def block_bytes(self, tensor: Union[str, int] = "k") -> int:
+        """Bytes of one block of one tensor ('k', 'v', 'k_scale', 'v_scale'
+        or its index in `tensors`)."""
     def tensor(self, layer: int, tensor: Union[str, int]) -> memoryview:
         """A writable view of a whole tensor of one layer, [num_blocks, kv_heads,
         block_size, head_dim] of the pool's dtype: the KV cache in place, e.g.
@@ -154,18 +169,23 @@ class Client:
         be ready. Raises NotFound (no such instance), Timeout (not ready in
         time), CoordinatorGone, PermissionDenied."""
     @property
-    def instance(self) -> str: ...
+    def instance(self) -> str:
+        """The instance's name, as given to kvrelay-coordinator --instance."""
     @property
-    def tp_size(self) -> int: ...
+    def tp_size(self) -> int:
+        """Tensor-parallel ranks of the instance."""
     @property
-    def num_layers(self) -> int: ...
+    def num_layers(self) -> int:
+        """Layers of the model (config has the rest of the geometry)."""
     @property
     def config(self) -> dict[str, object]:
         """The instance's configuration: role, tp_size, geometry, ..."""
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """True once close() was called (or the with block ended)."""
     @property
-    def epoch(self) -> int: ...
+    def epoch(self) -> int:
+        """The instance's epoch: a restarted instance has a new one."""
     @property
     def session(self) -> int:
         """This attachment's engine session id (completions carry it)."""
@@ -174,7 +194,8 @@ class Client:
         """Completions dropped because the session that submitted them died."""
     def rank_ready(self, rank: int) -> bool:
         """The original's cache_ready_signal: rank `rank` is serving."""
-    def coordinator_alive(self) -> bool: ...
+    def coordinator_alive(self) -> bool:
+        """Whether the instance's coordinator is still alive."""
     @staticmethod
     def request_tag(request_id: str) -> int:
         """The 32-bit tag of a request id (never 0), for batch entries."""
@@ -259,10 +280,17 @@ class Client:
         timeout: float = 5.0,
     ) -> None:
         """Pre-connects to a peer; the completion's id is f"connect-{task_id}"."""
-    def cancel(self, request_id: str, *, timeout: float = 5.0) -> None: ...
+    def cancel(self, request_id: str, *, timeout: float = 5.0) -> None:
+        """Withdraws the request: its one completion says 'cancelled' (or how
+        it ended, if it ended first). A cancel for an id that is not live
+        gets a 'rejected' completion instead."""
     def register_pool(
         self, rank: int, segment_name: str, *, host_tier: bool = False, timeout: float = 5.0
-    ) -> None: ...
+    ) -> None:
+        """Tells rank `rank`'s worker to serve its pool (host_tier: its swap
+        tier) from the host shared-memory segment `segment_name` from now on
+        (refused while it has requests in flight); the completion (kind
+        'register_pool') says whether the worker mapped it."""
     def register_host_fd_pool(
         self,
         rank: int,
@@ -367,7 +395,10 @@ class Client:
         seconds of the previous one (0: only those already waiting)."""
 
     # ---- pools ----
-    def open_pool(self, rank: int, *, host_tier: bool = False) -> Pool: ...
+    def open_pool(self, rank: int, *, host_tier: bool = False) -> Pool:
+        """Maps rank `rank`'s pool (host_tier: its swap tier) into this process:
+        its tensors as writable memoryviews, no copy. The host default pool
+        or a host-fd pool only; a CUDA pool is the engine's own memory."""
 
     def close(self) -> None:
         """Detaches; later calls raise InvalidArgument."""

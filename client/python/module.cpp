@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "convert.h"
+#include "docstrings.h"
 #include "errors.h"
 #include "py_client.h"
 #include "py_pool.h"
@@ -420,12 +421,10 @@ void define_client(py::module_& m) {
 }  // namespace kvrelay::python
 
 PYBIND11_MODULE(kvrelay, m) {
-  m.doc() =
-      "kvrelay's engine-side client: submit KV-cache transfer and swap requests to a kvrelay "
-      "instance, push layer signals, and read exactly one completion per request.";
   m.attr("__version__") = KVRELAY_VERSION;
   kvrelay::python::define_errors(m);
   kvrelay::python::define_completion(m);
   kvrelay::python::define_pool(m);
   kvrelay::python::define_client(m);
+  kvrelay::python::attach_docstrings(m);  // the module's, too: from kvrelay.pyi
 }
