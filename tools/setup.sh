@@ -20,6 +20,8 @@ packages=(
   python3-torch
   # tools used by tests and benchmarks: setpriv (util-linux), procps, gnuplot for plots
   util-linux procps gnuplot-nox
+  # the Debian packages: manual pages from --help, and lintian on the result
+  help2man lintian
   # ip netns and veth pairs: the tcp transport's two-host tests
   iproute2
   # the install tests: dpkg-shlibdeps for the .deb's Depends (dpkg-dev), curl
