@@ -27,6 +27,9 @@ enum ClientHistogram : uint32_t {
 inline constexpr std::pair<const char*, const char*> kClientHistogramLabels[] = {
     {"hop_completion_to_engine_read", "ns"},
 };
+inline constexpr const char* kClientHistogramHelp[] = {
+    "Completion hop: the coordinator wrote a completion -> an engine's client read it",
+};
 
 struct ControlLayout {
   std::vector<RegionEntry> regions;

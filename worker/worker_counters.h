@@ -96,4 +96,48 @@ inline constexpr const char* kWorkerCounterLabels[] = {
 static_assert(sizeof(kWorkerCounterLabels) / sizeof(kWorkerCounterLabels[0]) ==
               kWorkerCounterCount);
 
+// What each counter counts, for an operator (kvrelay-dump --prometheus's
+// HELP lines), in the same order.
+inline constexpr const char* kWorkerCounterHelp[] = {
+    "Cache and swap tasks this rank read from its task ring",
+    "Layer signals (batches and layer-done records) this rank read from its signal ring",
+    "Layer signals refused: a layer beyond the instance's, a step other than its batch's, or an unknown record",
+    "Layer copies done (one per request, layer and destination)",
+    "Bytes this rank copied or sent for prefill-to-decode requests (every transport)",
+    "Requests this rank finished its part of",
+    "Requests this rank failed (its report names why)",
+    "Requests this rank stopped because they were cancelled or withdrawn",
+    "Reports that waited because the report ring to the coordinator was full",
+    "Pending signals dropped as stale: before a task's watermark, or of an engine that died",
+    "Signal-ring state another process overwrote, or a dead producer's claims, repaired",
+    "tcp lanes this rank opened to decode peers",
+    "tcp lanes that had served and closed: the peer died, reset or went silent",
+    "tcp connection attempts that reached no one (each starts a backoff)",
+    "rdma sessions this rank opened to decode peers",
+    "rdma sessions that had served and were lost",
+    "rdma session attempts that failed (each starts a backoff)",
+    "Connections this rank's listeners accepted (authenticated and handshaken)",
+    "Connections this rank's listeners refused: failed authentication or handshake",
+    "tcp frames received, landed in the pool and acked",
+    "Payload bytes received over tcp and landed in the pool",
+    "tcp frames refused (nacked): outside the pool, not expected, or not landed",
+    "rdma sessions this rank's listener accepted",
+    "rdma transfers that landed here and were acked",
+    "rdma transfer intents refused: outside the pool, not expected, or over the granted bytes",
+    "Requests found unfinished long after their final chunk was signalled (the stall watchdog)",
+};
+static_assert(sizeof(kWorkerCounterHelp) / sizeof(kWorkerCounterHelp[0]) == kWorkerCounterCount);
+
+inline constexpr const char* kWorkerHistogramHelp[] = {
+    "A layer signal's arrival at this rank to that layer's copy being done",
+    "One layer's copy for one request: the copies alone",
+    "Bytes of one layer's copy for one request",
+    "Rate of one layer's copy for one request",
+    "Dispatch hop: the coordinator wrote a task to this rank's ring -> this rank read it",
+    "Dispatch hop: a CacheDest read -> its first copy began (layers already computed)",
+    "Completion hop: a request's last copy seen done -> its report written",
+};
+static_assert(sizeof(kWorkerHistogramHelp) / sizeof(kWorkerHistogramHelp[0]) ==
+              kWorkerHistogramCount);
+
 }  // namespace kvrelay::worker

@@ -119,6 +119,11 @@ def test_prometheus_output_is_well_formed_and_counts_what_happened(pair, engine)
     total = [v for n, _, v in latency["samples"] if n.endswith("_sum")][0]
     assert 0 < total < 60, "seconds, not nanoseconds"
     assert {l["rank"] for _, l, _ in families["kvrelay_worker_tasks_total"]["samples"]} == {"0", "1"}
+    # Every family's HELP says what it counts, not only its own name (the
+    # texts beside the labels in worker_counters.h, coordinator_counters.h).
+    generic = [n for n, f in families.items() if re.match(r"kvrelay \w+ (counter|histogram) '", f["help"])]
+    assert generic == [], f"families whose HELP only repeats their name: {generic}"
+    assert families["kvrelay_worker_tcp_lanes_lost_total"]["help"].startswith("tcp lanes that had served")
     # Base units, each once in a name (Prometheus's naming rules).
     for name in families:
         assert "_bytes_bytes" not in name and "megabytes" not in name, name

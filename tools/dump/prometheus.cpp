@@ -8,6 +8,7 @@
 #include <set>
 
 #include "instance/control_layout.h"
+#include "metric_help.h"
 
 namespace kvrelay::dump {
 
@@ -83,8 +84,7 @@ void write_process_metrics(Writer& w, const std::string& prefix,
     const bool gauge = kGauges.count(label) != 0;
     const std::string name =
         fmt::format("kvrelay_{}_{}{}", prefix, name_part(label), gauge ? "" : "_total");
-    w.family(name, gauge ? "gauge" : "counter",
-             fmt::format("kvrelay {} counter '{}'", prefix, label));
+    w.family(name, gauge ? "gauge" : "counter", metric_help(prefix, label, false));
     for (const Process& p : processes)
       for (const auto& [l, value] : p.counters.counters)
         if (l == label) w.sample(name, p.labels, value);
@@ -106,8 +106,8 @@ void write_process_metrics(Writer& w, const std::string& prefix,
     const std::string name = fmt::format("kvrelay_{}_{}{}", prefix, base,
                                          has_unit ? "" : "_" + u.suffix);
     w.family(name, "histogram",
-             fmt::format("kvrelay {} histogram '{}' (of {}, exported at powers of two)", prefix,
-                         label, unit));
+             fmt::format("{} ({}; buckets at powers of two)", metric_help(prefix, label, true),
+                         u.suffix));
     for (const Process& p : processes) {
       for (const HistogramSnapshot& h : p.counters.histograms) {
         if (h.label != label || h.unit != unit) continue;
