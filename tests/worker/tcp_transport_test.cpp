@@ -8,13 +8,18 @@
 #include <capnp/message.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <atomic>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "raw_net_client.h"
 #include "support/pool_patterns.h"
@@ -35,6 +40,77 @@ PoolGeometry geometry(uint32_t head_dim = 64) { return kvrelay::testing::transpo
 std::unique_ptr<HostSegmentPool> make_pool(const std::string& tag, const PoolGeometry& g) {
   return kvrelay::testing::make_test_pool("tcptest", tag, g);
 }
+
+// A path between a sender and a listener that carries the listener's words
+// to the sender and drops the sender's: its proof of the key never arrives,
+// and the sender's connection stays open (a stalled or overloaded peer, as
+// the sender sees it), even after the listener gives up on its side.
+class OneWayRelay {
+ public:
+  explicit OneWayRelay(uint16_t upstream) : upstream_(upstream) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listener_, 16) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      ADD_FAILURE() << "relay: cannot listen";
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~OneWayRelay() {
+    stop_ = true;
+    thread_.join();
+    for (int fd : fds_) ::close(fd);
+    ::close(listener_);
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  struct Pair {
+    int client, upstream;
+  };
+  void run() {
+    std::vector<Pair> pairs;
+    char buf[4096];
+    while (!stop_) {
+      std::vector<pollfd> fds{{listener_, POLLIN, 0}};
+      for (const Pair& p : pairs) {
+        fds.push_back({p.client, POLLIN, 0});
+        fds.push_back({p.upstream, POLLIN, 0});
+      }
+      if (::poll(fds.data(), fds.size(), 20) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        const int c = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+        const int u = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(upstream_);
+        if (c >= 0 && ::connect(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0)
+          pairs.push_back({c, u});
+        fds_.push_back(c);
+        fds_.push_back(u);
+      }
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        if (fds[1 + 2 * i].revents & POLLIN)  // the sender's words: dropped
+          (void)::read(pairs[i].client, buf, sizeof buf);
+        if (fds[2 + 2 * i].revents & (POLLIN | POLLHUP)) {  // the listener's: passed on
+          const ssize_t n = ::read(pairs[i].upstream, buf, sizeof buf);
+          if (n > 0) (void)::write(pairs[i].client, buf, static_cast<size_t>(n));
+          if (n <= 0) pairs[i].upstream = -1;  // gone: the sender's side stays open
+        }
+      }
+      std::erase_if(pairs, [](const Pair& p) { return p.upstream < 0; });
+    }
+  }
+  uint16_t upstream_, port_ = 0;
+  int listener_ = -1;
+  std::vector<int> fds_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 class TcpTransportTest : public ::testing::Test {
  protected:
@@ -184,6 +260,25 @@ TEST_F(TcpTransportTest, AWrongKeyIsRefusedAndNoPoolByteIsTouched) {
   }
   EXPECT_GE(receiver->connections().refused.load(), 1u);
   EXPECT_EQ(receiver->frames().frames.load(), 0u);
+  EXPECT_EQ(wrong_bytes(*dst, {}, {}), 0u);
+}
+
+// The sender's own connect deadline passing while its proof waits for an
+// answer is not the listener refusing the key: the failure says which.
+TEST_F(TcpTransportTest, AProofNeverAnsweredIsReportedAsSilenceNotAsAWrongKey) {
+  listen(*dst);
+  OneWayRelay relay(receiver->port());
+  connect_with(key);
+  auto dest = destination(relay.port());
+  ASSERT_TRUE(dest);
+  const auto done = send_all_layers(*dest, 1, {1, 2}, {3, 4});
+  ASSERT_EQ(done.size(), 3u);
+  for (const TransferCompletion& c : done) {
+    ASSERT_FALSE(c.status);
+    const std::string& m = c.status.error().message;
+    EXPECT_NE(m.find("had not answered this side's proof"), std::string::npos) << m;
+    EXPECT_EQ(m.find("a different key there"), std::string::npos) << m;
+  }
   EXPECT_EQ(wrong_bytes(*dst, {}, {}), 0u);
 }
 

@@ -23,9 +23,11 @@ void ClientChannel::connect() {
   auto self = std::static_pointer_cast<ClientChannel>(shared_from_this());
   deadline_.expires_after(target_.timeout);
   deadline_.async_wait([self](const boost::system::error_code& ec) {
-    if (!ec && !self->ready())
+    if (!ec && !self->ready()) {
+      self->timed_out_ = true;
       self->close(
           fmt::format("no {} within {} ms", self->target_.steps, self->target_.timeout.count()));
+    }
   });
   resolver_.async_resolve(
       target_.host, std::to_string(target_.port),
@@ -67,6 +69,10 @@ void ClientChannel::on_message(Inbound in) {
 
 std::string ClientChannel::describe_close(const std::string& reason) const {
   if (!handshake_.awaiting_server_proof()) return reason;
+  // Our own deadline, not the listener's answer: a slow or overloaded peer
+  // (or one that dropped the proof) looks like this too; say so, not "key".
+  if (timed_out_)
+    return fmt::format("{} (the listener had not answered this side's proof of the key)", reason);
   return fmt::format(
       "authentication failed: the listener refused this side's proof of the key "
       "(a different key there?) ({})",

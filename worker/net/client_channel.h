@@ -50,7 +50,8 @@ class ClientChannel : public Channel {
   const HelloAck& ack() const { return handshake_.ack(); }
   // Why the connection closed, as transfers should hear it: a listener that
   // hangs up on this side's proof refused the key (it says nothing more to
-  // a peer that has not proved it).
+  // a peer that has not proved it); the connect deadline passing while the
+  // proof waits for an answer is said as that.
   std::string describe_close(const std::string& reason) const;
 
  private:
@@ -63,6 +64,7 @@ class ClientChannel : public Channel {
   ClientHandshake handshake_;
   bool accepted_ = false;
   std::atomic<bool> ready_{false};
+  std::atomic<bool> timed_out_{false};  // closed by the connect deadline
 };
 
 }  // namespace kvrelay::worker::net
