@@ -81,6 +81,7 @@ class OneWayRelay {
         fds.push_back({p.upstream, POLLIN, 0});
       }
       if (::poll(fds.data(), fds.size(), 20) <= 0) continue;
+      const size_t polled = pairs.size();  // a pair accepted below was not polled
       if (fds[0].revents & POLLIN) {
         const int c = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
         const int u = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -93,7 +94,7 @@ class OneWayRelay {
         fds_.push_back(c);
         fds_.push_back(u);
       }
-      for (size_t i = 0; i < pairs.size(); ++i) {
+      for (size_t i = 0; i < polled; ++i) {
         if (fds[1 + 2 * i].revents & POLLIN)  // the sender's words: dropped
           (void)::read(pairs[i].client, buf, sizeof buf);
         if (fds[2 + 2 * i].revents & (POLLIN | POLLHUP)) {  // the listener's: passed on
