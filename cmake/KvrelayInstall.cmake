@@ -156,7 +156,18 @@ set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 set(CPACK_DEBIAN_DEBUGINFO_PACKAGE ON)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_DEBIAN_ENABLE_COMPONENT_DEPENDS OFF)
-set(_deb_version "${PROJECT_VERSION}")
+
+# A package's control files (tools/package/<package>.<file>), copied under
+# the names dpkg wants (postinst, triggers, ...) for CPackDeb.
+function(kvrelay_deb_control_files COMPONENT package)
+  set(files)
+  foreach(file IN LISTS ARGN)
+    set(to ${CMAKE_CURRENT_BINARY_DIR}/deb-${package}/${file})
+    configure_file(${PROJECT_SOURCE_DIR}/tools/package/${package}.${file} ${to} COPYONLY)
+    list(APPEND files ${to})
+  endforeach()
+  set(CPACK_DEBIAN_${COMPONENT}_PACKAGE_CONTROL_EXTRA ${files} PARENT_SCOPE)
+endfunction()
 
 set(CPACK_DEBIAN_SERVICE_PACKAGE_SECTION net)
 set(CPACK_COMPONENT_SERVICE_DESCRIPTION "KV-cache transfer service for LLM inference
@@ -165,13 +176,7 @@ layer, between prefill and decode instances (shared memory, tcp, rdma) and
 between device and host tiers, with kvrelay-dump to inspect an instance
 and kvrelay-sim to exercise one. systemd units: kvrelay.service and
 kvrelay@.service, configured in /etc/kvrelay.")
-# Control files go in under their own names (postinst, ...).
-set(CPACK_DEBIAN_SERVICE_PACKAGE_CONTROL_EXTRA)
-foreach(script postinst prerm postrm)
-  configure_file(${PROJECT_SOURCE_DIR}/tools/package/kvrelay.${script}
-                 ${CMAKE_CURRENT_BINARY_DIR}/deb-service/${script} COPYONLY)
-  list(APPEND CPACK_DEBIAN_SERVICE_PACKAGE_CONTROL_EXTRA ${CMAKE_CURRENT_BINARY_DIR}/deb-service/${script})
-endforeach()
+kvrelay_deb_control_files(SERVICE kvrelay postinst prerm postrm)
 
 set(CPACK_DEBIAN_LIB_PACKAGE_SECTION libs)
 set(CPACK_COMPONENT_LIB_DESCRIPTION "KV-cache transfer service for LLM inference - client library
@@ -180,15 +185,10 @@ engine submits KV-cache transfers and swaps to a kvrelay instance, signals
 its layers and reads one completion per request.")
 # The ldconfig trigger, and maintainer scripts that do nothing else: without
 # them CPackDeb would write ones that call ldconfig.
-set(CPACK_DEBIAN_LIB_PACKAGE_CONTROL_EXTRA)
-foreach(file triggers postinst postrm)
-  configure_file(${PROJECT_SOURCE_DIR}/tools/package/libkvrelay0.${file}
-                 ${CMAKE_CURRENT_BINARY_DIR}/deb-lib/${file} COPYONLY)
-  list(APPEND CPACK_DEBIAN_LIB_PACKAGE_CONTROL_EXTRA ${CMAKE_CURRENT_BINARY_DIR}/deb-lib/${file})
-endforeach()
+kvrelay_deb_control_files(LIB libkvrelay0 triggers postinst postrm)
 
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
-set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libkvrelay0 (= ${_deb_version})")
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libkvrelay0 (= ${PROJECT_VERSION})")
 set(CPACK_COMPONENT_DEV_DESCRIPTION "KV-cache transfer service for LLM inference - development files
 Headers (kvrelay.h, kvrelay/*.h), the libkvrelay.so link, the CMake package
 (find_package(kvrelay): kvrelay::client, kvrelay::c) and kvrelay.pc, to
