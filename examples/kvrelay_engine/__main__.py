@@ -146,10 +146,11 @@ def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected)
     route["device_ids"] = list(range(args.prefill_tp))
     decode_extra, prefill_extra = ["--protocol", "ipc"], ["--protocol", "ipc"]
     key_dir = tempfile.TemporaryDirectory(prefix="kvrelay-engine-key-")
-    if args.protocol == "tcp":
+    if args.protocol in ("tcp", "rdma"):  # both instances share a fresh key
         key = Path(key_dir.name) / "key"
         key.write_bytes(secrets.token_bytes(32))
         key.chmod(0o600)
+    if args.protocol == "tcp":
         ports = [free_port() for _ in range(args.decode_tp)]
         address = hosts.DECODE_ADDRESS if two else "127.0.0.1"
         decode_extra = ["--protocol", "ipc,tcp", "--tcp-ports", ",".join(map(str, ports)),
@@ -157,9 +158,6 @@ def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected)
         prefill_extra = ["--protocol", "ipc,tcp", "--auth-key-file", str(key)]
         route.update(address=address, tcp_ports=ports)
     if args.protocol == "rdma":  # the control connection on loopback, the writes on the RDMA device
-        key = Path(key_dir.name) / "key"
-        key.write_bytes(secrets.token_bytes(32))
-        key.chmod(0o600)
         ports = [free_port() for _ in range(args.decode_tp)]
         rdma = ["--auth-key-file", str(key), "--rdma-gid-index", str(args.rdma_gid_index),
                 # soft-RoCE in an emulated guest: a second of silence is slowness
