@@ -18,6 +18,7 @@
 #include "instance/control_segment.h"
 #include "instance/swap_progress.h"
 #include "kernels/host_pinning.h"
+#include "kernels/stream_marks.h"
 #include "kernels/stream_signals.h"
 #include "kvrelay/client.h"
 #include "schemas/message_ring.h"
@@ -210,15 +211,12 @@ struct Client::Impl {
   std::array<uint64_t, kMaxTpSize> device_tally{};
   // The swap progress table, pinned and mapped for stream waits (first use).
   std::optional<kernels::PinnedHostRange> pinned_progress;
-  // Every engine stream the device side was handed (signals, waits), so
-  // that teardown knows what may still use it.
-  std::vector<void*> device_streams;
-  void note_stream(void* stream) {  // under device_mu
-    if (std::find(device_streams.begin(), device_streams.end(), stream) == device_streams.end())
-      device_streams.push_back(stream);
-  }
-  // Before anything of the device side goes (device_signals.cpp): the
-  // streams it was handed must be done with it, or it is kept.
+  // What the device side enqueued on the engine's streams (signals, waits),
+  // marked with events of its own, so that teardown knows whether it may
+  // still run without touching streams the engine may have destroyed.
+  std::unique_ptr<kernels::StreamMarks> stream_marks = std::make_unique<kernels::StreamMarks>();
+  // Before anything of the device side goes (device_signals.cpp): the work
+  // it enqueued must be done, or it is kept.
   void retire_device_side();
   ~Impl() { retire_device_side(); }
   std::atomic<bool> device_waits_used{false};

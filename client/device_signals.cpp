@@ -74,8 +74,8 @@ Status Client::push_device_step(uint32_t rank, uint64_t step, std::span<const Ba
   s.device_base = base;
   if (Status st = impl_->push(rank, s, deadline); !st) return st;
   impl_->device_tally[rank] = base + layers;
-  impl_->note_stream(stream);
-  return impl_->device_writers[rank]->begin_step(stream, base);
+  if (Status st = impl_->device_writers[rank]->begin_step(stream, base); !st) return st;
+  return impl_->stream_marks->mark(stream);
 }
 
 Status Client::signal_layer(uint32_t rank, uint32_t layer, void* stream) {
@@ -86,8 +86,8 @@ Status Client::signal_layer(uint32_t rank, uint32_t layer, void* stream) {
                       fmt::format("rank {}: call own_device_signals or push_device_step before "
                                   "signal_layer",
                                   rank));
-  impl_->note_stream(stream);
-  return impl_->device_writers[rank]->signal_layer(stream, layer);
+  if (Status s = impl_->device_writers[rank]->signal_layer(stream, layer); !s) return s;
+  return impl_->stream_marks->mark(stream);
 }
 
 Status Client::stream_wait_layer(std::string_view request_id, uint32_t layer, void* stream,
@@ -97,7 +97,6 @@ Status Client::stream_wait_layer(std::string_view request_id, uint32_t layer, vo
   SwapProgressTable& table = impl_->control.swap_progress();
   {
     std::lock_guard lock(impl_->device_mu);
-    impl_->note_stream(stream);
     if (Status s = impl_->pin_shared_pages(); !s) return s;
     if (!impl_->pinned_progress) {
       Result<kernels::PinnedHostRange> pinned =
@@ -119,7 +118,7 @@ Status Client::stream_wait_layer(std::string_view request_id, uint32_t layer, vo
         !s)
       return s;
   }
-  return {};
+  return impl_->stream_marks->mark(stream);
 }
 
 namespace {
@@ -158,13 +157,9 @@ void Client::Impl::retire_device_side() {
   // A coordinator that is gone ends nobody's loads: this process's stream
   // waits are released first, as at a failure, so its streams can finish.
   if (coordinator.lock_state() == LockState::kFree) release_device_waits();
-  bool done = true;
-  for (void* stream : device_streams)
-    if (!kernels::stream_done_within(stream, kRetireWait)) {
-      done = false;
-      break;
-    }
-  if (done) return;  // the members go as usual: nothing queued uses them any more
+  // The client's own marks, never the engine's streams: the engine may have
+  // destroyed them already (kernels/stream_marks.h).
+  if (stream_marks->done_within(kRetireWait)) return;  // nothing queued uses the members any more
   keep_for_process_life(std::unique_ptr<KeptDeviceSide>(
       new KeptDeviceSide{std::move(control), std::move(pinned_shared), std::move(device_writers),
                          std::move(pinned_progress)}));

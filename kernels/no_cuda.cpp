@@ -6,6 +6,7 @@
 #include "kernels/dmabuf.h"
 #include "kernels/gpu_identity.h"
 #include "kernels/host_pinning.h"
+#include "kernels/stream_marks.h"
 #include "kernels/stream_signals.h"
 
 namespace kvrelay::kernels {
@@ -89,8 +90,16 @@ Status LayerSignalWriter::signal_layer(void*, uint32_t) {
 Status stream_wait_at_least(void*, const PinnedHostRange&, const void*, uint64_t) {
   return make_error(Errc::kUnsupported, kNoCuda);
 }
-bool stream_done_within(void*, std::chrono::milliseconds) {
+// Without CUDA nothing can have been enqueued.
+StreamMarks::~StreamMarks() = default;
+Status StreamMarks::mark(void*) {
+  return {};
+}
+bool StreamMarks::done_within(std::chrono::milliseconds) {
   return true;
+}
+size_t StreamMarks::streams() const {
+  return 0;
 }
 
 Result<GpuUuid> gpu_uuid(int) {

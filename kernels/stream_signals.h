@@ -23,7 +23,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -57,10 +56,5 @@ class LayerSignalWriter {
 // `pinned`, pinned mapped) is at least `value`.
 Status stream_wait_at_least(void* stream, const PinnedHostRange& pinned, const void* word,
                             uint64_t value);
-
-// Whether the work queued on `stream` so far is done within `wait` (polled).
-// False where CUDA does not know the stream (destroyed): its work may still
-// run. True without CUDA (nothing can be queued).
-bool stream_done_within(void* stream, std::chrono::milliseconds wait);
 
 }  // namespace kvrelay::kernels

@@ -1,8 +1,6 @@
 #include "kernels/cuda/runtime.h"
 #include "kernels/stream_signals.h"
 
-#include <chrono>
-#include <thread>
 
 namespace kvrelay::kernels {
 
@@ -93,20 +91,6 @@ Status stream_wait_at_least(void* stream, const PinnedHostRange& pinned, const v
                                    static_cast<CUdeviceptr>(pinned.device_address(word)), value,
                                    CU_STREAM_WAIT_VALUE_GEQ),
       "cuStreamWaitValue64");
-}
-
-bool stream_done_within(void* stream, std::chrono::milliseconds wait) {
-  const auto until = std::chrono::steady_clock::now() + wait;
-  for (;;) {
-    const cudaError_t r = cudaStreamQuery(static_cast<cudaStream_t>(stream));
-    if (r == cudaSuccess) return true;
-    if (r != cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
 }
 
 }  // namespace kvrelay::kernels

@@ -165,6 +165,42 @@ void swap_case(uint64_t buffer_mib, int trials) {
   }
   print_target(">= 85% of one large pinned cudaMemcpy", worst_large >= 0.85,
                fmt::format("worst {:.0f}%", worst_large * 100));
+  // What the SMs would give instead of the copy engines: the gather kernel
+  // reading or writing the pinned host buffer through its device address
+  // (zero-copy, as LMCache's transfer kernels do), on 16 SMs and on all.
+  // Measured to choose the swap path; no target.
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  for (uint32_t max_sms : {16U, static_cast<uint32_t>(sms)}) {
+    auto kernel = kernels::make_cuda_copy_engine({0, max_sms});
+    if (!kernel) std::exit(1);
+    for (bool load : {true, false}) {
+      std::vector<double> ours, large;
+      for (int i = 0; i < trials; ++i) {
+        // kCuda on both sides: the host buffer by its (UVA) device address.
+        const kernels::TensorCopy copy =
+            load ? kernels::TensorCopy{b.host, b.dev_a, runs, kernels::MemoryKind::kCuda,
+                                       kernels::MemoryKind::kCuda}
+                 : kernels::TensorCopy{b.dev_a, b.host, runs, kernels::MemoryKind::kCuda,
+                                       kernels::MemoryKind::kCuda};
+        const uint64_t t0 = mono_now_ns();
+        auto ticket = (*kernel)->submit(std::span<const kernels::TensorCopy>(&copy, 1));
+        if (!ticket || !(*kernel)->wait(*ticket)) std::exit(1);
+        ours.push_back(gbps(moved, static_cast<double>(mono_now_ns() - t0) / 1e9));
+        large.push_back(gbps(moved, timed(stream, [&] {
+                               check(cudaMemcpyAsync(load ? b.dev_b : b.host,
+                                                     load ? b.host : b.dev_b, moved,
+                                                     load ? cudaMemcpyHostToDevice
+                                                          : cudaMemcpyDeviceToHost,
+                                                     stream),
+                                     "cudaMemcpyAsync");
+                             })));
+      }
+      print_row(Row{fmt::format("{} by the kernel on {} SMs: vs one large cudaMemcpy",
+                                load ? "load" : "evict", max_sms),
+                    "GB/s", median(ours), median(large)});
+    }
+  }
   print_target(">= 3x a cudaMemcpyAsync per block", worst_loop >= 3,
                fmt::format("worst {:.1f}x", worst_loop));
   (void)cudaStreamDestroy(stream);

@@ -307,10 +307,13 @@ class Client {
   // A graph captured with signal_layer belongs to this Client: capture it
   // again with a new Client, since replaying it after this one is destroyed
   // writes through memory that is no longer the client's. Destroying the
-  // Client waits up to 2 s for the streams it was handed (here and in
-  // stream_wait_layer) to finish; if one has not, the device side (a pinned
-  // page, 8 bytes of GPU memory, the instance's mapping) is kept for the
-  // process's life rather than freed under the stream.
+  // Client waits up to 2 s for the work it enqueued outside graphs (here
+  // and in stream_wait_layer) to finish, through CUDA events of its own: the
+  // engine may destroy its streams before or after the Client. If that work
+  // has not finished, the device side (a pinned page, 8 bytes of GPU
+  // memory, the instance's mapping) is kept for the process's life rather
+  // than freed under the stream. Graph replays are not waited for: let them
+  // finish (their completions say so) before destroying the Client.
   //
   // Takes rank `rank`'s signal ring and pins its device signal word for the
   // current CUDA device (done by the first push_device_step otherwise).
