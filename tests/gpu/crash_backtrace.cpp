@@ -16,8 +16,11 @@ namespace {
 void print_stack_and_die(int sig) {
   // Only async-signal-safe calls here (write, backtrace after its first
   // call has loaded libgcc, which install() made sure of).
-  const char* name = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGILL ? "SIGILL"
-                     : sig == SIGFPE ? "SIGFPE" : "SIGABRT";
+  const char* name = sig == SIGSEGV  ? "SIGSEGV"
+                     : sig == SIGBUS ? "SIGBUS"
+                     : sig == SIGILL ? "SIGILL"
+                     : sig == SIGFPE ? "SIGFPE"
+                                     : "SIGABRT";
   static const char head[] = "\n== fatal signal ";
   static const char tail[] = ": the stack (tests/gpu/crash_backtrace.cpp)\n";
   (void)!::write(STDERR_FILENO, head, sizeof(head) - 1);
@@ -37,7 +40,8 @@ const bool installed = [] {
   sa.sa_handler = print_stack_and_die;
   sa.sa_flags = SA_RESETHAND | SA_NODEFER;
   ::sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT})
+    ::sigaction(sig, &sa, nullptr);
   return true;
 }();
 

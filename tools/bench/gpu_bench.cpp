@@ -37,12 +37,12 @@
 #include "kernels/copy_engine.h"
 #include "kernels/stream_signals.h"
 #include "shm/clock.h"
+#include "shm/command_line.h"
 #include "shm/wait_event.h"
 #include "worker/copy_plan.h"
 #include "worker/receiver.h"
 #include "worker/tcp/staging.h"
 #include "worker/tcp/tcp_transport.h"
-#include "shm/command_line.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -187,14 +187,12 @@ void swap_case(uint64_t buffer_mib, int trials) {
         auto ticket = (*kernel)->submit(std::span<const kernels::TensorCopy>(&copy, 1));
         if (!ticket || !(*kernel)->wait(*ticket)) std::exit(1);
         ours.push_back(gbps(moved, static_cast<double>(mono_now_ns() - t0) / 1e9));
-        large.push_back(gbps(moved, timed(stream, [&] {
-                               check(cudaMemcpyAsync(load ? b.dev_b : b.host,
-                                                     load ? b.host : b.dev_b, moved,
-                                                     load ? cudaMemcpyHostToDevice
-                                                          : cudaMemcpyDeviceToHost,
-                                                     stream),
-                                     "cudaMemcpyAsync");
-                             })));
+        large.push_back(gbps(
+            moved, timed(stream, [&] {
+              check(cudaMemcpyAsync(load ? b.dev_b : b.host, load ? b.host : b.dev_b, moved,
+                                    load ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
+                    "cudaMemcpyAsync");
+            })));
       }
       print_row(Row{fmt::format("{} by the kernel on {} SMs: vs one large cudaMemcpy",
                                 load ? "load" : "evict", max_sms),

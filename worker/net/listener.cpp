@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <array>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -53,10 +54,15 @@ struct Listener::Shared {
   std::mutex pending_mu;
   uint32_t pending = 0;
   std::unordered_map<std::string, uint32_t> pending_by_source;
-  // Rate-limited warnings (any strand).
+  // Rate-limited warnings (any strand), one limit per kind: a flood of
+  // refused peers must not hide that the listener ran out of descriptors.
+  enum class Warning { kPeer, kAccept, kCount };
+  struct WarningLimit {
+    std::chrono::steady_clock::time_point warned_at{};
+    uint64_t unwarned = 0;
+  };
   std::mutex warn_mu;
-  std::chrono::steady_clock::time_point warned_at{};
-  uint64_t unwarned = 0;
+  std::array<WarningLimit, static_cast<size_t>(Warning::kCount)> warnings{};
 
   // A new unauthenticated connection from `source`, or why it is shed.
   std::optional<std::string> admit(const std::string& source) {
@@ -76,19 +82,23 @@ struct Listener::Shared {
     auto it = pending_by_source.find(source);
     if (it != pending_by_source.end() && --it->second == 0) pending_by_source.erase(it);
   }
-  // Logs at most one warning every kWarnEvery, saying how many it left out.
-  void warn(const std::string& what) {
+  // Logs at most one warning of a kind every kWarnEvery, saying how many it
+  // left out.
+  void warn(Warning kind, const std::string& what) {
     std::lock_guard lock(warn_mu);
+    WarningLimit& limit = warnings[static_cast<size_t>(kind)];
     const auto now = std::chrono::steady_clock::now();
-    if (now - warned_at < kWarnEvery) {
-      ++unwarned;
+    if (limit.warned_at != std::chrono::steady_clock::time_point{} &&
+        now - limit.warned_at < kWarnEvery) {
+      ++limit.unwarned;
       return;
     }
     spdlog::warn("rank {}: {}{}", options.rank, what,
-                 unwarned != 0 ? fmt::format(" ({} more like it since the last warning)", unwarned)
-                               : std::string());
-    warned_at = now;
-    unwarned = 0;
+                 limit.unwarned != 0
+                     ? fmt::format(" ({} more like it since the last warning)", limit.unwarned)
+                     : std::string());
+    limit.warned_at = now;
+    limit.unwarned = 0;
   }
 };
 
@@ -209,7 +219,8 @@ class Connection final : public Channel, public ServerLink {
     if (refusing_) return;
     refusing_ = true;
     ++shared_->stats->refused;
-    shared_->warn(fmt::format("connection from {} refused: {}", peer_name(), why));
+    shared_->warn(Listener::Shared::Warning::kPeer,
+                  fmt::format("connection from {} refused: {}", peer_name(), why));
     if (ack == nullptr) return close(why);
     Outgoing reply;
     encode_hello_ack(*ack, reply.owned);
@@ -245,7 +256,8 @@ class Connection final : public Channel, public ServerLink {
                    reason);
     } else if (!refusing_) {  // gone (or silent) before it was served
       ++shared_->stats->refused;
-      shared_->warn(fmt::format("connection from {} refused: {}", peer_name(), reason));
+      shared_->warn(Listener::Shared::Warning::kPeer,
+                    fmt::format("connection from {} refused: {}", peer_name(), reason));
     }
   }
 
@@ -274,7 +286,9 @@ void shed_and_back_off(const std::shared_ptr<Listener::Shared>& shared, const st
     shared->reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
   ++shared->stats->refused;
-  shared->warn(fmt::format("cannot accept connections: {}; shedding them for {} ms", why,
+  ++shared->stats->accept_backoffs;
+  shared->warn(Listener::Shared::Warning::kAccept,
+               fmt::format("cannot accept connections: {}; shedding them for {} ms", why,
                            kAcceptBackoff.count()));
   shared->backoff.expires_after(kAcceptBackoff);
   shared->backoff.async_wait([shared](const boost::system::error_code& ec) {
@@ -292,7 +306,8 @@ void accept_next(const std::shared_ptr<Listener::Shared>& shared) {
             ec.value() == ENOMEM)
           return shed_and_back_off(shared, ec.message());
         if (ec) {
-          shared->warn(fmt::format("accept failed: {}", ec.message()));
+          shared->warn(Listener::Shared::Warning::kAccept,
+                       fmt::format("accept failed: {}", ec.message()));
           return accept_next(shared);
         }
         boost::system::error_code ignored;
@@ -301,7 +316,8 @@ void accept_next(const std::shared_ptr<Listener::Shared>& shared) {
         const std::string peer = fmt::format("{}:{}", source, remote.port());
         if (std::optional<std::string> why = shared->admit(source)) {
           ++shared->stats->refused;
-          shared->warn(fmt::format("connection from {} shed: {}", peer, *why));
+          shared->warn(Listener::Shared::Warning::kPeer,
+                       fmt::format("connection from {} shed: {}", peer, *why));
           socket.close(ignored);
           return accept_next(shared);
         }

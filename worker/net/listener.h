@@ -56,6 +56,9 @@ struct ListenerOptions {
 struct ListenerStats {
   std::atomic<uint64_t> accepted{0};  // proved the key and were served
   std::atomic<uint64_t> refused{0};   // failed authentication or the hello, or were shed
+  // Pauses of the accept loop for want of descriptors (one per 100 ms at
+  // most while they last: a loop that spun would count thousands).
+  std::atomic<uint64_t> accept_backoffs{0};
 };
 
 class Listener {
