@@ -66,8 +66,9 @@ std::unique_ptr<CopyEngine> make_host_copy_engine();
 // The CUDA engine's settings.
 struct CudaCopyOptions {
   int device = 0;  // the GPU whose stream the copies run on
-  // Device-to-device copies run in a gather kernel on at most this many SMs
-  // (the rest stay the model's). Host<->device copies use the copy engines
+  // Device-to-device copies, and host<->device copies of pinned, mapped
+  // host memory, run in a gather kernel on at most this many SMs (the rest
+  // stay the model's). Other host<->device copies use the copy engines
   // (cudaMemcpyBatchAsync) and no SMs.
   uint32_t max_sms = 16;
 };

@@ -97,11 +97,13 @@ void DataPlane::start_swap_engine() {
     return;
   }
   if (device >= 0) {
-    // Page-locked once, for as long as the two pools swap: the copy engines
-    // then move it at full speed and asynchronously.
+    // Page-locked and mapped once, for as long as the two pools swap: the
+    // gather kernel then reaches it through its device address, at the bus's
+    // speed, asynchronously (kernels/cuda/cuda_copy_engine.cpp says why not
+    // the copy engines).
     for (std::span<std::byte> range : host_pool_->host_memory()) {
       Result<kernels::PinnedHostRange> pinned =
-          kernels::PinnedHostRange::pin(range.data(), range.size(), /*mapped=*/false, device);
+          kernels::PinnedHostRange::pin(range.data(), range.size(), /*mapped=*/true, device);
       if (!pinned) {
         spdlog::warn("rank {}: swaps copy from pageable memory (slower): {}", rank_,
                      pinned.error().message);
@@ -146,16 +148,17 @@ Result<std::unique_ptr<LocalPool>> DataPlane::import_tensor_table(schema::PoolDe
     if (!local) return local.error();
     device = *local;
   }
-  Result<std::unique_ptr<ImportedPool>> pool = ImportedPool::open(
-      d, pool_geometry_of(control_.config(), tier), fds, device, name);
+  Result<std::unique_ptr<ImportedPool>> pool =
+      ImportedPool::open(d, pool_geometry_of(control_.config(), tier), fds, device, name);
   if (!pool) return pool.error();
-  spdlog::info("rank {}: mapped the engine's {} pool {} ({} MiB, {} allocations{})", rank_,
-               tier == PoolTier::kHost ? "host" : "device", name, (*pool)->bytes() >> 20,
-               d.getMemories().size(),
-               is_gpu_location(where)
-                   ? fmt::format(", GPU {} here, the engine's GPU {}{}", device, d.getDeviceId(),
-                                 uuid_bytes.empty() ? "" : ", " + kernels::gpu_uuid_text(uuid_bytes))
-                   : "");
+  spdlog::info(
+      "rank {}: mapped the engine's {} pool {} ({} MiB, {} allocations{})", rank_,
+      tier == PoolTier::kHost ? "host" : "device", name, (*pool)->bytes() >> 20,
+      d.getMemories().size(),
+      is_gpu_location(where)
+          ? fmt::format(", GPU {} here, the engine's GPU {}{}", device, d.getDeviceId(),
+                        uuid_bytes.empty() ? "" : ", " + kernels::gpu_uuid_text(uuid_bytes))
+          : "");
   return std::unique_ptr<LocalPool>(std::move(pool).value());
 }
 
@@ -269,12 +272,13 @@ PoolRegistration DataPlane::release_orphaned_pools() {
     if (busy()) continue;
     // --pool none: there is nothing of its own to fall back on.
     const bool none = tier == PoolTier::kDevice && control_.config().engine_pools != 0;
-    spdlog::warn("rank {}: pid {}, which registered its {} pool {}, exited: letting go of its "
-                 "memory and {}",
-                 rank_, owner_pid_[t], tier == PoolTier::kHost ? "host" : "device",
-                 (tier == PoolTier::kHost ? host_pool_ : device_pool_)->name(),
-                 none ? "serving nothing until the engine registers another (--pool none)"
-                      : "serving a pool of its own");
+    spdlog::warn(
+        "rank {}: pid {}, which registered its {} pool {}, exited: letting go of its "
+        "memory and {}",
+        rank_, owner_pid_[t], tier == PoolTier::kHost ? "host" : "device",
+        (tier == PoolTier::kHost ? host_pool_ : device_pool_)->name(),
+        none ? "serving nothing until the engine registers another (--pool none)"
+             : "serving a pool of its own");
     const uint32_t exited = owner_pid_[t];
     owner_[t].reset();
     owner_pid_[t] = 0;

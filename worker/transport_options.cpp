@@ -19,7 +19,8 @@ struct OptionsRow {
 // The data plane's own: GPU-to-GPU copies.
 void declare_copy_options(CLI::App& app, NetworkOptions& o) {
   app.add_option("--copy-max-sms", o.copy_max_sms,
-                 "GPU pools: the most SMs a GPU-to-GPU copy's gather kernel takes from the model")
+                 "GPU pools: the most SMs the gather kernel of a GPU-to-GPU copy or a swap takes "
+                 "from the model")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
 }
@@ -49,7 +50,8 @@ constexpr OptionsRow kRows[] = {
 }  // namespace
 
 void declare_transport_options(CLI::App& app, NetworkOptions& options) {
-  for (const OptionsRow& row : kRows) row.declare(app, options);
+  for (const OptionsRow& row : kRows)
+    row.declare(app, options);
 }
 
 Status settle_transport_options(const InstanceConfig& config, NetworkOptions& options) {
@@ -61,7 +63,8 @@ Status settle_transport_options(const InstanceConfig& config, NetworkOptions& op
 std::vector<std::string> hand_on_transport_options(const InstanceConfig& config,
                                                    const NetworkOptions& options) {
   Args args;
-  for (const OptionsRow& row : kRows) row.hand_on(config, options, args);
+  for (const OptionsRow& row : kRows)
+    row.hand_on(config, options, args);
   return args;
 }
 

@@ -1,14 +1,17 @@
-// The CUDA copy engine on a GPU: device-to-device gathers (the kernel) and
-// host<->device batches (cudaMemcpyBatchAsync) land byte for byte, as the
+// The CUDA copy engine on a GPU: device-to-device gathers (the kernel),
+// host<->device batches of pageable memory (cudaMemcpyBatchAsync) and of
+// pinned, mapped memory (the kernel again) land byte for byte, as the
 // host engine's memcpy would put them, tickets end in order, and an SM cap
 // of one still copies everything. Skipped, saying why, without a GPU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <random>
 #include <vector>
 
 #include "gpu/gpu_pool.h"
 #include "kernels/copy_engine.h"
+#include "kernels/host_pinning.h"
 
 namespace kvrelay::kernels {
 namespace {
@@ -99,6 +102,42 @@ TEST(CudaCopyEngine, HostToDeviceAndBackInOneBatchEachMatchMemcpy) {
   EXPECT_TRUE((*engine)->done(*t1)) << "tickets end in order";
   EXPECT_EQ(back, b.host_expected);
   EXPECT_TRUE((*engine)->failure());
+}
+
+// Pinned, mapped host memory (a swapping worker's host tier) goes through the
+// gather kernel by its device address rather than the copy engines: the
+// same bytes as memcpy both ways, at offsets that are not 16-byte aligned.
+TEST(CudaCopyEngine, PinnedHostMemoryTravelsThroughTheKernelBothWaysMatchingMemcpy) {
+  KVRELAY_REQUIRE_GPU();
+  Result<std::unique_ptr<CopyEngine>> engine = make_cuda_copy_engine({0, 16});
+  ASSERT_TRUE(engine) << engine.error().message;
+  Buffers b(32 << 20);
+  std::vector<std::byte> back(b.bytes, std::byte{0});
+  Result<PinnedHostRange> pinned_src = PinnedHostRange::pin(b.host_src.data(), b.bytes, true);
+  ASSERT_TRUE(pinned_src) << pinned_src.error().message;
+  Result<PinnedHostRange> pinned_back = PinnedHostRange::pin(back.data(), back.size(), true);
+  ASSERT_TRUE(pinned_back) << pinned_back.error().message;
+  std::mt19937_64 rng(5);
+  std::vector<CopyRun> up = random_runs(b.bytes, 16 << 10, rng);
+  for (size_t i = 0; i < up.size(); i += 3) {  // a third of them shifted off alignment
+    const uint64_t shift = std::array<uint64_t, 4>{1, 4, 8, 12}[i % 4];
+    if (up[i].bytes > 2 * shift) {
+      up[i].src_offset += shift;
+      up[i].dst_offset += shift;
+      up[i].bytes -= 2 * shift;
+    }
+  }
+  const TensorCopy h2d{b.host_src.data(), b.dev_dst, up, MemoryKind::kHost, MemoryKind::kCuda};
+  Result<CopyTicket> t1 = (*engine)->submit(std::span<const TensorCopy>(&h2d, 1));
+  ASSERT_TRUE(t1) << t1.error().message;
+  copy_runs_host(b.host_src.data(), b.host_expected.data(), up);
+  const CopyRun whole{0, 0, b.bytes};
+  const TensorCopy d2h{b.dev_dst, back.data(), std::span<const CopyRun>(&whole, 1),
+                       MemoryKind::kCuda, MemoryKind::kHost};
+  Result<CopyTicket> t2 = (*engine)->submit(std::span<const TensorCopy>(&d2h, 1));
+  ASSERT_TRUE(t2) << t2.error().message;
+  ASSERT_TRUE((*engine)->wait(*t2)) << (*engine)->failure().error().message;
+  EXPECT_TRUE(back == b.host_expected) << "the bytes that came back differ from memcpy's";
 }
 
 }  // namespace
