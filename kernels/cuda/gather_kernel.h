@@ -13,9 +13,13 @@
 
 namespace kvrelay::kernels::cuda {
 
-// Threads per block, and blocks per SM that fill one (2048 threads).
-inline constexpr uint32_t kGatherThreads = 256;
-inline constexpr uint32_t kGatherBlocksPerSm = 8;
+// Threads per block (32 warps), and one block per SM of the budget. CUDA
+// cannot pin blocks to SMs: the scheduler spreads blocks over idle SMs, so
+// 16 SMs' worth of small blocks (8 of 256 threads each, as before) ran on
+// about 128 SMs. A block always runs on one SM, so `max_sms` blocks of the
+// largest size use at most `max_sms` SMs: the cap --copy-max-sms promises.
+inline constexpr uint32_t kGatherThreads = 1024;
+inline constexpr uint32_t kGatherBlocksPerSm = 1;
 
 // Slices travel as the kernel's parameter (up to 32 KiB of parameters since
 // CUDA 12.1 on Volta and newer), so a launch needs no staging buffer and no

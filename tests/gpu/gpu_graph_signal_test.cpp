@@ -2,7 +2,10 @@
 // device: each captured layer writes its KV into the engine's GPU pool and
 // then signal_layer. Replayed for two steps (two requests), each preceded by
 // push_device_step outside the graph, every byte of both requests reaches
-// the decode engine's GPU pool.
+// the decode engine's GPU pool. The engine then destroys its stream before
+// the client goes, as engines do: the client's teardown must not touch that
+// stream (the first GPU run crashed in cuStreamQuery there; kernels/
+// stream_marks.h).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_pool.h"

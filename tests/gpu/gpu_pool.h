@@ -134,6 +134,7 @@ class GpuPool {
   void upload() const { copy(cudaMemcpyHostToDevice); }
   void download() const { copy(cudaMemcpyDeviceToHost); }
   size_t vmm_chunks() const { return chunks_.size(); }
+  size_t vmm_granularity() const { return granularity_; }  // bytes per chunk
 
  private:
   static uint64_t align(uint64_t b) { return (b + 255) / 256 * 256; }
