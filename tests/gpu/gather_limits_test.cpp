@@ -101,15 +101,15 @@ TEST(GpuGatherLimits, SliceCountsAroundOneLaunchsLimitAllLand) {
   }
 }
 
-// One run of 4 GiB + 12,345 bytes, 7 bytes into the source and 3 into the
-// destination. Checked in windows of random bytes planted at its start,
+// One run of 4 GiB + 1 MiB + 12,345 bytes, 7 bytes into the source and 3
+// into the destination. Checked in windows of random bytes planted at its start,
 // across the 4 GiB mark (where 32-bit offsets would wrap) and at its end,
 // and at the bytes just outside it.
 TEST(GpuGatherLimits, ARunLongerThanFourGiBLandsAcrossTheFourGiBMark) {
   KVRELAY_REQUIRE_GPU();
   auto engine = make_cuda_copy_engine({0, 132});
   ASSERT_TRUE(engine) << engine.error().message;
-  const uint64_t run = (uint64_t{4} << 30) + 12345;
+  const uint64_t run = (uint64_t{4} << 30) + (1 << 20) + 12345;
   const uint64_t size = run + (64 << 10);
   std::byte* src = nullptr;
   std::byte* dst = nullptr;
@@ -119,6 +119,11 @@ TEST(GpuGatherLimits, ARunLongerThanFourGiBLandsAcrossTheFourGiBMark) {
   ASSERT_EQ(cudaMemset(dst, 0x77, size), cudaSuccess);
   const uint64_t window = 64 << 10;
   const std::vector<uint64_t> at_src = {7, (uint64_t{4} << 30) - window / 2, 7 + run - window};
+  // Apart: a later window planted over an earlier one would fail the
+  // earlier one's check (the first device run of this test did just that).
+  for (size_t i = 1; i < at_src.size(); ++i)
+    ASSERT_GE(at_src[i], at_src[i - 1] + window)
+        << "windows " << i - 1 << " and " << i << " overlap";
   std::vector<std::vector<std::byte>> planted;
   for (uint64_t s : at_src) {
     planted.push_back(random_bytes(window, s));
