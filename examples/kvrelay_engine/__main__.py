@@ -47,7 +47,7 @@ from pathlib import Path
 from . import hosts
 from .mla import MlaConfig
 from .model import Config
-from .schedule import make_requests, plan
+from .schedule import RUN_TIMEOUT_S, make_requests, plan
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 512
@@ -67,8 +67,8 @@ def logits_problems(got, want) -> list[str]:
     differs by more than LOGITS_TOLERANCE, if one does."""
     if got.shape != want.shape:
         return [f"{got.shape[0]} decode steps' logits, the oracle has {want.shape[0]}"]
-    diff = (got - want).abs().amax(-1)
-    over = (diff > LOGITS_TOLERANCE).nonzero()
+    diff = abs(got - want).max(-1)  # numpy arrays, [decode steps, vocab]
+    over = (diff > LOGITS_TOLERANCE).nonzero()[0]
     if len(over) == 0:
         return []
     step = int(over[0])
@@ -96,7 +96,7 @@ def start_instance(binary: str, name: str, role: str, cfg, tp: int, extra: list[
         *hosts.TwoHosts.exec_prefix(netns), binary, "--instance", name, "--role", role, "--tp-size", str(tp),
         "--num-layers", str(cfg.layers), "--num-blocks", str(NUM_BLOCKS),
         "--block-size", str(BLOCK_SIZE), *cfg.kvrelay_flags(tp), "--dtype", cfg.cache_dtype,
-        "--log-level", "warn", *extra])
+        "--request-deadline-ms", str(int(RUN_TIMEOUT_S * 1000)), "--log-level", "warn", *extra])
 
 
 def stop(process: subprocess.Popen) -> int:
@@ -185,7 +185,8 @@ def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected)
         procs += run_ranks(ctx, engine.prefill_rank, args.prefill_tp,
                            (cfg, the_plan, prefill_name, route, dests, first_tokens, results,
                             args.adapter), prefill_ns)
-        got = collect(results, procs, 2 * n + 1 + n * args.decode_tp + (1 if args.swap else 0), 300)
+        got = collect(results, procs, 2 * n + 1 + n * args.decode_tp + (1 if args.swap else 0),
+                      RUN_TIMEOUT_S)
         for p in procs:
             p.join(60)
         t_dis = time.monotonic() - t1
@@ -310,7 +311,7 @@ def main() -> int:
         else:
             if d[2] != want.tokens:
                 problems.append(f"tokens {d[2]}, oracle {want.tokens}")
-            problems += logits_problems(d[3], want.logits)
+            problems += logits_problems(d[3], want.logits.numpy())
             if not the_plan.late_dest[r]:  # a late half waits for its decode half by design
                 waits.append(d[4])
         problems += received.get(req.id, [])

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from .mla import MlaConfig, MlaModel
 from .model import Model
 from .prefill_calls import make_calls
-from .schedule import Plan
+from .schedule import RUN_TIMEOUT_S, Plan
 from .stored import tolerance
 
 STEP_TIMEOUT_S = 60.0
@@ -230,7 +230,7 @@ def decode_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str,
     first: dict[int, tuple] = {}      # request -> (first token, when its prefill ended)
     decoded: set[int] = set()
     ids = {req.id: r for r, req in enumerate(plan.requests)}
-    deadline = time.monotonic() + STEP_TIMEOUT_S * 2
+    deadline = time.monotonic() + RUN_TIMEOUT_S
 
     def ready(r: int) -> bool:
         if r in decoded or r not in arrived or r not in first or not plan.donors[r] <= arrived.keys():
@@ -291,7 +291,10 @@ def decode_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str,
         decoded.add(r)
         results.put(("received", req.id, rank, problem))
         if scheduler:
-            results.put(("decode", req.id, tokens, logits, arrived[r] - first[r][1]))
+            # As a numpy array, pickled by value: a torch tensor crosses the
+            # queue as a descriptor that the parent fetches from this process
+            # when it reads the result, which fails once this rank has exited.
+            results.put(("decode", req.id, tokens, logits.numpy(), arrived[r] - first[r][1]))
             if waits is not None:
                 c = next_completion()
                 results.put(("swap", c.request_id, c.ok, c.message, waits.longest_ns))
