@@ -22,8 +22,9 @@ packages=(
   util-linux procps gnuplot-nox
   # the Debian packages: manual pages from --help, and lintian on the result
   help2man lintian
-  # ip netns and veth pairs: the tcp transport's two-host tests
-  iproute2
+  # ip netns and veth pairs: the tcp transport's two-host tests; iperf3, the
+  # tcp benchmark's second baseline (the path's own limit)
+  iproute2 iperf3
   # the install tests: dpkg-shlibdeps for the .deb's Depends (dpkg-dev), curl
   # for the metrics endpoint, systemd-analyze for the units (systemd: only
   # the package, nothing is started)

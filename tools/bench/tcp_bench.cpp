@@ -6,6 +6,8 @@
 // number of connections (a 24-byte header per run, writev, a one-byte ack
 // per layer), in one run. Scattered block ids, 1 KiB..1 MiB blocks.
 // Target (issue "Cross-host transfer"): >= 90% of the baseline at >= 16 KiB.
+// Then iperf3 between the same hosts, as many streams as lanes: the limit of
+// the path itself, against which every block size is shown again.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -25,6 +27,7 @@
 
 #include "bench_pools.h"
 #include "bench_support.h"
+#include "iperf3_baseline.h"
 #include "shm/wait_event.h"
 #include "two_hosts.h"
 #include "worker/copy_plan.h"
@@ -325,6 +328,10 @@ int main(int argc, char** argv) {
   app.add_option("--trials", trials, "trials per case; the median is reported")
       ->capture_default_str();
   app.add_option("--lanes", lanes, "connections, for both")->capture_default_str();
+  int iperf3_seconds = 3;
+  app.add_option("--iperf3-seconds", iperf3_seconds,
+                 "how long iperf3 runs (the path's limit); 0 skips it")
+      ->capture_default_str();
   std::string protection = "authenticate";
   app.add_option("--protection", protection,
                  "kvrelay's sessions: authenticate (AES-GCM tags, the default) or encrypt; the "
@@ -351,8 +358,10 @@ int main(int argc, char** argv) {
                   lanes, hosts->isolated() ? "two namespaces over veth" : "loopback", protection),
       "plain framed socket");
   double worst_large = 1e9;
+  std::vector<std::pair<uint64_t, double>> ours;  // block KiB, GB/s
   for (uint64_t kib : {1, 4, 16, 64, 256, 1024}) {
     const Measured m = measure(*hosts, kib * 1024, layer_mib << 20, lanes, mode, trials);
+    ours.emplace_back(kib, m.ours_gbps);
     Row row{fmt::format("{} KiB blocks", kib), "GB/s", m.ours_gbps, m.baseline_gbps};
     print_row(row);
     record_point("kvrelay tcp", "block KiB", static_cast<double>(kib), "GB/s", m.ours_gbps, true);
@@ -362,5 +371,23 @@ int main(int argc, char** argv) {
   }
   print_target(">= 90% of the baseline at >= 16 KiB blocks", worst_large >= 0.9,
                fmt::format("worst case {:.0f}%", worst_large * 100));
+
+  if (iperf3_seconds <= 0) return 0;
+  const Iperf3Result path = run_iperf3(*hosts, lanes, iperf3_seconds);
+  if (!path.why_not.empty()) {
+    const std::string note = "iperf3 baseline skipped: " + path.why_not;
+    fmt::print("{}\n", note);
+    print_note(note);
+    return 0;
+  }
+  print_header(fmt::format("the same transfers against the path's limit: iperf3, {} streams for "
+                           "{} s, {:.2f} GB/s",
+                           lanes, iperf3_seconds, path.gbps),
+               "iperf3");
+  for (const auto& [kib, gbps] : ours) {
+    print_row(Row{fmt::format("{} KiB blocks", kib), "GB/s", gbps, path.gbps});
+    record_point("iperf3 (the path)", "block KiB", static_cast<double>(kib), "GB/s", path.gbps,
+                 true);
+  }
   return 0;
 }
