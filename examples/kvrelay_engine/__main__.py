@@ -2,7 +2,7 @@
 
     python3 -m kvrelay_engine [--model gqa|mla] [--prefill-tp N] [--decode-tp N]
                               [--protocol ipc|tcp|rdma] [--dtype bfloat16|float16|fp8]
-                              [--requests N] [--seed N] [--plant BUG]
+                              [--requests N] [--seed N] [--plant BUG] [--run-timeout S]
 
 Runs a small model (model.py: Llama-style GQA; mla.py: DeepSeek-style
 latent attention) twice with the same weights and prompts:
@@ -47,7 +47,7 @@ from pathlib import Path
 from . import hosts
 from .mla import MlaConfig
 from .model import Config
-from .schedule import RUN_TIMEOUT_S, make_requests, plan
+from .schedule import make_requests, plan
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 512
@@ -90,13 +90,13 @@ def coordinator_binary(bin_dir: str) -> str:
     sys.exit("kvrelay_engine: kvrelay-coordinator not found (give --bin-dir or put it on PATH)")
 
 
-def start_instance(binary: str, name: str, role: str, cfg, tp: int, extra: list[str],
-                   netns: str = "") -> subprocess.Popen:
+def start_instance(binary: str, name: str, role: str, cfg, tp: int, run_timeout_s: float,
+                   extra: list[str], netns: str = "") -> subprocess.Popen:
     return subprocess.Popen([
         *hosts.TwoHosts.exec_prefix(netns), binary, "--instance", name, "--role", role, "--tp-size", str(tp),
         "--num-layers", str(cfg.layers), "--num-blocks", str(NUM_BLOCKS),
         "--block-size", str(BLOCK_SIZE), *cfg.kvrelay_flags(tp), "--dtype", cfg.cache_dtype,
-        "--request-deadline-ms", str(int(RUN_TIMEOUT_S * 1000)), "--log-level", "warn", *extra])
+        "--request-deadline-ms", str(int(run_timeout_s * 1000)), "--log-level", "warn", *extra])
 
 
 def stop(process: subprocess.Popen) -> int:
@@ -169,10 +169,10 @@ def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected)
     prefill_ns, decode_ns = (two.prefill, two.decode) if two else ("", "")
     if args.swap:
         decode_extra += ["--num-host-blocks", str(HOST_BLOCKS)]
-    decode_inst = start_instance(binary, decode_name, "decode", cfg, args.decode_tp, decode_extra,
-                                 decode_ns)
+    decode_inst = start_instance(binary, decode_name, "decode", cfg, args.decode_tp,
+                                 args.run_timeout, decode_extra, decode_ns)
     prefill_inst = start_instance(binary, prefill_name, "prefill", cfg, args.prefill_tp,
-                                  prefill_extra, prefill_ns)
+                                  args.run_timeout, prefill_extra, prefill_ns)
     ctx = mp.get_context("spawn")
     results, dests, first_tokens = ctx.Queue(), ctx.Queue(), ctx.Queue()
     procs = []
@@ -181,12 +181,12 @@ def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected)
         t1 = time.monotonic()
         procs += run_ranks(ctx, engine.decode_rank, args.decode_tp,
                            (cfg, the_plan, decode_name, prefill_name, dests, first_tokens, results,
-                            expected, args.plant), decode_ns)
+                            expected, args.run_timeout, args.plant), decode_ns)
         procs += run_ranks(ctx, engine.prefill_rank, args.prefill_tp,
                            (cfg, the_plan, prefill_name, route, dests, first_tokens, results,
                             args.adapter), prefill_ns)
         got = collect(results, procs, 2 * n + 1 + n * args.decode_tp + (1 if args.swap else 0),
-                      RUN_TIMEOUT_S)
+                      args.run_timeout)
         for p in procs:
             p.join(60)
         t_dis = time.monotonic() - t1
@@ -235,6 +235,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--chunk-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--bin-dir", default=os.environ.get("KVRELAY_BIN_DIR", ""))
+    ap.add_argument("--run-timeout", type=float, default=300.0,
+                    help="seconds the disaggregated run may take, and so every request's deadline "
+                         "in both instances (--request-deadline-ms): the decode scheduler declares "
+                         "every request before the first prefill step, so the last one's arrival "
+                         "waits for the whole prefill run; an engine that declares a request when "
+                         "it schedules it keeps kvrelay's default minute")
     ap.add_argument("--plant", choices=["drop-block", "swap-heads", "zero-request", "lose-swap"],
                     default="",
                     help="damage what decode rank 0 received for the first request (lose-swap, "

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from .mla import MlaConfig, MlaModel
 from .model import Model
 from .prefill_calls import make_calls
-from .schedule import RUN_TIMEOUT_S, Plan
+from .schedule import Plan
 from .stored import tolerance
 
 STEP_TIMEOUT_S = 60.0
@@ -210,7 +210,7 @@ def prefill_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str, 
 
 def decode_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str,
                 prefill_instance: str, dests, first_tokens, results, expected,
-                plant: str = "") -> None:
+                run_timeout_s: float, plant: str = "") -> None:
     import kvrelay
 
     init_group(rank, tp, port)
@@ -230,7 +230,7 @@ def decode_rank(rank: int, tp: int, port: int, cfg, plan: Plan, instance: str,
     first: dict[int, tuple] = {}      # request -> (first token, when its prefill ended)
     decoded: set[int] = set()
     ids = {req.id: r for r, req in enumerate(plan.requests)}
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    deadline = time.monotonic() + run_timeout_s
 
     def ready(r: int) -> bool:
         if r in decoded or r not in arrived or r not in first or not plan.donors[r] <= arrived.keys():

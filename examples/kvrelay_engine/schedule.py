@@ -13,14 +13,6 @@ import random
 from dataclasses import dataclass, field
 from typing import Optional
 
-# How long the disaggregated run may take, and so each request's deadline in
-# both instances (--request-deadline-ms): the decode scheduler declares every
-# request before the first prefill step, so the last one's arrival waits for
-# the whole prefill run (over a minute for 8 requests in the soft-RoCE guest,
-# where a layer's forward takes a second or more). An engine that declares a
-# request when it schedules it keeps the default minute.
-RUN_TIMEOUT_S = 300.0
-
 
 @dataclass
 class Request:

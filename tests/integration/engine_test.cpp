@@ -136,10 +136,10 @@ TEST_F(Engines, ARestartedEngineReusingRequestIdsGetsItsOwnTransfersOnly) {
   const double seconds = (mono_now_ns() - t0) / 1e9;
   std::fprintf(stderr, "the new engine's %u requests finished %.2f s after its predecessor died\n",
                kRequests, seconds);
-  // Not a speed target: the old requests hold the blocks for their 60 s
-  // deadline unless the dead engine's session is withdrawn; half of it
-  // tells the two apart on any machine.
-  EXPECT_LT(seconds, 30.0) << "the old requests were withdrawn, not left to their 60 s deadline";
+  // Not a speed target, and not asserted: that the old requests were
+  // withdrawn rather than left to their 60 s deadline is checked below by
+  // the coordinator's own count (session_withdrawals), which no machine's
+  // load can blur.
   EXPECT_EQ(fresh->wait(Deadline::after(300ms)).code(), Errc::kTimeout) << "nothing of the old";
   for (uint32_t i = 0; i < kRequests; ++i) {
     EXPECT_EQ(seen["req-" + std::to_string(i)], 1);
