@@ -200,6 +200,16 @@ def run_disaggregated(args, cfg, the_plan, binary: str, tag: str, two, expected)
     return got, codes, t_dis
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < 2**32 / 1000:  # kvrelay's deadlines are 32-bit milliseconds
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds in (0, 4294967)")
+    return seconds
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python3 -m kvrelay_engine",
                                  description=__doc__.split("\n\n")[0])
@@ -235,7 +245,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--chunk-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--bin-dir", default=os.environ.get("KVRELAY_BIN_DIR", ""))
-    ap.add_argument("--run-timeout", type=float, default=300.0,
+    ap.add_argument("--run-timeout", type=positive_seconds, default=300.0,
                     help="seconds the disaggregated run may take, and so every request's deadline "
                          "in both instances (--request-deadline-ms): the decode scheduler declares "
                          "every request before the first prefill step, so the last one's arrival "

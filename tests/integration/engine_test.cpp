@@ -329,10 +329,10 @@ TEST(EngineProcesses, EveryClientCallReportsAGoneCoordinatorPromptly) {
   inst->kill9();
   usleep(150'000);  // its heartbeat is now older than the fresh-heartbeat window
   const std::vector<BatchSlot> batch = {{0, 0, 16, 0}};
-  // Each call could wait this long; that it answers well before (half of
-  // it, whatever the machine's load) shows it saw the coordinator gone
-  // rather than timing out.
-  constexpr auto kCallTimeout = 30s;
+  // Each call could wait this long, far past this test's own ctest timeout
+  // (300 s): that it answers at all shows it saw the coordinator gone rather
+  // than waiting for its deadline, with no clock in the check.
+  constexpr auto kCallTimeout = std::chrono::hours(1);
   const struct {
     const char* name;
     std::function<Errc()> call;
@@ -349,17 +349,11 @@ TEST(EngineProcesses, EveryClientCallReportsAGoneCoordinatorPromptly) {
       {"push_layer_done", [&] { return c.push_layer_done(0, 1, 0, Deadline::after(kCallTimeout)).code(); }},
       {"wait_layer", [&] { return c.wait_layer("nope", 0, Deadline::after(kCallTimeout)).code(); }},
   };
-  for (const auto& call : calls) {
-    const uint64_t t0 = mono_now_ns();
+  for (const auto& call : calls)
     EXPECT_EQ(call.call(), Errc::kCoordinatorGone) << call.name;
-    EXPECT_LT(mono_now_ns() - t0, ns_of(kCallTimeout) / 2)
-        << call.name << " answered because the coordinator is gone, not at its timeout";
-  }
-  const uint64_t t0 = mono_now_ns();
-  auto stale = Client::attach(a.instance, Deadline::after(30s));
+  auto stale = Client::attach(a.instance, Deadline::after(kCallTimeout));
   EXPECT_EQ(stale.code(), Errc::kCoordinatorGone);
   EXPECT_NE(stale.error().message.find("is stale"), std::string::npos) << stale.error().message;
-  EXPECT_LT(mono_now_ns() - t0, ns_of(30s) / 2) << "answered as stale, not after the 30 s timeout";
 }
 
 // Killing the simulator takes its instances (coordinators and workers) and
@@ -418,10 +412,10 @@ TEST_P(SimulatorOnADeadInstance, StopsAndSaysWhichInstanceIsGone) {
   }
   ASSERT_NE(pid, 0u) << victim << " never became ready";
   usleep(300'000);  // requests in flight
-  const uint64_t t0 = mono_now_ns();
   kill(static_cast<pid_t>(pid), SIGKILL);
   sim.join();
-  EXPECT_LT(mono_now_ns() - t0, 20'000'000'000u) << "stopped at once, not at --timeout-s";
+  // Exit code 1, not run_program's -1: the simulator stopped by itself within
+  // the 60 s it was given, not at its own --timeout-s of 600 s.
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("ABORTED"), std::string::npos) << out;
   EXPECT_NE(out.find("'" + victim + "'"), std::string::npos) << "names the instance:\n" << out;

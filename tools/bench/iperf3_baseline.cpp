@@ -9,28 +9,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <thread>
 
+#include "programs.h"
 #include "shm/spawn.h"
 #include "shm/unique_fd.h"
 
 namespace kvrelay::bench {
 namespace {
-
-std::optional<std::string> find_on_path(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return std::nullopt;
-}
 
 // A port free on `address` when that address is this namespace's own (the
 // loopback fallback); inside a fresh namespace nothing else listens, so
@@ -47,44 +37,16 @@ uint16_t pick_port(const std::string& address) {
   return 5201;
 }
 
-int wait_exit(pid_t pid) {
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
+// Reaps it when it has exited.
 bool exited(pid_t pid) {
   int status = 0;
   return ::waitpid(pid, &status, WNOHANG) == pid;
 }
 
-// Runs argv to its end; its stdout and stderr.
-std::optional<std::string> output_of(const std::vector<std::string>& argv) {
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return std::nullopt;
-  UniqueFd read_end(p[0]);
-  SpawnOptions o;
-  o.die_with_parent = true;
-  o.output_fd = p[1];
-  Result<pid_t> child = spawn_process(argv, o);
-  ::close(p[1]);
-  if (!child) return std::nullopt;
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(read_end.get(), buf, sizeof(buf))) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  (void)wait_exit(*child);
-  return out;
-}
-
 }  // namespace
 
 Iperf3Result run_iperf3(const sim::TwoHosts& hosts, uint32_t streams, int seconds) {
-  const std::optional<std::string> iperf3 = find_on_path("iperf3");
+  const std::optional<std::string> iperf3 = sim::find_program("iperf3");
   if (!iperf3) return {0, "iperf3 is not installed (tools/setup.sh installs it)"};
   const std::string port = std::to_string(pick_port(hosts.address_b()));
 
@@ -103,9 +65,14 @@ Iperf3Result run_iperf3(const sim::TwoHosts& hosts, uint32_t streams, int second
   Iperf3Result result{0, "the iperf3 server did not accept a client within 5 s"};
   // The server takes a moment to listen: a refused client exits at once and
   // never counts as the server's one client.
-  for (int attempt = 0; attempt < 50 && !exited(*server_pid); ++attempt) {
-    const std::optional<std::string> out = output_of(client);
-    const nlohmann::json j = nlohmann::json::parse(out.value_or(""), nullptr, false);
+  bool server_reaped = false;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    if (exited(*server_pid)) {
+      server_reaped = true;
+      break;
+    }
+    const Result<sim::ProgramRun> run = sim::run_program(client);
+    const nlohmann::json j = nlohmann::json::parse(run ? run->output : "", nullptr, false);
     if (!j.is_discarded() && j.contains("end") && j["end"].contains("sum_received")) {
       result = {j["end"]["sum_received"].value("bits_per_second", 0.0) / 8e9, ""};
       break;
@@ -114,9 +81,11 @@ Iperf3Result run_iperf3(const sim::TwoHosts& hosts, uint32_t streams, int second
       result.why_not = "iperf3: " + j.value("error", std::string("failed"));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (!exited(*server_pid)) {
+  if (!server_reaped) {  // a server that already exited is a zombie until reaped: no stray kill
     ::kill(*server_pid, SIGTERM);
-    (void)wait_exit(*server_pid);
+    int status = 0;
+    while (::waitpid(*server_pid, &status, 0) < 0 && errno == EINTR) {
+    }
   }
   return result;
 }

@@ -331,6 +331,7 @@ int main(int argc, char** argv) {
   int iperf3_seconds = 3;
   app.add_option("--iperf3-seconds", iperf3_seconds,
                  "how long iperf3 runs (the path's limit); 0 skips it")
+      ->check(CLI::Range(0, 3600))
       ->capture_default_str();
   std::string protection = "authenticate";
   app.add_option("--protection", protection,

@@ -9,7 +9,6 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,47 +17,22 @@
 
 #include <filesystem>
 
-#include "shm/spawn.h"
+#include "programs.h"
 
 namespace kvrelay::sim {
 
 namespace {
 
-// Processes are started with execve, which does not search PATH.
-std::string ip_binary() {
-  std::string path = ::getenv("PATH") != nullptr ? ::getenv("PATH") : "";
-  path += ":/usr/sbin:/sbin:/usr/bin:/bin";
-  size_t at = 0;
-  while (at <= path.size()) {
-    const size_t end = std::min(path.find(':', at), path.size());
-    const std::string candidate = path.substr(at, end - at) + "/ip";
-    if (end > at && ::access(candidate.c_str(), X_OK) == 0) return candidate;
-    at = end + 1;
-  }
-  return "ip";
-}
+std::string ip_binary() { return find_program("ip").value_or("ip"); }
 
 bool ip(const std::vector<std::string>& args, std::string* why) {
   std::vector<std::string> argv = {ip_binary()};
   argv.insert(argv.end(), args.begin(), args.end());
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return false;
-  SpawnOptions options;
-  options.output_fd = fds[1];
-  Result<pid_t> pid = spawn_process(argv, options);
-  ::close(fds[1]);
-  std::string out;
-  char buf[512];
-  ssize_t n;
-  while (pid && (n = ::read(fds[0], buf, sizeof(buf))) > 0)
-    out.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  const bool ok = pid && ::waitpid(*pid, &status, 0) == *pid && WIFEXITED(status) &&
-                  WEXITSTATUS(status) == 0;
+  Result<ProgramRun> run = run_program(argv);
+  const bool ok = run && run->exit_code == 0;
   if (!ok && why != nullptr)
     *why = fmt::format("`ip {}` failed: {}", fmt::join(args, " "),
-                       pid ? out : pid.error().message);
+                       run ? run->output : run.error().message);
   return ok;
 }
 
