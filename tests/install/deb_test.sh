@@ -37,7 +37,11 @@ for deb in "$work"/out/*.deb; do
   depends+=" $(dpkg-deb -f "$deb" Depends)"
   dpkg-deb -c "$deb" >> "$work/contents"
   dpkg -x "$deb" "$work/root"
-  grep -q " ./usr/share/doc/$(dpkg-deb -f "$deb" Package)/copyright\$" <(dpkg-deb -c "$deb") ||
+  # Listings are read whole before grep -q, which stops at its first match:
+  # a writer still writing into its pipe then dies of SIGPIPE, and under
+  # pipefail that failed the check once although the file was there.
+  listing=$(dpkg-deb -c "$deb")
+  grep -q " ./usr/share/doc/$(dpkg-deb -f "$deb" Package)/copyright\$" <<<"$listing" ||
     { echo "FAIL: $(basename "$deb") has no copyright file"; exit 1; }
 done
 for lib in libcapnp libssl libc6 libstdc++6; do
@@ -45,7 +49,8 @@ for lib in libcapnp libssl libc6 libstdc++6; do
 done
 grep -q "libkvrelay0 (= " <(dpkg-deb -f "$work"/out/libkvrelay-dev_*.deb Depends) ||
   { echo "FAIL: libkvrelay-dev does not depend on its libkvrelay0"; exit 1; }
-dpkg-deb --ctrl-tarfile "$work"/out/libkvrelay0_*.deb | tar -tf - | grep -q "shlibs" ||
+control_files=$(dpkg-deb --ctrl-tarfile "$work"/out/libkvrelay0_*.deb | tar -tf -)
+grep -q "shlibs" <<<"$control_files" ||
   { echo "FAIL: libkvrelay0 has no shlibs file"; exit 1; }
 if command -v file > /dev/null && file "$work/root/usr/bin/kvrelay-coordinator" | grep -q "not stripped"; then
   echo "FAIL: kvrelay-coordinator is not stripped (its debug info belongs in kvrelay-dbgsym)"; exit 1
@@ -59,8 +64,9 @@ for f in ./usr/bin/kvrelay-coordinator ./usr/bin/kvrelay-worker ./usr/bin/kvrela
 done
 grep -q "./usr/lib/libkvrelay.so.0.1.0" "$work/contents" || { echo "FAIL: no libkvrelay.so.0.1.0"; exit 1; }
 grep -q "./usr/lib/python3/dist-packages/kvrelay" "$work/contents" || { echo "FAIL: no Python module"; exit 1; }
-if LD_LIBRARY_PATH="$work/root/usr/lib" ldd "$work"/root/usr/bin/* "$work/root/usr/lib/libkvrelay.so.0" |
-   grep -q "not found"; then
+libraries=$(LD_LIBRARY_PATH="$work/root/usr/lib" ldd "$work"/root/usr/bin/* \
+  "$work/root/usr/lib/libkvrelay.so.0")
+if grep -q "not found" <<<"$libraries"; then
   echo "FAIL: a packaged binary misses a library"; exit 1
 fi
 grep -q "^ExecStart=/usr/bin/kvrelay-coordinator " "$work/root/usr/lib/systemd/system/kvrelay@.service" ||
