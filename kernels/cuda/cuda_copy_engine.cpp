@@ -28,6 +28,7 @@
 #include "kernels/copy_slice.h"
 #include "kernels/cuda/gather_kernel.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/slice_staging.h"
 
 namespace kvrelay::kernels {
 
@@ -92,7 +93,9 @@ class CudaCopyEngine final : public CopyEngine {
       }
     }
     if (!slices_.empty())
-      if (Status s = cuda::launch_gather(slices_, stream_, max_blocks_); !s) return fail(s);
+      if (Status s = cuda::launch_gather(slices_, stream_, max_blocks_, staging_, submitted_ + 1);
+          !s)
+        return fail(s);
     if (!sizes_.empty())
       if (Status s = copy_batch(); !s) return fail(s);
     cudaEvent_t event = nullptr;
@@ -207,6 +210,7 @@ class CudaCopyEngine final : public CopyEngine {
         return;
       }
       completed_ = p.ticket;
+      staging_.release_through(completed_);
       spare_events_.push_back(p.event);
       in_flight_.pop_front();
       block = false;
@@ -233,6 +237,7 @@ class CudaCopyEngine final : public CopyEngine {
   Status failure_;
   // Reused per submit: no allocation once warm.
   std::vector<CopySlice> slices_;
+  cuda::SliceStaging staging_;  // freed after the destructor has synchronized the stream
   std::unordered_map<const std::byte*, std::byte*> mapped_;  // host tensor base -> device address
   std::vector<std::byte*> dsts_;
   std::vector<const std::byte*> srcs_;

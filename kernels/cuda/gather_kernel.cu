@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/gather_kernel.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/slice_staging.h"
 
 namespace kvrelay::kernels::cuda {
 
@@ -26,6 +27,15 @@ __global__ void __launch_bounds__(kGatherThreads)
   copy_slices_warp(batch.slices, batch.count, thread / kWarpLanes, warps, thread % kWarpLanes);
 }
 
+// The same over a slice list in device memory (slice_staging.h): one launch
+// for a batch of any size.
+__global__ void __launch_bounds__(kGatherThreads)
+    gather_kernel_from_memory(const CopySlice* slices, uint32_t count) {
+  const uint32_t thread = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t warps = gridDim.x * blockDim.x / kWarpLanes;
+  copy_slices_warp(slices, count, thread / kWarpLanes, warps, thread % kWarpLanes);
+}
+
 // One launch of `slices` (at most N) with a parameter block of N slices:
 // the parameters are copied at every launch, so a few slices travel in a
 // small block.
@@ -45,25 +55,38 @@ Status load_gather_kernels() {
   cudaFuncAttributes attributes{};
   for (const void* kernel : {reinterpret_cast<const void*>(&gather_kernel<64>),
                              reinterpret_cast<const void*>(&gather_kernel<256>),
-                             reinterpret_cast<const void*>(&gather_kernel<kSlicesPerLaunch>)})
+                             reinterpret_cast<const void*>(&gather_kernel<kSlicesPerLaunch>),
+                             reinterpret_cast<const void*>(&gather_kernel_from_memory)})
     if (Status s = check(cudaFuncGetAttributes(&attributes, kernel), "loading the gather kernel");
         !s)
       return s;
   return {};
 }
 
-Status launch_gather(std::span<const CopySlice> slices, cudaStream_t stream, uint32_t max_blocks) {
+Status launch_gather(std::span<const CopySlice> slices, cudaStream_t stream, uint32_t max_blocks,
+                     SliceStaging& staging, CopyTicket ticket) {
   constexpr uint32_t kWarpsPerBlock = kGatherThreads / kWarpLanes;
-  for (size_t first = 0; first < slices.size(); first += kSlicesPerLaunch) {
-    const std::span<const CopySlice> part =
-        slices.subspan(first, std::min<size_t>(kSlicesPerLaunch, slices.size() - first));
-    const auto count = static_cast<uint32_t>(part.size());
-    const uint32_t blocks =
-        std::max<uint32_t>(1, std::min(max_blocks, (count + kWarpsPerBlock - 1) / kWarpsPerBlock));
-    Status s = count <= 64    ? launch<64>(part, stream, blocks)
-               : count <= 256 ? launch<256>(part, stream, blocks)
-                              : launch<kSlicesPerLaunch>(part, stream, blocks);
-    if (!s) return s;
+  const auto blocks_for = [&](size_t count) {
+    return static_cast<uint32_t>(std::max<size_t>(
+        1, std::min<size_t>(max_blocks, (count + kWarpsPerBlock - 1) / kWarpsPerBlock)));
+  };
+  if (slices.empty()) return {};
+  if (slices.size() <= kSlicesPerLaunch) {
+    const auto count = static_cast<uint32_t>(slices.size());
+    return count <= 64    ? launch<64>(slices, stream, blocks_for(count))
+           : count <= 256 ? launch<256>(slices, stream, blocks_for(count))
+                          : launch<kSlicesPerLaunch>(slices, stream, blocks_for(count));
+  }
+  Result<const CopySlice*> listed = staging.upload(slices, stream, ticket);
+  if (!listed) return listed.error();
+  // A count per launch that fits the kernel's 32-bit one (a 4 GiB run is
+  // 65,536 slices: one launch in practice).
+  constexpr size_t kMaxPerLaunch = size_t{1} << 30;
+  for (size_t first = 0; first < slices.size(); first += kMaxPerLaunch) {
+    const size_t count = std::min(kMaxPerLaunch, slices.size() - first);
+    gather_kernel_from_memory<<<blocks_for(count), kGatherThreads, 0, stream>>>(
+        *listed + first, static_cast<uint32_t>(count));
+    if (Status s = check(cudaGetLastError(), "launching the gather kernel"); !s) return s;
   }
   return {};
 }

@@ -8,6 +8,9 @@
 // without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -98,6 +101,49 @@ TEST(GpuGatherLimits, SliceCountsAroundOneLaunchsLimitAllLand) {
     const TensorCopy copy{d.src, d.dst, runs, MemoryKind::kCuda, MemoryKind::kCuda};
     ASSERT_TRUE(copy_and_wait(**engine, copy));
     EXPECT_TRUE(d.download() == d.expected) << slices << " slices";
+  }
+}
+
+// Batches too large for one launch's parameters list their slices in device
+// memory (kernels/cuda/slice_staging.h), kept until the batch completes.
+// Six such batches in flight at once, of two sizes, each to its own region:
+// a list reused before its batch ran would land one batch's blocks where
+// another's belong. Then six more, which reuse the first six's lists.
+TEST(GpuGatherLimits, LargeBatchesInFlightTogetherEachLandWhereTheirOwnListSays) {
+  KVRELAY_REQUIRE_GPU();
+  auto engine = make_cuda_copy_engine({0, 16});
+  ASSERT_TRUE(engine) << engine.error().message;
+  const uint64_t block = 4096;
+  const uint64_t blocks_per_region = 8192;
+  constexpr int kBatches = 6;
+  const std::vector<std::byte> host = random_bytes(blocks_per_region * block, 31);
+  const uint32_t limit = cuda::kSlicesPerLaunch;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::unique_ptr<DevicePair>> pairs;
+    std::vector<std::vector<CopyRun>> runs(kBatches);
+    std::vector<CopyTicket> tickets;
+    // All made first: a DevicePair synchronizes the whole device.
+    for (int b = 0; b < kBatches; ++b)
+      pairs.push_back(std::make_unique<DevicePair>(host, std::byte{0x77}));
+    for (int b = 0; b < kBatches; ++b) {
+      // Each batch its own permutation: block i lands at a place of its own.
+      std::vector<uint64_t> to(blocks_per_region);
+      std::iota(to.begin(), to.end(), 0);
+      std::shuffle(to.begin(), to.end(), std::mt19937_64(100 * round + b));
+      const uint32_t slices = b % 2 == 0 ? 3 * limit + 7 : 6000;
+      for (uint32_t i = 0; i < slices; ++i)
+        runs[b].push_back(CopyRun{uint64_t{i} * block, to[i] * block, block});
+      copy_runs_host(host.data(), pairs[b]->expected.data(), runs[b]);
+      const TensorCopy copy{pairs[b]->src, pairs[b]->dst, runs[b], MemoryKind::kCuda,
+                            MemoryKind::kCuda};
+      Result<CopyTicket> t = (*engine)->submit(std::span<const TensorCopy>(&copy, 1));
+      ASSERT_TRUE(t) << t.error().message;
+      tickets.push_back(*t);
+    }
+    ASSERT_TRUE((*engine)->wait(tickets.back()));
+    for (int b = 0; b < kBatches; ++b)
+      EXPECT_TRUE(pairs[b]->download() == pairs[b]->expected)
+          << "round " << round << ", batch " << b << " (" << runs[b].size() << " slices)";
   }
 }
 
