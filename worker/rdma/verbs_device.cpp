@@ -91,9 +91,12 @@ VerbsDevice::~VerbsDevice() {
   if (context_ != nullptr) ibv_close_device(context_);
 }
 
-Result<std::unique_ptr<MemoryRegion>> VerbsDevice::register_memory(void* address,
-                                                                   size_t bytes) const {
-  ibv_mr* mr = ibv_reg_mr(pd_, address, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+Result<std::unique_ptr<MemoryRegion>> VerbsDevice::register_memory(void* address, size_t bytes,
+                                                                   RemoteAccess access) const {
+  const int flags = access == RemoteAccess::kWrite
+                        ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
+                        : IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+  ibv_mr* mr = ibv_reg_mr(pd_, address, bytes, flags);
   if (mr == nullptr)
     return verbs_error(fmt::format("ibv_reg_mr of {} bytes on {}", bytes, name_), errno);
   return std::unique_ptr<MemoryRegion>(new MemoryRegion(mr));
@@ -111,6 +114,28 @@ Result<std::unique_ptr<MemoryRegion>> VerbsDevice::register_dmabuf(int fd, uint6
 
 MemoryRegion::~MemoryRegion() {
   ibv_dereg_mr(mr_);
+}
+
+Status VerbsDevice::windows_supported() const {
+  ibv_device_attr attr{};
+  if (int rc = ibv_query_device(context_, &attr); rc != 0)
+    return verbs_error(fmt::format("ibv_query_device {}", name_), rc);
+  if (attr.max_mw == 0 || (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) == 0)
+    return make_error(Errc::kUnsupported,
+                      fmt::format("RDMA device {} has no type-2 memory windows (max_mw {})", name_,
+                                  attr.max_mw));
+  return {};
+}
+
+Result<std::unique_ptr<MemoryWindow>> VerbsDevice::allocate_window() const {
+  ibv_mw* mw = ibv_alloc_mw(pd_, IBV_MW_TYPE_2);
+  if (mw == nullptr)
+    return verbs_error(fmt::format("ibv_alloc_mw (type 2) on {}", name_), errno);
+  return std::unique_ptr<MemoryWindow>(new MemoryWindow(mw));
+}
+
+MemoryWindow::~MemoryWindow() {
+  ibv_dealloc_mw(mw_);
 }
 
 Result<std::unique_ptr<VerbsQueuePair>> VerbsDevice::create_queue_pair(
@@ -253,6 +278,38 @@ Result<size_t> VerbsQueuePair::post_writes(std::span<const WriteRequest> writes)
   // rest again later.
   if (rc == ENOMEM && bad != nullptr) return static_cast<size_t>(bad - wrs.data());
   return verbs_error(fmt::format("{}: ibv_post_send", name_), rc);
+}
+
+Status VerbsQueuePair::post_bind(MemoryWindow& window, const MemoryRegion& region,
+                                 uint64_t address, uint64_t bytes, uint64_t wr_id, bool signaled) {
+  const uint32_t rkey = ibv_inc_rkey(window.rkey_);
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.opcode = IBV_WR_BIND_MW;
+  wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+  wr.bind_mw.mw = window.mw_;
+  wr.bind_mw.rkey = rkey;
+  wr.bind_mw.bind_info.mr = region.mr_;
+  wr.bind_mw.bind_info.addr = address;
+  wr.bind_mw.bind_info.length = bytes;
+  wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0)
+    return verbs_error(fmt::format("{}: ibv_post_send of a window bind", name_), rc);
+  window.rkey_ = rkey;
+  return {};
+}
+
+Status VerbsQueuePair::post_invalidate(uint32_t rkey, uint64_t wr_id, bool signaled) {
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.opcode = IBV_WR_LOCAL_INV;
+  wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+  wr.invalidate_rkey = rkey;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0)
+    return verbs_error(fmt::format("{}: ibv_post_send of a window invalidation", name_), rc);
+  return {};
 }
 
 Status VerbsQueuePair::post_receive(uint64_t wr_id) {
