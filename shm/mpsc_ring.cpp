@@ -638,9 +638,13 @@ size_t MpscRing::read(const Handler& handler, size_t max_records) {
 
 bool MpscRing::readable() const {
   const uint64_t head = head_known_ ? head_ : h_->head.load(std::memory_order_acquire);
-  const uint64_t tail = h_->tail.load(std::memory_order_acquire);
-  if (head >= tail || head % kAlignment != 0) return false;
-  return hdr::length(header_at(head & mask_).load(std::memory_order_acquire)) > 0;
+  if (head % kAlignment != 0) return false;
+  // The header first: a consumer spinning here while the ring is empty then
+  // reads only the line the next record's producer writes anyway, not
+  // `tail`, which every producer CASes per record (reading it in the spin
+  // made each claim take that line back from the consumer's core).
+  if (hdr::length(header_at(head & mask_).load(std::memory_order_acquire)) <= 0) return false;
+  return head < h_->tail.load(std::memory_order_acquire);
 }
 
 size_t MpscRing::read_wait(const Handler& handler, size_t max_records, Deadline deadline) {
