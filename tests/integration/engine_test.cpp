@@ -391,8 +391,11 @@ TEST(EngineProcesses, KillingTheSimulatorTakesItsInstancesWithIt) {
 class SimulatorOnADeadInstance : public ::testing::TestWithParam<bool> {};
 
 TEST_P(SimulatorOnADeadInstance, StopsAndSaysWhichInstanceIsGone) {
-  const std::string p = unique_instance("simdead-p");
-  const std::string d = unique_instance("simdead-d");
+  // Names of each case's own: the killed coordinator leaves its instance
+  // behind, and both cases may run in one process.
+  const std::string which = GetParam() ? "-kp" : "-kd";
+  const std::string p = unique_instance("simdead-p" + which);
+  const std::string d = unique_instance("simdead-d" + which);
   const std::string victim = GetParam() ? p : d;
   std::string out;
   int code = -1;
