@@ -44,8 +44,6 @@ class SliceStaging {
   // Every buffer of a batch up to `completed` is free again.
   void release_through(CopyTicket completed);
 
-  size_t buffers() const { return buffers_.size(); }
-
  private:
   struct Buffer {
     CopySlice* host = nullptr;    // page-locked

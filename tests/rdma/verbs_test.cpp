@@ -229,11 +229,11 @@ class WindowTest : public VerbsTest {
     return none;
   }
 
-  // One signaled write of `bytes` from source block `src_block` to
-  // `remote`, and its completion.
+  // One signaled write of source block `src_block` to `remote`, and its
+  // completion.
   WorkCompletion write_one(VerbsQueuePair& sender, uint32_t src_block, uint64_t remote,
-                           uint32_t rkey, uint32_t bytes = kBlock) {
-    const WriteRequest w{7, src_mr_->address() + uint64_t{src_block} * kBlock, bytes,
+                           uint32_t rkey) {
+    const WriteRequest w{7, src_mr_->address() + uint64_t{src_block} * kBlock, kBlock,
                          src_mr_->lkey(), remote, rkey, std::nullopt, true};
     EXPECT_TRUE(sender.post_writes(std::span(&w, 1)));
     return next_send_completion(sender);
