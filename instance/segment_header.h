@@ -38,7 +38,9 @@ namespace kvrelay {
 
 // "KVRELAY" + format generation byte.
 inline constexpr uint64_t kSegmentMagic = 0x01'59'41'4C'45'52'56'4BULL;
-inline constexpr uint32_t kLayoutVersion = 3;
+// Bumped when a layout changes in a way the hash below cannot see (4: the
+// spsc rings keep their state words apart from their records).
+inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr uint32_t kMaxRegions = 96;
 inline constexpr size_t kRegionAlignment = 256;
 

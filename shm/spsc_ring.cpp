@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <new>
-#include <optional>
 
 #include "shm/process_identity.h"
 
@@ -32,11 +31,14 @@ Status initialize_spsc_region(void* region, size_t region_bytes, uint32_t capaci
     return make_error(Errc::kInvalidArgument, "spsc ring region too small for its capacity");
   auto* h = new (region) SpscRingHeader{};
   h->record_bytes = record_bytes;
-  h->slot_bytes = spsc_slot_bytes(record_bytes);
+  const SpscRegionLayout l = spsc_region_layout(capacity, record_bytes);
+  h->slot_bytes = l.slot_bytes;
   h->capacity = capacity;
-  std::byte* slots = static_cast<std::byte*>(region) + sizeof(SpscRingHeader);
-  for (uint32_t i = 0; i < capacity; ++i) {
-    new (slots + size_t{i} * h->slot_bytes) std::atomic<uint64_t>(i);  // free for record i
+  auto* base = static_cast<std::byte*>(region);
+  for (uint64_t i = 0; i < capacity; ++i) {
+    // As if lap -1 had been published and read: free for record i.
+    new (base + l.published + i * l.published_stride) std::atomic<uint64_t>(i + 1 - capacity);
+    new (base + l.freed + i * 8) std::atomic<uint64_t>(i);
   }
   return {};
 }
@@ -54,7 +56,7 @@ Result<SpscCore> SpscCore::attach(void* region, size_t region_bytes, size_t reco
     return make_error(Errc::kLayoutMismatch,
                       fmt::format("spsc ring holds {}-byte records, this reader expects {}",
                                   got_record, record_bytes));
-  if (got_slot != spsc_slot_bytes(got_record))
+  if (got_slot != spsc_region_layout(got_capacity, got_record).slot_bytes)
     return make_error(Errc::kCorrupt, fmt::format("spsc ring slot size {} impossible for {}-byte "
                                                   "records",
                                                   got_slot, got_record));
@@ -66,35 +68,34 @@ Result<SpscCore> SpscCore::attach(void* region, size_t region_bytes, size_t reco
     return make_error(Errc::kCorrupt,
                       fmt::format("spsc ring of {} x {} bytes needs {} bytes, region has {}",
                                   got_capacity, record_bytes, need, region_bytes));
+  const SpscRegionLayout l = spsc_region_layout(got_capacity, got_record);
+  auto* base = static_cast<std::byte*>(region);
   SpscCore c;
   c.h = h;
-  c.slots = static_cast<std::byte*>(region) + sizeof(SpscRingHeader);
+  c.published_words = base + l.published;
+  c.records = base + l.records;
+  c.freed_words = reinterpret_cast<std::atomic<uint64_t>*>(base + l.freed);
   c.capacity = got_capacity;
   c.mask = got_capacity - 1;
-  c.slot_bytes = got_slot;
+  c.slot_bytes = l.slot_bytes;
+  c.published_stride = l.published_stride;
+  c.published_per_line = 64 / l.published_stride;
   c.locks = locks;
   return c;
 }
 
 namespace {
 
-// The index a slot is waiting to have consumed: its record's (published or
-// filler), or the one it is free for. nullopt when its value fits no state
-// (somebody wrote over it).
-std::optional<uint64_t> pending_index(const SpscCore& c, uint64_t slot, uint64_t s) {
-  const uint64_t plain = s & ~SpscCore::kFiller;
-  if (plain != 0 && ((plain - 1) & c.mask) == slot) return plain - 1;  // published or filler
-  if ((s & SpscCore::kFiller) == 0 && (s & c.mask) == slot) return s;  // free (or a hole) for s
-  return std::nullopt;
-}
-
-// Where the consumer is, from the slots alone: the lowest index still waiting
-// to be consumed. Used when a side is taken over, instead of the mirrors.
+// Where the consumer is, from the slots alone: the lowest index a slot is
+// free for, whether its record is published yet or not (the consumer reads
+// in order, so every index below it has been read). Used when a side is
+// taken over, instead of the mirrors. A `freed` word that names another
+// slot's index has been written over, and is ignored.
 uint64_t recover_read_index(const SpscCore& c) {
   uint64_t lowest = UINT64_MAX;
   for (uint64_t k = 0; k < c.capacity; ++k) {
-    const uint64_t s = c.sequence(k).load(std::memory_order_acquire);
-    if (auto p = pending_index(c, k, s)) lowest = std::min(lowest, *p);
+    const uint64_t f = c.freed(k).load(std::memory_order_acquire);
+    if ((f & c.mask) == k) lowest = std::min(lowest, f);
   }
   return lowest == UINT64_MAX ? c.h->read_index.load(std::memory_order_acquire) : lowest;
 }
@@ -115,12 +116,13 @@ Result<uint64_t> SpscCore::lease_producer() const {
   const uint64_t r = recover_read_index(*this);
   uint64_t end = r;
   for (uint64_t i = r; i < r + capacity; ++i) {
-    const uint64_t s = sequence(i).load(std::memory_order_acquire);
-    if (s == i + 1 || s == ((i + 1) | kFiller)) end = i + 1;
+    const uint64_t p = published(i).load(std::memory_order_acquire);
+    if (p == i + 1 || p == ((i + 1) | kFiller)) end = i + 1;
   }
   for (uint64_t i = r; i < end; ++i) {
-    uint64_t expected = i;
-    if (sequence(i).compare_exchange_strong(expected, (i + 1) | kFiller, std::memory_order_release))
+    uint64_t p = published(i).load(std::memory_order_acquire);
+    if (unpublished(i, p) &&
+        published(i).compare_exchange_strong(p, (i + 1) | kFiller, std::memory_order_release))
       h->skipped_records.fetch_add(1, std::memory_order_relaxed);
   }
   h->write_index.store(end, std::memory_order_release);
@@ -146,13 +148,13 @@ uint64_t SpscCore::consumer_index() {
   return next_read;
 }
 
-bool SpscCore::step_over_dead_hole(uint64_t r) {
+bool SpscCore::step_over_dead_hole(uint64_t r, uint64_t p) {
   // A hole, not the end: some later index was published.
   bool later = false;
   const uint64_t look = std::min<uint64_t>(capacity, 256);
   for (uint64_t i = r + 1; i < r + look && !later; ++i) {
-    const uint64_t s = sequence(i).load(std::memory_order_acquire);
-    later = s == i + 1 || s == ((i + 1) | kFiller);
+    const uint64_t q = published(i).load(std::memory_order_acquire);
+    later = q == i + 1 || q == ((i + 1) | kFiller);
   }
   if (!later) {
     hole_at = UINT64_MAX;
@@ -167,14 +169,12 @@ bool SpscCore::step_over_dead_hole(uint64_t r) {
   if (now - hole_since_ns < kHoleCheckNs) return false;
   if (locks.probe(kLeaseOffset) != LockState::kFree)
     return false;  // its producer may still publish
-  uint64_t expected = r;
-  if (!sequence(r).compare_exchange_strong(expected, r + capacity, std::memory_order_acq_rel))
+  // A filler, which the caller then reads as one. A new producer's takeover
+  // may mark it at the same moment: one CAS wins, and counts it.
+  if (!published(r).compare_exchange_strong(p, (r + 1) | kFiller, std::memory_order_acq_rel))
     return false;
   h->skipped_records.fetch_add(1, std::memory_order_relaxed);
-  next_read = r + 1;
-  h->read_index.store(next_read, std::memory_order_relaxed);
   hole_at = UINT64_MAX;
-  notify_waiters(h->not_full);
   return true;
 }
 

@@ -2,21 +2,25 @@
 // threads), one consumer process. The hot path between two processes (layer
 // signals, worker reports).
 //
-// Each slot carries a sequence number next to its record (Vyukov's bounded
-// queue, with one consumer):
+// Each slot has two state words, kept apart from the records (Vyukov's
+// bounded queue with one consumer, its sequence split in two):
 //
-//   slot.sequence == i                 free for the record with index i
-//   slot.sequence == i + 1             holds record i, ready for the consumer
-//   slot.sequence == (i + 1) | filler  nothing to read at i (see takeover)
-//   consumer, after reading:           slot.sequence = i + capacity (free next lap)
+//   published[slot] == i + 1            holds record i, ready for the consumer
+//   published[slot] == (i + 1) | filler nothing to read at i (see takeover)
+//   published[slot] == i + 1 - capacity not yet (the previous lap's value)
+//   freed[slot]     == i                free for the record with index i
+//   consumer, after reading record i:   freed[slot] = i + capacity
 //
-// A producer claims index i by CAS on its process-local next index, copies
-// the record and publishes it with a CAS of the sequence from i to i + 1, so
-// a push or pop touches only the slot itself plus its own side's index;
-// neither side reads the other side's index on the hot path. Index-based
-// rings (Boost.Lockfree, rigtorp's SPSCQueue with its index caches) bounce
-// the index cache lines between the two cores whenever the consumer keeps up;
-// this one moves only the slot lines, which must move anyway.
+// A producer claims index i by CAS on its process-local next index once
+// freed[slot] says the slot is free for i, copies the record and publishes
+// it by storing published[slot]. Each word has one writer: the producer
+// writes records and `published`, the consumer writes `freed`. So a push or
+// pop moves the record's line one way, and the state words eight slots to a
+// line, one way each; nothing moves back and forth per record. (With one
+// sequence word next to the record, the consumer's "freed" store pulled the
+// record's line back to its core after every pop, and a 64-byte record plus
+// its word straddled two lines.) Neither side reads the other side's index
+// on the hot path.
 //
 // The indices in shared memory are mirrors, written after each push and pop,
 // for observers (kvrelay-dump) and for a process taking a side over; neither
@@ -28,13 +32,14 @@
 //    lease_producer(), which starts after the last published record and
 //    marks the slots its dead predecessor claimed but never published as
 //    fillers, which the consumer steps over. A consumer waiting at such a
-//    hole while no producer holds the lease steps over it too.
-//  - consumer side: a slot already freed for the next lap at the consumer's
-//    position means its predecessor died between freeing it and moving the
-//    index: the consumer moves on.
+//    hole while no producer holds the lease marks it a filler itself.
+//  - consumer side: `freed` is the consumer's commit (one store). A slot
+//    already freed at the consumer's position means its predecessor died
+//    between freeing it and moving the index: the consumer moves on. Where
+//    the consumer is, after a takeover, is read from the `freed` words.
 //
 // Indices are 64-bit and never wrap; the slot is `index & mask`, so a
-// corrupted index or sequence can produce wrong records but never an
+// corrupted index or state word can produce wrong records but never an
 // out-of-bounds access.
 //
 // Blocking calls spin briefly and then park on a futex (WaitEvent); a push
@@ -45,6 +50,7 @@
 // one SpscRing object; anyone may read the statistics.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -67,7 +73,7 @@ struct SpscRingHeader {
   // Geometry: written by the segment creator before the segment is published,
   // read-only afterwards.
   uint32_t record_bytes;
-  uint32_t slot_bytes;  // spsc_slot_bytes(record_bytes)
+  uint32_t slot_bytes;  // spsc_region_layout(capacity, record_bytes).slot_bytes
   uint32_t capacity;    // records; a power of two
   uint8_t reserved0[52];
 
@@ -96,20 +102,51 @@ static_assert(offsetof(SpscRingHeader, read_index) == 128);
 static_assert(offsetof(SpscRingHeader, not_empty) == 192);
 static_assert(offsetof(SpscRingHeader, producer_lock) == 320);
 
-// A slot is the 8-byte sequence plus the record. Up to a cache line it is
-// padded to a power of two, so that no slot straddles two lines; beyond, to
-// a multiple of 8 (padding to whole lines measured slower: it moves more
-// lines per record). Records of 56 bytes fill a line exactly.
-constexpr uint32_t spsc_slot_bytes(uint32_t record_bytes) {
-  const uint64_t need = 8 + uint64_t{record_bytes};
-  if (need > 64) return static_cast<uint32_t>(align_up(need, 8));
-  uint64_t slot = 8;
-  while (slot < need)
-    slot *= 2;
-  return static_cast<uint32_t>(slot);
+// Where the parts of a ring lie in its region, as offsets from its start.
+// A record that fits a cache line with its 8-byte `published` word shares a
+// slot with it, the word first, the slot padded to a power of two so that
+// none straddles two lines (records of 56 bytes fill a line exactly): the
+// consumer's one look at the line then brings both. A larger record gets a
+// slot of its own (a 64-byte record exactly one line, beyond that a multiple
+// of 8: padding to whole lines measured slower, it moves more lines per
+// record), and the `published` words an array of their own. The `freed`
+// words, which only the consumer writes, always have their own array.
+struct SpscRegionLayout {
+  uint32_t slot_bytes;        // stride of the slot array
+  uint32_t published_stride;  // bytes from one `published` word to the next
+  size_t slots;
+  size_t published;  // the first `published` word
+  size_t records;    // the first record
+  size_t freed;      // the `freed` words, 8 bytes each
+  size_t end;
+};
+constexpr SpscRegionLayout spsc_region_layout(uint32_t capacity, uint32_t record_bytes) {
+  SpscRegionLayout l{};
+  l.slots = sizeof(SpscRingHeader);
+  const uint64_t with_word = 8 + uint64_t{record_bytes};
+  size_t after_slots = 0;
+  if (with_word <= 64) {
+    uint64_t slot = 16;
+    while (slot < with_word)
+      slot *= 2;
+    l.slot_bytes = static_cast<uint32_t>(slot);
+    l.published_stride = l.slot_bytes;
+    l.published = l.slots;
+    l.records = l.slots + 8;
+    after_slots = align_up(l.slots + size_t{capacity} * l.slot_bytes, 64);
+  } else {
+    l.slot_bytes = static_cast<uint32_t>(align_up(uint64_t{record_bytes}, 8));
+    l.published_stride = 8;
+    l.records = l.slots;
+    l.published = align_up(l.slots + size_t{capacity} * l.slot_bytes, 64);
+    after_slots = align_up(l.published + size_t{capacity} * 8, 64);
+  }
+  l.freed = after_slots;
+  l.end = align_up(l.freed + size_t{capacity} * 8, 64);
+  return l;
 }
 constexpr size_t spsc_region_bytes(uint32_t capacity, uint32_t record_bytes) {
-  return sizeof(SpscRingHeader) + size_t{capacity} * spsc_slot_bytes(record_bytes);
+  return spsc_region_layout(capacity, record_bytes).end;
 }
 
 // Untyped set-up, for a creator that knows the record size but not the type
@@ -132,26 +169,53 @@ class SpscCore {
   // Consumer: the index to continue from (our own copy; the mirror restored
   // from it when somebody else wrote it).
   uint64_t consumer_index();
-  // Consumer, when nothing is readable at `r`: steps over a hole a dead
-  // producer left (no lease held, a later record published). True if it did.
-  bool step_over_dead_hole(uint64_t r);
+  // Consumer, when nothing is readable at `r` (`published` holds `p`): marks
+  // a hole a dead producer left (no lease held, a later record published) as
+  // a filler. True if it did.
+  bool step_over_dead_hole(uint64_t r, uint64_t p);
 
   SpscRingHeader* h = nullptr;
-  std::byte* slots = nullptr;
+  std::byte* published_words = nullptr;
+  std::byte* records = nullptr;
+  std::atomic<uint64_t>* freed_words = nullptr;
   uint64_t capacity = 0;
   uint64_t mask = 0;
   uint32_t slot_bytes = 0;
+  uint32_t published_stride = 0;
+  uint64_t published_per_line = 0;
   LockSpace locks;
   // Consumer-local.
   uint64_t next_read = 0;
   bool read_known = false;
   uint64_t hole_at = UINT64_MAX;
   uint64_t hole_since_ns = 0;
+  // Records below this index were seen published (acquire loads, a line of
+  // `published` words at a time), so try_pop need not load their words again.
+  uint64_t published_end = 0;
 
-  std::atomic<uint64_t>& sequence(uint64_t index) const {
-    return *reinterpret_cast<std::atomic<uint64_t>*>(slots + (index & mask) * slot_bytes);
+  // The slot's state words and record for ring index `index`.
+  std::atomic<uint64_t>& published(uint64_t index) const {
+    return *reinterpret_cast<std::atomic<uint64_t>*>(published_words +
+                                                     (index & mask) * published_stride);
   }
-  std::byte* record(uint64_t index) const { return slots + (index & mask) * slot_bytes + 8; }
+  std::atomic<uint64_t>& freed(uint64_t index) const { return freed_words[index & mask]; }
+  std::byte* record(uint64_t index) const { return records + (index & mask) * slot_bytes; }
+  // One past the last index whose `published` (or `freed`) word shares the
+  // cache line of index's, within the same lap.
+  uint64_t published_line_end(uint64_t index) const {
+    return std::min((index | (published_per_line - 1)) + 1, index + capacity);
+  }
+  uint64_t freed_line_end(uint64_t index) const {
+    return std::min((index | 7) + 1, index + capacity);
+  }
+  // What `published` holds at `index` before the record is published: the
+  // previous lap's record or filler. (In the first lap, index + 1 - capacity
+  // wraps below zero and has the filler bit set already; it is never a
+  // filler there.)
+  bool unpublished(uint64_t index, uint64_t p) const {
+    const uint64_t previous = index + 1 - capacity;
+    return p == previous || p == (previous | kFiller);
+  }
 };
 
 template <class T>
@@ -189,38 +253,54 @@ class SpscRing {
   [[nodiscard]] bool try_pop(T& out) noexcept {
     uint64_t r = c_.consumer_index();
     for (uint64_t steps = 0; steps <= c_.capacity; ++steps) {
-      std::atomic<uint64_t>& seq = c_.sequence(r);
-      const uint64_t s = seq.load(std::memory_order_acquire);
-      if (s == r + 1) {
-        KVRELAY_CHAOS_POINT();
-        std::memcpy(&out, c_.record(r), sizeof(T));
-        KVRELAY_CHAOS_POINT();
-        seq.store(r + c_.capacity, std::memory_order_release);  // free for the next lap
+      const uint64_t p = r < c_.published_end ? r + 1 : scan_published(r);
+      const bool record = p == r + 1;
+      if (record || p == ((r + 1) | SpscCore::kFiller)) {
+        std::atomic<uint64_t>& freed = c_.freed(r);
+        const uint64_t f = freed.load(std::memory_order_relaxed);  // only we write it
+        if (f == r + c_.capacity) {  // freed by a consumer that died before moving on
+          advance(++r);
+          continue;
+        }
+        if (f != r) c_.h->corrupt_events.fetch_add(1, std::memory_order_relaxed);
+        if (record) {
+          KVRELAY_CHAOS_POINT();
+          std::memcpy(&out, c_.record(r), sizeof(T));
+          KVRELAY_CHAOS_POINT();
+        }
+        freed.store(r + c_.capacity, std::memory_order_release);  // free for the next lap
+        if (!record) {  // a filler: nothing to read here
+          advance(++r);
+          continue;
+        }
         KVRELAY_FAULT_POINT("spsc.popped");
         advance(r + 1);
         notify_waiters(c_.h->not_full);
         return true;
       }
-      if (s == ((r + 1) | SpscCore::kFiller)) {  // nothing to read here
-        seq.store(r + c_.capacity, std::memory_order_release);
-        advance(++r);
-        continue;
+      if (c_.unpublished(r, p)) {  // empty, or a claim not published yet
+        if (!c_.step_over_dead_hole(r, p)) return false;
+        continue;  // it is a filler now
       }
-      if (s == r + c_.capacity) {  // freed by a consumer that died before moving on
-        advance(++r);
-        continue;
-      }
-      if (s == r) {  // empty, or a claim not published yet
-        if (!c_.step_over_dead_hole(r)) return false;
-        r = c_.next_read;
-        continue;
-      }
-      // No state a producer or consumer leaves: somebody wrote over the slot.
+      // No state a producer leaves: somebody wrote over the slot.
       c_.h->corrupt_events.fetch_add(1, std::memory_order_relaxed);
-      seq.store(r + c_.capacity, std::memory_order_release);
+      c_.freed(r).store(r + c_.capacity, std::memory_order_release);
       advance(++r);
     }
     return false;
+  }
+
+  // Consumer: loads `published` at r and, if it holds a record, the words
+  // after it in the same line, so that a run of records costs the consumer
+  // one look at the line the producer is writing rather than one per record.
+  uint64_t scan_published(uint64_t r) noexcept {
+    const uint64_t p = c_.published(r).load(std::memory_order_acquire);
+    if (p != r + 1) return p;
+    uint64_t end = r + 1;
+    for (const uint64_t limit = c_.published_line_end(r); end < limit; ++end)
+      if (c_.published(end).load(std::memory_order_acquire) != end + 1) break;
+    c_.published_end = end;
+    return p;
   }
 
   // Consumer. Waits for a record until `deadline`; kTimeout if none came.
@@ -237,7 +317,7 @@ class SpscRing {
   bool readable() const {
     const uint64_t r =
         c_.read_known ? c_.next_read : c_.h->read_index.load(std::memory_order_acquire);
-    return c_.sequence(r).load(std::memory_order_acquire) != r;
+    return !c_.unpublished(r, c_.published(r).load(std::memory_order_acquire));
   }
 
   // Copies up to `max_records` waiting records without consuming them (for
@@ -247,13 +327,14 @@ class SpscRing {
     std::vector<T> out;
     const uint64_t r = c_.h->read_index.load(std::memory_order_acquire);
     for (uint64_t i = r; out.size() < max_records && i - r < c_.capacity; ++i) {
-      const uint64_t s = c_.sequence(i).load(std::memory_order_acquire);
-      if (s == ((i + 1) | SpscCore::kFiller)) continue;
-      if (s != i + 1) break;
+      const uint64_t p = c_.published(i).load(std::memory_order_acquire);
+      if (p == ((i + 1) | SpscCore::kFiller)) continue;
+      if (p != i + 1) break;
       T copy;
       std::memcpy(&copy, c_.record(i), sizeof(T));
       std::atomic_thread_fence(std::memory_order_acquire);
-      if (c_.sequence(i).load(std::memory_order_relaxed) != i + 1) break;
+      // Taken while we copied: its slot was freed, and may be written again.
+      if (c_.freed(i).load(std::memory_order_relaxed) != i) break;
       out.push_back(copy);
     }
     return out;
@@ -309,20 +390,32 @@ class SpscProducer {
 
   // Returns false, and counts a full event, when the ring is full.
   [[nodiscard]] bool try_push(const T& record) noexcept {
-    std::atomic<uint64_t>& next = *next_;
+    std::atomic<uint64_t>& next = next_->index;
+    std::atomic<uint64_t>& free_end = next_->free_end;
     uint64_t w = next.load(std::memory_order_relaxed);
     for (;;) {
-      const uint64_t s = c_.sequence(w).load(std::memory_order_acquire);
-      if (s == w) {
+      if (w < free_end.load(std::memory_order_acquire)) {  // seen free already
         if (next.compare_exchange_weak(w, w + 1, std::memory_order_relaxed)) break;
         continue;  // another thread of ours took it; w was reloaded
       }
-      if (static_cast<int64_t>((s & ~SpscCore::kFiller) - w) <= 0) {
+      const uint64_t f = c_.freed(w).load(std::memory_order_acquire);
+      if (f == w) {
+        // Free, and maybe the slots after it in the same line: remember how
+        // far, so the next pushes need not look at the consumer's line.
+        uint64_t end = w + 1;
+        for (const uint64_t limit = c_.freed_line_end(w); end < limit; ++end)
+          if (c_.freed(end).load(std::memory_order_acquire) != end) break;
+        free_end.store(end, std::memory_order_release);  // a racing thread's smaller end only costs a look
+        if (next.compare_exchange_weak(w, w + 1, std::memory_order_relaxed)) break;
+        continue;  // another thread of ours took it; w was reloaded
+      }
+      if (static_cast<int64_t>(f - w) < 0) {
         c_.h->full_events.fetch_add(1, std::memory_order_relaxed);  // not yet freed by the consumer
         return false;
       }
-      // The slot is ahead of w: another of our threads took it (and moved
-      // `next` on), or somebody wrote over it, which we step over.
+      // The slot is free for a later lap: another of our threads took w and
+      // the consumer has read it (and `next` moved on), or somebody wrote
+      // over it, which we step over.
       const uint64_t now = next.load(std::memory_order_relaxed);
       if (now != w) {
         w = now;
@@ -338,7 +431,7 @@ class SpscProducer {
     // A plain store: only this thread writes slot w until the consumer frees
     // it. The consumer steps over an unpublished slot (and a successor fills
     // it) only once our lease lock is free, that is, once we are dead.
-    c_.sequence(w).store(w + 1, std::memory_order_release);
+    c_.published(w).store(w + 1, std::memory_order_release);
     // The mirror is for inspection only: a load and a store rather than a
     // read-modify-write on every push. Threads racing here may leave it a
     // few records behind until the next push.
@@ -355,8 +448,8 @@ class SpscProducer {
       const bool room = wait_until(
           c_.h->not_full,
           [&] {
-            const uint64_t w = next_->load(std::memory_order_relaxed);
-            return c_.sequence(w).load(std::memory_order_acquire) == w;
+            const uint64_t w = next_->index.load(std::memory_order_relaxed);
+            return c_.freed(w).load(std::memory_order_acquire) == w;
           },
           deadline);
       if (!room) return make_error(Errc::kTimeout, "spsc ring full until the deadline");
@@ -371,10 +464,16 @@ class SpscProducer {
 
  private:
   friend class SpscRing<T>;
+  // Process-local claim state, shared by the threads that push.
+  struct Claims {
+    explicit Claims(uint64_t next) : index(next), free_end(next) {}
+    std::atomic<uint64_t> index;     // the next index to claim
+    std::atomic<uint64_t> free_end;  // indices below it were seen free (acquire loads)
+  };
   SpscProducer(SpscCore core, uint64_t next)
-      : c_(std::move(core)), next_(std::make_unique<std::atomic<uint64_t>>(next)), leased_(true) {}
+      : c_(std::move(core)), next_(std::make_unique<Claims>(next)), leased_(true) {}
   SpscCore c_;
-  std::unique_ptr<std::atomic<uint64_t>> next_;
+  std::unique_ptr<Claims> next_;
   bool leased_ = false;
 };
 

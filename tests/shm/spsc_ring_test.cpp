@@ -165,6 +165,77 @@ TEST(SpscRing, OverwrittenMirrorsChangeNothingAndAreRestored) {
   EXPECT_EQ(r.seq, 2u);
 }
 
+// The state words are the ring's own truth; one written over costs its own
+// slot at most, is counted, and the ring keeps turning.
+TEST(SpscRing, ScribbledStateWordsCostOnlyTheirOwnSlots) {
+  SpscTestRing t(8);
+  auto ring = t.attach();
+  auto producer = t.producer();
+  for (uint64_t i = 0; i < 4; ++i)
+    ASSERT_TRUE(producer.try_push(make_record(i)));
+  const SpscRegionLayout l = spsc_region_layout(8, sizeof(Record));
+  auto word = [&](size_t offset) { return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<std::byte*>(t.mem.data()) + offset); };
+  word(l.published + 1 * l.published_stride)->store(0xdeadbeef);  // record 1: no state it can be in
+  word(l.freed + 2 * 8)->store(77);                              // record 2: freed names no lap
+  std::vector<uint64_t> got;
+  Record r{};
+  while (ring.try_pop(r)) {
+    ASSERT_TRUE(intact(r));
+    got.push_back(r.seq);
+  }
+  EXPECT_EQ(got, (std::vector<uint64_t>{0, 2, 3})) << "only the slot whose record was lost is lost";
+  EXPECT_EQ(t.header().corrupt_events.load(), 2u);
+  for (uint64_t i = 4; i < 30; ++i) {  // more than three laps after it
+    ASSERT_TRUE(producer.try_push(make_record(i)));
+    ASSERT_TRUE(ring.try_pop(r));
+    EXPECT_EQ(r.seq, i);
+  }
+}
+
+// Records of a cache line or more have slots of their own, apart from their
+// `published` words: a 64-byte record lies in exactly one line.
+template <size_t N>
+struct Wide {
+  uint64_t seq;
+  uint8_t fill[N - 8];
+};
+template <size_t N>
+void wide_records_turn_many_laps() {
+  using W = Wide<N>;
+  constexpr uint32_t kCapacity = 16;
+  SharedFileRegion mem(SpscRing<W>::bytes_for(kCapacity));
+  ASSERT_TRUE(SpscRing<W>::initialize(mem.data(), mem.size(), kCapacity).ok());
+  const SpscRegionLayout l = spsc_region_layout(kCapacity, sizeof(W));
+  EXPECT_EQ(l.records % 64, 0u);
+  if constexpr (N == 64) {
+    EXPECT_EQ(l.slot_bytes, 64u);
+  }
+  auto ring = SpscRing<W>::attach(mem.data(), mem.size(), mem.locks()).value();
+  auto producer = ring.lease_producer().value();
+  uint64_t pushed = 0, popped = 0;
+  for (int round = 0; round < 200; ++round) {
+    for (uint32_t k = 0; k <= static_cast<uint32_t>(round) % kCapacity; ++k) {
+      W w{};
+      w.seq = pushed;
+      std::memset(w.fill, static_cast<int>(pushed & 0xff), sizeof(w.fill));
+      if (!producer.try_push(w)) break;
+      ++pushed;
+    }
+    W w{};
+    while (ring.try_pop(w)) {
+      ASSERT_EQ(w.seq, popped);
+      ASSERT_EQ(w.fill[N - 9], static_cast<uint8_t>(popped & 0xff));
+      ++popped;
+    }
+  }
+  EXPECT_EQ(popped, pushed);
+  EXPECT_GT(pushed, 10u * kCapacity);
+}
+TEST(SpscRing, LineSizedAndLargerRecordsTurnManyLaps) {
+  wide_records_turn_many_laps<64>();
+  wide_records_turn_many_laps<104>();
+}
+
 TEST(SpscRingProcesses, ASecondProducerProcessIsRefused) {
   SpscTestRing t(8);
   auto mine = t.producer();
