@@ -680,15 +680,35 @@ struct RdmaMessage {
   #   <- offer(queue pairs)                  after the helloAck
   #   -> accept(queue pairs, regions | reason)
   #   <- intent(transfer, blocks) ...        before its writes
-  #   -> grant(transfer, ok | reason)        only then are they posted
+  #   -> grant(transfer, rkeys | reason) ... only then are they posted
   #   -> ack(transfer, ok | reason)          its WRITE_WITH_IMM has landed
   union {
     offer @0 :RdmaOffer;
     accept @1 :RdmaAccept;
     intent @2 :RdmaIntent;
     grant @3 :TcpAck;
+    # Unused since wire version 3 (keyGrant carries the keys to write with).
     ack @4 :TcpAck;
+    keyGrant @5 :RdmaGrant;
   }
+}
+
+struct RdmaGrant {
+  # The receiver's answer to an intent: one part for each part of the
+  # intent, in order, once its last part is in (a refusal: one part, ok
+  # false, last). The sender posts the transfer's writes only once the last
+  # part is in, and writes each run of each tensor with the key granted for
+  # it, on the queue pair the intent named.
+  transfer @0 :UInt64;
+  ok @1 :Bool;
+  reason @2 :Text;
+  # Why not, when refused.
+  rkeys @3 :List(UInt32);
+  # One per run of the matching intent part and tensor of the layer, run by
+  # run (a run's tensors in their order in a layer): the key that writes that
+  # run's blocks of that tensor, and only those (where the receiver binds a
+  # memory window per grant; the pool's registration otherwise).
+  last @4 :Bool;
 }
 
 struct RdmaOffer {
@@ -723,6 +743,9 @@ struct RdmaIntent {
   heads @7 :UInt32;
   # Heterogeneous TP: only heads [firstHead, firstHead + heads) of each block
   # are written (other prefill ranks write the others). heads 0: whole blocks.
+  queuePair @8 :UInt32;
+  # Which of the offered queue pairs the writes go on (since wire version 3):
+  # the keys granted for them serve that queue pair alone.
   struct BlockSpan {
     first @0 :UInt32;
     count @1 :UInt32;

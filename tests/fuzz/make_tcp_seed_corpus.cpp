@@ -108,8 +108,16 @@ int main(int argc, char** argv) {
   intent.runs = {{1, 1}};
   intent.last = true;
   rdma::encode_intent(intent, rdma_stream);
-  rdma::encode_grant(1, true, "", rdma_stream);
-  rdma::encode_grant(2, false, "refused", rdma_stream);
+  rdma::Grant grant;
+  grant.transfer = 1;
+  grant.ok = true;
+  grant.rkeys = {7, 7};  // one run, K and V
+  rdma::encode_grant(grant, rdma_stream);
+  grant.transfer = 2;
+  grant.ok = false;
+  grant.reason = "refused";
+  grant.rkeys.clear();
+  rdma::encode_grant(grant, rdma_stream);
   rdma::encode_ack(1, true, "", rdma_stream);
   write(dir + "/rdma", rdma_stream);
   return 0;

@@ -97,15 +97,15 @@ inline std::vector<worker::TransferCompletion> wait_for_completions(
   return got;
 }
 
-// Submits every layer of src_ids -> dst_ids (pools of 32 blocks) as request
-// `handle` (request key `request`), and returns the completions, one per
-// layer, or fewer if they do not come within 5 s.
+// Submits every layer of src_ids -> dst_ids (pools of `pool_blocks` blocks)
+// as request `handle` (request key `request`), and returns the completions,
+// one per layer, or fewer if they do not come within 5 s.
 inline std::vector<worker::TransferCompletion> send_all_layers(
     worker::Transport& transport, worker::Destination& dest, uint32_t layers, uint64_t handle,
     const std::vector<uint32_t>& src_ids, const std::vector<uint32_t>& dst_ids,
-    uint64_t request = 0) {
+    uint64_t request = 0, uint32_t pool_blocks = 32) {
   Result<std::vector<worker::BlockRun>> runs =
-      worker::plan_block_runs(src_ids, dst_ids, 32, 32, 0, 0);
+      worker::plan_block_runs(src_ids, dst_ids, pool_blocks, pool_blocks, 0, 0);
   EXPECT_TRUE(runs);
   for (uint32_t l = 0; l < layers; ++l) {
     worker::TransferTicket t;

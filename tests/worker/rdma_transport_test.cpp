@@ -89,7 +89,8 @@ class RdmaTransportTest : public ::testing::Test {
                                                   const std::vector<uint32_t>& dst_ids,
                                                   uint64_t request = 0) {
     return kvrelay::testing::send_all_layers(*sender, dest, src->geometry().total_layers(),
-                                             handle, src_ids, dst_ids, request);
+                                             handle, src_ids, dst_ids, request,
+                                             src->geometry().num_blocks);
   }
   std::vector<TransferCompletion> wait_for(size_t n) {
     return kvrelay::testing::wait_for_completions(*sender, n);
@@ -294,7 +295,7 @@ TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {
   part.last = false;
   part.runs.assign(20, BlockSpan{0, 1});
   ASSERT_TRUE((*session)->on_intent(part));
-  Result<std::optional<Status>> more = (*session)->on_intent(part);
+  Result<std::optional<std::vector<Grant>>> more = (*session)->on_intent(part);
   ASSERT_FALSE(more);
   EXPECT_NE(more.error().message.find("40 runs for a layer of 32 blocks"), std::string::npos)
       << more.error().message;
@@ -307,7 +308,7 @@ TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {
   part.last = true;
   ASSERT_TRUE((*fresh)->on_intent(part));  // granted: transfer 1 holds immediate 1
   part.transfer = 1 + (uint64_t{1} << 32);  // same low 32 bits
-  Result<std::optional<Status>> clash = (*fresh)->on_intent(part);
+  Result<std::optional<std::vector<Grant>>> clash = (*fresh)->on_intent(part);
   ASSERT_FALSE(clash);
   EXPECT_NE(clash.error().message.find("holds its immediate"), std::string::npos);
 
@@ -316,6 +317,116 @@ TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {
   fresh = make_error(Errc::kAborted, "closed");
   session = make_error(Errc::kAborted, "closed");
   EXPECT_EQ(fabric.live_queue_pairs(), 1u);
+}
+
+// A grant answers each part of an intent with a key per run and tensor,
+// for the queue pair the intent named; an intent for a queue pair the
+// session lacks, parts that disagree on theirs, and a part that adds no
+// runs are protocol errors.
+TEST_F(RdmaTransportTest, ASessionGrantsAKeyPerRunAndTensorInAPartPerIntentPart) {
+  RdmaListener listener(&fabric, "", *dst, 0);
+  std::vector<std::unique_ptr<RcQueuePair>> theirs;
+  std::vector<QpEndpoint> offer;
+  for (int i = 0; i < 2; ++i) {
+    Result<std::unique_ptr<RcQueuePair>> qp = fabric.create_queue_pair();
+    ASSERT_TRUE(qp);
+    offer.push_back((*qp)->local());
+    theirs.push_back(std::move(qp).value());
+  }
+  auto open = [&] {
+    Result<std::unique_ptr<RdmaSession>> s =
+        RdmaSession::accept(listener, *arrivals, offer, "test peer", "p0");
+    EXPECT_TRUE(s) << s.error().message;
+    return s ? std::move(s).value() : nullptr;
+  };
+  std::unique_ptr<RdmaSession> session = open();
+  ASSERT_TRUE(session);
+  const uint32_t tensors = dst->geometry().tensors_per_layer();
+  Intent part;
+  part.transfer = 1;
+  part.layer = 2;
+  part.queue_pair = 1;
+  part.last = false;
+  part.runs = {BlockSpan{0, 1}, BlockSpan{2, 3}};
+  Result<std::optional<std::vector<Grant>>> pending = session->on_intent(part);
+  ASSERT_TRUE(pending && !*pending) << "no answer before the last part";
+  part.last = true;
+  part.runs = {BlockSpan{9, 2}};
+  Result<std::optional<std::vector<Grant>>> grant = session->on_intent(part);
+  ASSERT_TRUE(grant && *grant);
+  const std::vector<Grant>& parts = **grant;
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_TRUE(parts[0].ok && parts[1].ok);
+  EXPECT_FALSE(parts[0].last);
+  EXPECT_TRUE(parts[1].last);
+  ASSERT_EQ(parts[0].rkeys.size(), 2u * tensors);
+  ASSERT_EQ(parts[1].rkeys.size(), 1u * tensors);
+  const std::vector<RemoteTensor>& registered = session->registration().tensors();
+  for (const Grant& g : parts) {
+    EXPECT_EQ(g.transfer, 1u);
+    for (size_t k = 0; k < g.rkeys.size(); ++k)
+      EXPECT_EQ(g.rkeys[k], registered[2 * tensors + k % tensors].rkey) << k;
+  }
+
+  part.transfer = 2;
+  part.runs = {BlockSpan{20, 1}};
+  part.queue_pair = 2;
+  Result<std::optional<std::vector<Grant>>> nowhere = session->on_intent(part);
+  ASSERT_FALSE(nowhere);
+  EXPECT_NE(nowhere.error().message.find("queue pair 2 of a session of 2"), std::string::npos)
+      << nowhere.error().message;
+
+  session = open();
+  part.transfer = 3;
+  part.queue_pair = 0;
+  part.last = false;
+  ASSERT_TRUE(session->on_intent(part));
+  part.queue_pair = 1;
+  part.last = true;
+  Result<std::optional<std::vector<Grant>>> moved = session->on_intent(part);
+  ASSERT_FALSE(moved);
+  EXPECT_NE(moved.error().message.find("queue pairs 0 and 1"), std::string::npos)
+      << moved.error().message;
+
+  session = open();
+  part.transfer = 4;
+  part.runs.clear();
+  part.last = false;
+  Result<std::optional<std::vector<Grant>>> empty = session->on_intent(part);
+  ASSERT_FALSE(empty);
+  EXPECT_NE(empty.error().message.find("with no runs"), std::string::npos)
+      << empty.error().message;
+}
+
+// A layer of more scattered runs than an intent part holds goes as an
+// intent in parts, is granted in as many parts, and lands byte for byte.
+TEST_F(RdmaTransportTest, MoreRunsThanAnIntentPartHoldsLandThroughAGrantInParts) {
+  for (auto* p : {src.get(), dst.get()})
+    (void)p->segment().unlink();
+  PoolGeometry big = kvrelay::testing::transport_geometry(/*head_dim=*/8);
+  big.num_blocks = 6000;
+  src = kvrelay::testing::make_test_pool("rdmatest", "bigsrc", big);
+  dst = kvrelay::testing::make_test_pool("rdmatest", "bigdst", big);
+  fill(*src);
+  arrivals = std::make_shared<Arrivals>(dst->geometry(), nullptr);
+  listen();
+  connect();
+  auto dest = destination(receiver->port());
+  ASSERT_TRUE(dest);
+  // Every other block, reversed: 3000 runs of one block (two intent parts).
+  std::vector<uint32_t> src_ids, dst_ids;
+  for (uint32_t b = 0; b < 3000; ++b) {
+    src_ids.push_back(2 * b);
+    dst_ids.push_back(5999 - 2 * b);
+  }
+  static_assert(kMaxIntentRuns < 3000);
+  const auto done = send_all_layers(*dest, 1, src_ids, dst_ids);
+  ASSERT_EQ(done.size(), 3u);
+  for (const TransferCompletion& c : done)
+    EXPECT_TRUE(c.status) << message(c);
+  EXPECT_EQ(wrong_bytes(*dst, src_ids, dst_ids), 0u);
+  EXPECT_EQ(fabric.writes.load(), 3u * 3000 * 2) << "one write per run and tensor";
+  EXPECT_EQ(receiver->sessions().transfers.load(), 3u);
 }
 
 // Open transfers are capped by the bytes they hold granted, not only by
@@ -337,21 +448,23 @@ TEST_F(RdmaTransportTest, ASessionRefusesAGrantThatWouldPassItsGrantedBytes) {
   part.last = true;
   part.transfer = 1;
   part.runs = {BlockSpan{0, 2}};
-  Result<std::optional<Status>> first = (*session)->on_intent(part);
-  ASSERT_TRUE(first && *first && **first) << "two blocks fit";
+  Result<std::optional<std::vector<Grant>>> first = (*session)->on_intent(part);
+  ASSERT_TRUE(first && *first && (*first)->front().ok) << "two blocks fit";
   part.transfer = 2;
   part.runs = {BlockSpan{4, 2}};
-  Result<std::optional<Status>> second = (*session)->on_intent(part);
+  Result<std::optional<std::vector<Grant>>> second = (*session)->on_intent(part);
   ASSERT_TRUE(second && *second);
-  ASSERT_FALSE(**second) << "four blocks would pass three";
-  EXPECT_NE((*second)->error().message.find("bytes are granted on this session and not landed "
-                                            "yet"),
+  ASSERT_EQ((*second)->size(), 1u);
+  ASSERT_FALSE((*second)->front().ok) << "four blocks would pass three";
+  EXPECT_TRUE((*second)->front().last);
+  EXPECT_NE((*second)->front().reason.find("bytes are granted on this session and not landed "
+                                           "yet"),
             std::string::npos)
-      << (*second)->error().message;
+      << (*second)->front().reason;
   part.transfer = 3;
   part.runs = {BlockSpan{4, 1}};
-  Result<std::optional<Status>> third = (*session)->on_intent(part);
-  ASSERT_TRUE(third && *third && **third) << "one more block fits";
+  Result<std::optional<std::vector<Grant>>> third = (*session)->on_intent(part);
+  ASSERT_TRUE(third && *third && (*third)->front().ok) << "one more block fits";
 }
 
 TEST_F(RdmaTransportTest, AListenerWithoutRdmaRefusesTheOfferSayingSo) {

@@ -1,8 +1,9 @@
 // The rdma posting logic against in-process fake queue pairs: chains of at
 // most 32 writes, signals spaced as promised, the last write of a transfer
 // a signaled WRITE_WITH_IMM that reaches the peer, round robin over queue
-// pairs, a full send queue that resumes from the refused write, and an error
-// completion that fails only the transfers on its queue pair.
+// pairs or the one a transfer names, a full send queue that resumes from the
+// refused write, and an error completion that fails only the transfers on
+// its queue pair.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -261,6 +262,51 @@ TEST_F(WritePosterTest, ATransfersNotYetStartedMoveToAWorkingQueuePair) {
   for (const TransferDone& d : done)
     EXPECT_EQ(d.status.ok(), d.transfer != 1) << d.transfer;
   EXPECT_TRUE(landed(16, 4)) << "moved to qp1 and written there";
+}
+
+// A transfer whose keys were granted for one queue pair goes on that one
+// and never moves: on another its keys would fail (a memory window serves
+// the queue pair it was bound on alone).
+TEST_F(WritePosterTest, ATransferThatNamesItsQueuePairGoesThereAndFailsWithIt) {
+  FakeQueuePair& a = qp("qp0", 4);
+  FakeQueuePair& b = qp("qp1", 64);
+  a.fail_write_number = 1;
+  a.hold_completions = true;
+  WritePoster poster({&a, &b});
+  EXPECT_EQ(poster.next_queue_pair(), std::optional<size_t>(0));
+  EXPECT_EQ(poster.next_queue_pair(), std::optional<size_t>(1));
+  LayerWrite first = transfer(1, 0, 4);
+  first.queue_pair = 0;  // fills qp0, fails
+  LayerWrite second = transfer(2, 8, 4);
+  second.queue_pair = 1;
+  LayerWrite third = transfer(3, 16, 4);
+  third.queue_pair = 0;  // waits for room on qp0, never started
+  poster.submit(std::move(first));
+  poster.submit(std::move(second));
+  poster.submit(std::move(third));
+  a.hold_completions = false;
+  std::vector<TransferDone> done = run(poster);
+  ASSERT_EQ(done.size(), 3u);
+  for (const TransferDone& d : done)
+    EXPECT_EQ(d.status.ok(), d.transfer == 2) << d.transfer;
+  EXPECT_EQ(b.executed.size(), 4u) << "only transfer 2 went on qp1";
+  EXPECT_FALSE(landed(16, 4));
+  EXPECT_EQ(poster.next_queue_pair(), std::optional<size_t>(1)) << "qp0 failed";
+
+  LayerWrite late = transfer(4, 24, 2);
+  late.queue_pair = 0;
+  poster.submit(std::move(late));
+  LayerWrite nowhere = transfer(5, 28, 2);
+  nowhere.queue_pair = 2;
+  poster.submit(std::move(nowhere));
+  done = run(poster);
+  ASSERT_EQ(done.size(), 2u);
+  ASSERT_FALSE(done[0].status);
+  EXPECT_NE(done[0].status.error().message.find("qp0 has failed"), std::string::npos)
+      << done[0].status.error().message;
+  ASSERT_FALSE(done[1].status);
+  EXPECT_NE(done[1].status.error().message.find("queue pair 2 of 2"), std::string::npos)
+      << done[1].status.error().message;
 }
 
 TEST_F(WritePosterTest, ARemoteAccessErrorIsNamedAndWhenEveryQueuePairFailedNewWorkFailsAtOnce) {

@@ -13,6 +13,8 @@
 #include <set>
 #include <vector>
 
+#include "shm/clock.h"
+
 namespace kvrelay::worker {
 namespace {
 

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       NullQueuePair qp;
       WritePoster poster({&qp}, 16);
       std::vector<TransferDone> done;
-      LayerWrite lw{static_cast<uint64_t>(t + 1), source, 7};  // the copy a transfer makes
+      LayerWrite lw{static_cast<uint64_t>(t + 1), source, 7, std::nullopt};  // the copy a transfer makes
       const auto t0 = std::chrono::steady_clock::now();
       poster.submit(std::move(lw));
       while (done.empty())

@@ -17,8 +17,9 @@
 namespace kvrelay::worker::net {
 
 // 2: the session is sealed (session_seal.h) and transports' messages travel
-// as TransportMessage.
-inline constexpr uint32_t kWireVersion = 2;
+// as TransportMessage. 3: an rdma intent names its queue pair and its grant
+// carries the keys to write with.
+inline constexpr uint32_t kWireVersion = 3;
 
 struct Hello {
   uint32_t version = 0;

@@ -6,7 +6,8 @@ namespace kvrelay::worker::rdma {
 
 namespace {
 
-enum : uint16_t { kOfferKind, kAcceptKind, kIntentKind, kGrantKind, kAckKind };
+// kV2GrantKind: wire version 2's grant, which carried no keys.
+enum : uint16_t { kOfferKind, kAcceptKind, kIntentKind, kV2GrantKind, kAckKind, kGrantKind };
 
 std::string capped(capnp::Text::Reader t) {
   return std::string(t.cStr(), std::min<size_t>(t.size(), net::kMaxTextBytes));
@@ -72,6 +73,7 @@ Result<Message> decode(const net::Inbound& in) {
             it.last = i.getLast();
             it.first_head = i.getFirstHead();
             it.heads = i.getHeads();
+            it.queue_pair = i.getQueuePair();
             if (i.getRuns().size() > kMaxIntentRuns)
               return make_error(Errc::kCorrupt,
                                 fmt::format("an rdma intent part with {} runs (at most {})",
@@ -82,9 +84,24 @@ Result<Message> decode(const net::Inbound& in) {
             return out;
           }
           case schema::RdmaMessage::GRANT:
+            return make_error(Errc::kCorrupt,
+                              "an rdma grant without keys (wire version 2; this side runs 3)");
+          case schema::RdmaMessage::KEY_GRANT: {
             out.kind = Message::Kind::kGrant;
-            out.answer = answer_of(m.getGrant());
+            const auto g = m.getKeyGrant();
+            out.grant.transfer = g.getTransfer();
+            out.grant.ok = g.getOk();
+            out.grant.reason = capped(g.getReason());
+            out.grant.last = g.getLast();
+            if (g.getRkeys().size() > kMaxGrantKeys)
+              return make_error(Errc::kCorrupt,
+                                fmt::format("an rdma grant part with {} keys (at most {})",
+                                            g.getRkeys().size(), kMaxGrantKeys));
+            out.grant.rkeys.reserve(g.getRkeys().size());
+            for (const uint32_t k : g.getRkeys())
+              out.grant.rkeys.push_back(k);
             return out;
+          }
           case schema::RdmaMessage::ACK:
             out.kind = Message::Kind::kAck;
             out.answer = answer_of(m.getAck());
@@ -131,6 +148,7 @@ void encode_intent(const Intent& intent, std::vector<std::byte>& out) {
   i.setLast(intent.last);
   i.setFirstHead(intent.first_head);
   i.setHeads(intent.heads);
+  i.setQueuePair(intent.queue_pair);
   auto runs = i.initRuns(static_cast<unsigned>(intent.runs.size()));
   for (unsigned k = 0; k < intent.runs.size(); ++k) {
     runs[k].setFirst(intent.runs[k].first);
@@ -139,11 +157,16 @@ void encode_intent(const Intent& intent, std::vector<std::byte>& out) {
   net::append_envelope(m, out);
 }
 
-void encode_grant(uint64_t transfer, bool ok, const std::string& reason,
-                  std::vector<std::byte>& out) {
-  capnp::MallocMessageBuilder m(64);
-  set_answer(net::init_message(m, kProtocol, kGrantKind).initAs<schema::RdmaMessage>().initGrant(),
-             transfer, ok, reason);
+void encode_grant(const Grant& grant, std::vector<std::byte>& out) {
+  capnp::MallocMessageBuilder m(64 + grant.rkeys.size() / 2);
+  auto g = net::init_message(m, kProtocol, kGrantKind).initAs<schema::RdmaMessage>().initKeyGrant();
+  g.setTransfer(grant.transfer);
+  g.setOk(grant.ok);
+  g.setReason(grant.reason.substr(0, net::kMaxTextBytes));
+  g.setLast(grant.last);
+  auto keys = g.initRkeys(static_cast<unsigned>(grant.rkeys.size()));
+  for (unsigned k = 0; k < grant.rkeys.size(); ++k)
+    keys.set(k, grant.rkeys[k]);
   net::append_envelope(m, out);
 }
 

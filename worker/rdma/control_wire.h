@@ -3,8 +3,8 @@
 // connection:
 //   <- offer(queue pairs)                  after the helloAck
 //   -> accept(queue pairs, regions | reason)
-//   <- intent(transfer, blocks) ...        before its writes
-//   -> grant(transfer, ok | reason)        only then are they posted
+//   <- intent(transfer, queue pair, blocks) ...  before its writes
+//   -> grant(transfer, rkeys | reason) ...       only then are they posted
 //   -> ack(transfer, ok | reason)          its WRITE_WITH_IMM has landed
 // Plain functions of bytes, so the fuzzer drives what a socket does.
 #pragma once
@@ -25,8 +25,10 @@ namespace kvrelay::worker::rdma {
 inline constexpr uint8_t kProtocol = 2;
 
 inline constexpr size_t kMaxQueuePairs = 16;
-// Runs per intent part: keeps every part far below net::kMaxEnvelopeBytes.
-inline constexpr size_t kMaxIntentRuns = 4096;
+// Runs per intent part: keeps every part, and its grant part (a key per run
+// and tensor), far below net::kMaxEnvelopeBytes.
+inline constexpr size_t kMaxIntentRuns = 2048;
+inline constexpr size_t kMaxGrantKeys = kMaxIntentRuns * 4;  // K, V and their scales
 // The slowest rate either side allows granted writes to land at, for their
 // deadlines: 16 MiB/s (soft-RoCE in a VM moves about 50 MB/s). A peer that
 // holds a grant is cut no later than this allows, and at once when the
@@ -48,6 +50,8 @@ struct Intent {
   // Heterogeneous TP: only these heads of each block (heads 0: whole blocks).
   uint32_t first_head = 0;
   uint32_t heads = 0;
+  // The offered queue pair its writes go on: the grant's keys serve it alone.
+  uint32_t queue_pair = 0;
 };
 
 struct Accept {
@@ -57,7 +61,18 @@ struct Accept {
   std::vector<RegionEntry> regions;  // unchecked: check_regions
 };
 
-// A grant or an ack.
+// One part of a grant: the answer to the intent part of the same place.
+struct Grant {
+  uint64_t transfer = 0;
+  bool ok = false;
+  std::string reason;
+  // Per run of the intent part, a key per tensor of the layer (in their
+  // order in a layer): what writes that run's blocks of that tensor.
+  std::vector<uint32_t> rkeys;
+  bool last = true;
+};
+
+// An ack.
 struct Answer {
   uint64_t transfer = 0;
   bool ok = false;
@@ -69,7 +84,8 @@ struct Message {
   std::vector<QpEndpoint> offer;  // each checked (endpoint_codec.h)
   Accept accept;
   Intent intent;
-  Answer answer;  // grant, ack
+  Grant grant;
+  Answer answer;  // ack
 };
 Result<Message> decode(const net::Inbound& in);
 
@@ -80,8 +96,8 @@ void encode_accept(bool accepted, const std::string& reason,
                    const std::vector<RemoteTensor>& tensors, std::vector<std::byte>& out);
 // One part of an intent: `runs` holds at most kMaxIntentRuns spans.
 void encode_intent(const Intent& intent, std::vector<std::byte>& out);
-void encode_grant(uint64_t transfer, bool ok, const std::string& reason,
-                  std::vector<std::byte>& out);
+// One part of a grant: `grant.rkeys` holds at most kMaxGrantKeys.
+void encode_grant(const Grant& grant, std::vector<std::byte>& out);
 void encode_ack(uint64_t transfer, bool ok, const std::string& reason, std::vector<std::byte>& out);
 
 }  // namespace kvrelay::worker::rdma

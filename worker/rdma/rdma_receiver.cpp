@@ -105,7 +105,27 @@ void RdmaSession::abandon(Granted& g) {
   g.writes.clear();
 }
 
-Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
+std::vector<Grant> RdmaSession::grant_keys(const Granted& g) const {
+  const uint32_t tensors = listener_.pool().geometry().tensors_per_layer();
+  const std::vector<RemoteTensor>& registered = registration_->tensors();
+  std::vector<Grant> parts;
+  size_t next = 0;
+  for (const size_t runs : g.part_runs) {
+    Grant& part = parts.emplace_back();
+    part.transfer = g.transfer;
+    part.ok = true;
+    part.last = false;
+    part.rkeys.reserve(runs * tensors);
+    for (size_t r = next; r < next + runs; ++r)
+      for (uint32_t slot = 0; slot < tensors; ++slot)
+        part.rkeys.push_back(registered[size_t{g.layer} * tensors + slot].rkey);
+    next += runs;
+  }
+  parts.back().last = true;
+  return parts;
+}
+
+Result<std::optional<std::vector<Grant>>> RdmaSession::on_intent(const Intent& part) {
   const uint32_t imm = immediate_of(part.transfer);
   if (transfers_.size() >= kMaxOpenTransfers && transfers_.count(imm) == 0)
     return broken(fmt::format("more than {} rdma transfers open on one session",
@@ -114,11 +134,21 @@ Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
   Granted& g = it->second;
   if (fresh) {
     g.transfer = part.transfer;
+    g.layer = part.layer;
+    g.queue_pair = part.queue_pair;
   } else if (g.transfer != part.transfer || g.granted) {
     return broken(fmt::format("an rdma intent for transfer {} while transfer {} holds its "
                               "immediate",
                               part.transfer, g.transfer));
+  } else if (g.layer != part.layer || g.queue_pair != part.queue_pair) {
+    return broken(fmt::format("the parts of rdma intent {} name layers {} and {}, queue pairs "
+                              "{} and {}",
+                              part.transfer, g.layer, part.layer, g.queue_pair,
+                              part.queue_pair));
   }
+  if (part.queue_pair >= queue_pairs_.size())
+    return broken(fmt::format("an rdma intent for queue pair {} of a session of {}",
+                              part.queue_pair, queue_pairs_.size()));
   const PoolGeometry& geometry = listener_.pool().geometry();
   // Runs do not overlap in a transfer of ours: more of them than the layer
   // has blocks is a peer that would grow this without bound.
@@ -126,6 +156,10 @@ Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
   if (part.layer < geometry.total_layers() && g.runs > geometry.blocks_in_layer(part.layer))
     return broken(fmt::format("an rdma intent of {} runs for a layer of {} blocks", g.runs,
                               geometry.blocks_in_layer(part.layer)));
+  // Each part gets a grant part: one that adds nothing would grow this.
+  if (part.runs.empty() && !part.last)
+    return broken(fmt::format("an rdma intent part for transfer {} with no runs", part.transfer));
+  g.part_runs.push_back(part.runs.size());
   // Heterogeneous TP: a head range of each block (all heads: whole blocks).
   const uint32_t heads = part.heads == geometry.kv_heads ? 0 : part.heads;
   if (heads != 0 && uint64_t{part.first_head} + heads > geometry.kv_heads && g.refused.empty())
@@ -169,30 +203,32 @@ Result<std::optional<Status>> RdmaSession::on_intent(const Intent& part) {
       }
     }
   }
-  if (!part.last) return std::optional<Status>{};
-  if (!g.refused.empty()) {
-    const std::string why = g.refused;
+  if (!part.last) return std::optional<std::vector<Grant>>{};
+  const auto refusal = [&](std::string why) {
     abandon(g);
     transfers_.erase(it);
-    spdlog::warn("rank {}: refused an rdma transfer from {}: {}", listener_.rank(), peer_, why);
-    return std::optional<Status>(make_error(Errc::kInvalidArgument, why));
+    return std::optional<std::vector<Grant>>(
+        std::vector<Grant>{Grant{part.transfer, false, std::move(why), {}, true}});
+  };
+  if (!g.refused.empty()) {
+    spdlog::warn("rank {}: refused an rdma transfer from {}: {}", listener_.rank(), peer_,
+                 g.refused);
+    return refusal(g.refused);
   }
   // What a peer may have in the air at once, and so how long its grants may
   // take (overdue()): 4 GiB is several layers of a 128k-token prompt of a
   // large model.
-  if (granted_open_bytes_ + g.bytes > listener_.max_granted_bytes) {
-    const std::string why = fmt::format(
+  if (granted_open_bytes_ + g.bytes > listener_.max_granted_bytes)
+    return refusal(fmt::format(
         "{} bytes are granted on this session and not landed yet; {} more would pass the limit "
         "of {} bytes",
-        granted_open_bytes_, g.bytes, listener_.max_granted_bytes);
-    abandon(g);
-    transfers_.erase(it);
-    return std::optional<Status>(make_error(Errc::kFull, why));
-  }
+        granted_open_bytes_, g.bytes, listener_.max_granted_bytes));
   g.granted = true;
   g.granted_at = std::chrono::steady_clock::now();
   granted_open_bytes_ += g.bytes;
-  return std::optional<Status>(Status{});
+  std::vector<Grant> grant = grant_keys(g);
+  g.part_runs = {};
+  return std::optional<std::vector<Grant>>(std::move(grant));
 }
 
 std::optional<std::string> RdmaSession::overdue(std::chrono::milliseconds grace) const {

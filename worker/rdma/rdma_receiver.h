@@ -7,8 +7,10 @@
 //
 // Writes are one-sided, so a write cannot be refused once it is on the wire.
 // Before any write of a layer transfer the sender sends its intent (the
-// destination blocks); the session checks every block against the pool and
-// the rank's expected requests (Arrivals::admit) and grants or refuses it.
+// destination blocks, and the queue pair its writes will take); the session
+// checks every block against the pool and the rank's expected requests
+// (Arrivals::admit) and grants or refuses it. A grant carries, per run and
+// tensor, the key the sender writes that run with (grant_keys()).
 // The transfer's last write carries an immediate; its receive completion
 // means, by RC ordering, that every write of the transfer has landed: the
 // writes count as landed (Arrivals::landed) and the sender gets its ack.
@@ -18,10 +20,12 @@
 // byte can land, and only then abandons what was granted and did not land.
 //
 // Trust: an authenticated peer could post writes it was not granted; the
-// pool's memory is registered for remote writes by the peers that hold the
-// key, as an ipc writer on the host maps it. A write that lands without a
-// grant is caught (its immediate names no granted transfer) and closes the
-// session.
+// keys granted today are the pool's registration's, so the pool's memory is
+// writable remotely by the peers that hold the net key, as an ipc writer on
+// the host maps it. A write that lands without a grant is caught when it
+// carries an immediate (which names no granted transfer) and closes the
+// session; one without an immediate is not seen. Memory windows bound per
+// grant (verbs_device.h has them) are what grant_keys() is to hand out.
 //
 // Not thread-safe: each session lives on its connection's strand.
 #pragma once
@@ -99,10 +103,10 @@ class RdmaSession {
   const RegisteredPool& registration() const { return *registration_; }
   std::vector<int> event_fds() const;
 
-  // One part of an intent. After the last part: the grant to send (ok, or
-  // why it is refused, with nothing of it admitted). An error: the peer
-  // broke the protocol (close the connection).
-  Result<std::optional<Status>> on_intent(const Intent& part);
+  // One part of an intent. After the last part: the grant to send, a part
+  // for each part of the intent, or one part refusing it (with nothing of it
+  // admitted). An error: the peer broke the protocol (close the connection).
+  Result<std::optional<std::vector<Grant>>> on_intent(const Intent& part);
   // Arms the queue pairs and drains their receive completions: appends an
   // ack for every transfer that landed. An error: the session is broken.
   Status poll(std::vector<Ack>& acks);
@@ -127,6 +131,9 @@ class RdmaSession {
     uint64_t runs = 0;    // over its parts so far
     std::string refused;  // why, once a part was refused
     bool granted = false;
+    uint32_t layer = 0;
+    uint32_t queue_pair = 0;          // the intent's
+    std::vector<size_t> part_runs;    // runs per part, until the grant
     std::chrono::steady_clock::time_point granted_at{};
   };
   RdmaSession(RdmaListener& listener, Arrivals& arrivals, std::string peer)
@@ -134,6 +141,10 @@ class RdmaSession {
   // Admits one write of a transfer, or records why the transfer is refused.
   void admit(Granted& g, const LandedWrite& w);
   void abandon(Granted& g);
+  // The grant's parts: a key per run and tensor. Today the pool
+  // registration's key of the run's tensor, which writes the whole tensor;
+  // a memory window bound to the run on g.queue_pair is to take its place.
+  std::vector<Grant> grant_keys(const Granted& g) const;
 
   RdmaListener& listener_;
   Arrivals& arrivals_;

@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <algorithm>
 #include <deque>
 #include <optional>
 
@@ -15,6 +16,7 @@
 #include "worker/net/client_channel.h"
 #include "worker/rdma/completion_watch.h"
 #include "worker/rdma/control_wire.h"
+#include "worker/rdma/grant_windows.h"
 #include "worker/rdma/rdma_receiver.h"
 #include "worker/rdma/write_poster.h"
 
@@ -109,6 +111,12 @@ class RdmaPeer : public std::enable_shared_from_this<RdmaPeer> {
 // The control connection and queue pairs of one session, on a strand of
 // their own (the socket's).
 class Session final : public net::ClientChannel {
+  // A transfer's grant as it comes in.
+  struct GrantedKeys {
+    size_t queue_pair = 0;        // the intent's
+    std::vector<uint32_t> rkeys;  // the grant's parts so far
+  };
+
  public:
   Session(asio::io_context& io, RdmaPeer& peer)
       : ClientChannel(io, peer.options().timing, peer.name(), peer.key(), peer.options().protection,
@@ -143,9 +151,7 @@ class Session final : public net::ClientChannel {
       return on_accept(m->accept);
     }
     switch (m->kind) {
-      case Message::Kind::kGrant:
-        on_grant(m->answer.transfer, m->answer.ok, m->answer.reason);
-        break;
+      case Message::Kind::kGrant: on_grant(m->grant); break;
       case Message::Kind::kAck: on_ack(m->answer.transfer, m->answer.ok, m->answer.reason); break;
       default: return close("an rdma message only a sender sends, sent to a sender");
     }
@@ -169,6 +175,7 @@ class Session final : public net::ClientChannel {
       peer_.fail(job, reason);
     waiting_.clear();
     in_flight_.clear();
+    granting_.clear();
     answers_.clear();
     asio::post(peer_.strand(), [p = peer_.shared_from_this(), was_ready, why] {
       p->session_closed(was_ready, why);
@@ -229,12 +236,15 @@ class Session final : public net::ClientChannel {
     if (closed()) return peer_.fail(job, close_reason_);  // an earlier start's send failed
     if (std::optional<std::string> why = net::layout_refusal(job, ack()))
       return peer_.fail(job, *why);
+    const std::optional<size_t> queue_pair = poster_->next_queue_pair();
+    if (!queue_pair) return peer_.fail(job, "every queue pair to this peer has failed");
     job.transfer = ++next_transfer_;
     Intent intent;
     intent.transfer = job.transfer;
     intent.request_key = job.ticket.request_key;
     intent.handle = job.ticket.handle;
     intent.layer = job.ticket.layer;
+    intent.queue_pair = static_cast<uint32_t>(*queue_pair);
     if (job.share) {
       intent.first_head = job.share->dst_head;
       intent.heads = job.share->heads;
@@ -251,6 +261,7 @@ class Session final : public net::ClientChannel {
     // once, and the close fails what is in flight.
     const uint64_t id = job.transfer;
     in_flight_.emplace(id, std::move(job));
+    granting_.emplace(id, GrantedKeys{*queue_pair, {}});
     expect_answer(id, "grant", peer_.options().timing.peer_timeout);
     send(std::move(out));
   }
@@ -270,30 +281,50 @@ class Session final : public net::ClientChannel {
   }
 
  private:
-  void on_grant(uint64_t transfer, bool ok, const std::string& reason) {
-    auto it = in_flight_.find(transfer);
-    if (it == in_flight_.end())
-      return close(fmt::format("a grant for transfer {}, which is not waiting for one", transfer));
-    answers_.answered(transfer);
-    if (!ok) {
+  // The grant comes in parts, a key per run and tensor; the writes go once
+  // the last is in.
+  void on_grant(const Grant& grant) {
+    auto it = in_flight_.find(grant.transfer);
+    auto keys = granting_.find(grant.transfer);
+    if (it == in_flight_.end() || keys == granting_.end())
+      return close(
+          fmt::format("a grant for transfer {}, which is not waiting for one", grant.transfer));
+    if (!grant.ok) {
+      answers_.answered(grant.transfer);
       peer_.completed(it->second,
                       make_error(Errc::kInvalidArgument,
-                                 fmt::format("the receiver refused it: {}", reason)));
+                                 fmt::format("the receiver refused it: {}", grant.reason)));
       in_flight_.erase(it);
+      granting_.erase(keys);
       return;
     }
-    post_writes(it->second);
+    const size_t expected = it->second.runs.size() * peer_.local().geometry().tensors_per_layer();
+    std::vector<uint32_t>& rkeys = keys->second.rkeys;
+    if (rkeys.size() + grant.rkeys.size() > expected ||
+        (grant.last && rkeys.size() + grant.rkeys.size() != expected))
+      return close(fmt::format("the grant for transfer {} holds {} keys or more for {} runs of "
+                               "{} tensors",
+                               grant.transfer, rkeys.size() + grant.rkeys.size(),
+                               it->second.runs.size(),
+                               peer_.local().geometry().tensors_per_layer()));
+    rkeys.insert(rkeys.end(), grant.rkeys.begin(), grant.rkeys.end());
+    if (!grant.last) return;
+    answers_.answered(grant.transfer);
+    GrantedKeys granted = std::move(keys->second);
+    granting_.erase(keys);
+    post_writes(it->second, granted);
   }
 
   // One write per coalesced run of each tensor, split where a run is longer
-  // than a work request may be.
-  void post_writes(Job& job) {
+  // than a work request may be, each with the key granted for its run.
+  void post_writes(Job& job, const GrantedKeys& keys) {
     const PoolGeometry& g = peer_.local().geometry();
     const RegisteredPool& reg = peer_.registration();
     const uint32_t layer = job.ticket.layer;
     LayerWrite lw;
     lw.transfer = job.transfer;
     lw.immediate = immediate_of(job.transfer);
+    lw.queue_pair = keys.queue_pair;
     // Tensors by their slot in a layer: both sides' pools are of one kind
     // (checked at the hello), so the slots are the same tensors.
     for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
@@ -305,18 +336,27 @@ class Session final : public net::ClientChannel {
       } else {
         to_byte_runs(job.runs, g.block_bytes(tensor), byte_runs_);
       }
-      const uint32_t rkey = remote_->rkey(layer, t);
+      const uint64_t dst_block_bytes =
+          job.share ? g.block_bytes(tensor) / g.kv_heads * ack().pool.kv_heads
+                    : g.block_bytes(tensor);
+      windows_of(job.runs, keys.rkeys, t, g.tensors_per_layer(), dst_block_bytes, windows_);
       for (const kernels::CopyRun& r : byte_runs_) {
         for (uint64_t done = 0; done < r.bytes; done += kMaxWriteBytes) {
           const uint64_t len = std::min(kMaxWriteBytes, r.bytes - done);
           Result<uint64_t> remote = remote_->address(layer, t, r.dst_offset + done, len);
           if (!remote) return close(fmt::format("layer {}: {}", layer, remote.error().message));
+          const std::optional<uint32_t> rkey = key_for(windows_, r.dst_offset + done, len);
+          if (!rkey)
+            return close(fmt::format("the grant for transfer {} holds no key for bytes {}..{} "
+                                     "of layer {}'s tensor {}",
+                                     job.transfer, r.dst_offset + done,
+                                     r.dst_offset + done + len - 1, layer, t));
           WriteRequest w;
           w.local_address = reg.address(layer, t) + r.src_offset + done;
           w.length = static_cast<uint32_t>(len);
           w.lkey = reg.lkey(layer, t);
           w.remote_address = *remote;
-          w.rkey = rkey;
+          w.rkey = *rkey;
           lw.writes.push_back(w);
         }
         job.bytes += r.bytes;
@@ -368,6 +408,8 @@ class Session final : public net::ClientChannel {
   uint64_t next_transfer_ = 0;
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;  // asked for, granted or posted
+  std::unordered_map<uint64_t, GrantedKeys> granting_;  // asked for, not granted yet
+  std::vector<GrantWindow> windows_;             // scratch
   net::AnswerDeadlines answers_;                 // the answer each in-flight transfer waits for
   std::vector<kernels::CopyRun> byte_runs_;
   std::vector<TransferDone> done_;

@@ -79,13 +79,14 @@ class SessionHandler final : public net::MessageHandler {
 
   void on_intent(const Intent& part) {
     if (!session_) return link_.close("an rdma intent before an rdma session");
-    Result<std::optional<Status>> grant = session_->on_intent(part);
+    Result<std::optional<std::vector<Grant>>> grant = session_->on_intent(part);
     if (!grant) return link_.close(grant.error().message);
     if (*grant) {
-      const Status& ok = **grant;
+      const bool ok = (*grant)->front().ok;
       if (!ok) ++shared_->stats->refused;
       net::Outgoing reply;
-      encode_grant(part.transfer, ok.ok(), ok ? "" : ok.error().message, reply.owned);
+      for (const Grant& g : **grant)
+        encode_grant(g, reply.owned);
       link_.send(std::move(reply));
       if (ok && !watching_) watch_grants();
     }

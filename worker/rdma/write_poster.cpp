@@ -17,22 +17,38 @@ WritePoster::WritePoster(std::vector<QueuePair*> queue_pairs, uint32_t signal_ev
   }
 }
 
-WritePoster::Lane* WritePoster::next_lane() {
+std::optional<size_t> WritePoster::next_queue_pair() {
   for (size_t tried = 0; tried < lanes_.size(); ++tried) {
-    Lane& lane = lanes_[round_robin_++ % lanes_.size()];
-    if (!lane.failed) return &lane;
+    const size_t index = round_robin_++ % lanes_.size();
+    if (!lanes_[index].failed) return index;
   }
-  return nullptr;
+  return std::nullopt;
+}
+
+WritePoster::Lane* WritePoster::next_lane() {
+  const std::optional<size_t> index = next_queue_pair();
+  return index ? &lanes_[*index] : nullptr;
 }
 
 void WritePoster::submit(LayerWrite transfer) {
-  Lane* lane = next_lane();
-  if (lane == nullptr || transfer.writes.empty()) {
-    early_.push_back(
-        {transfer.transfer,
-         make_error(Errc::kAborted, transfer.writes.empty()
-                                        ? "an rdma transfer with nothing to write"
-                                        : "every queue pair to this peer has failed")});
+  Lane* lane = nullptr;
+  std::string why;
+  if (transfer.writes.empty()) {
+    why = "an rdma transfer with nothing to write";
+  } else if (transfer.queue_pair) {
+    if (*transfer.queue_pair >= lanes_.size())
+      why = fmt::format("an rdma transfer for queue pair {} of {}", *transfer.queue_pair,
+                        lanes_.size());
+    else if (lanes_[*transfer.queue_pair].failed)
+      why = fmt::format("{} has failed", lanes_[*transfer.queue_pair].qp->name());
+    else
+      lane = &lanes_[*transfer.queue_pair];
+  } else {
+    lane = next_lane();
+    if (lane == nullptr) why = "every queue pair to this peer has failed";
+  }
+  if (lane == nullptr) {
+    early_.push_back({transfer.transfer, make_error(Errc::kAborted, why)});
     return;
   }
   lane->waiting.push_back({std::move(transfer), 0});
@@ -160,7 +176,7 @@ void WritePoster::fail(Lane& lane, const std::string& why, std::vector<TransferD
   std::deque<Waiting> waiting = std::move(lane.waiting);
   lane.waiting.clear();
   for (Waiting& w : waiting) {
-    Lane* other = w.next == 0 ? next_lane() : nullptr;
+    Lane* other = w.next == 0 && !w.transfer.queue_pair ? next_lane() : nullptr;
     if (other == nullptr) {
       done.push_back({w.transfer.transfer, make_error(Errc::kAborted, why)});
       continue;

@@ -3,9 +3,9 @@
 // posted chains on a peer rank's queue pairs, and turns their completions
 // back into transfer completions.
 //
-//   - A transfer goes whole to one queue pair, round robin over them: RC
-//     ordering then makes its last write's completion mean every one of its
-//     writes is done.
+//   - A transfer goes whole to one queue pair, round robin over them or the
+//     one it names: RC ordering then makes its last write's completion mean
+//     every one of its writes is done.
 //   - Chains hold up to 32 writes. Every `signal_every`-th write is
 //     signaled, and so is the last of every chain and of every transfer; a
 //     signaled completion frees the send-queue slots of every write before
@@ -15,13 +15,15 @@
 //   - An error completion puts the queue pair in the error state: the
 //     transfers with writes on it fail, naming the queue pair and the
 //     status; those not started move to a queue pair that still works (or
-//     fail when none does). replace() swaps in a fresh queue pair.
+//     fail when none does), unless they name theirs (their keys serve it
+//     alone). replace() swaps in a fresh queue pair.
 //
 // Not thread-safe: the worker's thread owns it.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <vector>
 
 #include "worker/rdma/queue_pair.h"
@@ -33,6 +35,9 @@ struct LayerWrite {
   // In order; wr_id, signaled and immediate are the poster's to set.
   std::vector<WriteRequest> writes;
   uint32_t immediate = 0;  // carried by the last write
+  // The queue pair it must go on (the receiver granted its keys for that
+  // one); none: the poster's choice.
+  std::optional<size_t> queue_pair;
 };
 
 struct TransferDone {
@@ -54,10 +59,13 @@ class WritePoster {
   // `queue_pairs`: a peer rank's, not owned, at least one.
   explicit WritePoster(std::vector<QueuePair*> queue_pairs, uint32_t signal_every = 16);
 
-  // Queues a transfer (at least one write) on the next working queue pair
-  // and posts what fits now. Fails at once, with a completion, when no queue
-  // pair works.
+  // Queues a transfer (at least one write) on its queue pair, or the next
+  // working one, and posts what fits now. Fails at once, with a completion,
+  // when that queue pair (or every one) has failed.
   void submit(LayerWrite transfer);
+  // The queue pair a transfer should name, round robin over those that
+  // work; none when every one has failed.
+  std::optional<size_t> next_queue_pair();
   // Posts what waits and reaps completions; appends every transfer that
   // ended since the last call, each once.
   void progress(std::vector<TransferDone>& done);
