@@ -130,7 +130,9 @@ Result<std::optional<std::vector<Grant>>> RdmaSession::on_intent(const Intent& p
   if (transfers_.size() >= kMaxOpenTransfers && transfers_.count(imm) == 0)
     return broken(fmt::format("more than {} rdma transfers open on one session",
                               kMaxOpenTransfers));
-  auto [it, fresh] = transfers_.try_emplace(imm);
+  // Not a structured binding: the refusal below captures the iterator.
+  const auto [emplaced, fresh] = transfers_.try_emplace(imm);
+  const auto it = emplaced;
   Granted& g = it->second;
   if (fresh) {
     g.transfer = part.transfer;
