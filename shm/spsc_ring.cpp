@@ -117,7 +117,7 @@ Result<uint64_t> SpscCore::lease_producer() const {
   uint64_t end = r;
   for (uint64_t i = r; i < r + capacity; ++i) {
     const uint64_t p = published(i).load(std::memory_order_acquire);
-    if (p == i + 1 || p == ((i + 1) | kFiller)) end = i + 1;
+    if (written(i, p)) end = i + 1;
   }
   for (uint64_t i = r; i < end; ++i) {
     uint64_t p = published(i).load(std::memory_order_acquire);
@@ -154,7 +154,7 @@ bool SpscCore::step_over_dead_hole(uint64_t r, uint64_t p) {
   const uint64_t look = std::min<uint64_t>(capacity, 256);
   for (uint64_t i = r + 1; i < r + look && !later; ++i) {
     const uint64_t q = published(i).load(std::memory_order_acquire);
-    later = q == i + 1 || q == ((i + 1) | kFiller);
+    later = written(i, q);
   }
   if (!later) {
     hole_at = UINT64_MAX;

@@ -216,6 +216,11 @@ class SpscCore {
     const uint64_t previous = index + 1 - capacity;
     return p == previous || p == (previous | kFiller);
   }
+  // Whether `published` holding `p` at `index` says this lap's record, or a
+  // filler in its place, is there.
+  static bool written(uint64_t index, uint64_t p) {
+    return p == index + 1 || p == ((index + 1) | kFiller);
+  }
 };
 
 template <class T>
@@ -255,7 +260,7 @@ class SpscRing {
     for (uint64_t steps = 0; steps <= c_.capacity; ++steps) {
       const uint64_t p = r < c_.published_end ? r + 1 : scan_published(r);
       const bool record = p == r + 1;
-      if (record || p == ((r + 1) | SpscCore::kFiller)) {
+      if (SpscCore::written(r, p)) {
         std::atomic<uint64_t>& freed = c_.freed(r);
         const uint64_t f = freed.load(std::memory_order_relaxed);  // only we write it
         if (f == r + c_.capacity) {  // freed by a consumer that died before moving on
