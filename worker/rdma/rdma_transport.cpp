@@ -298,15 +298,15 @@ class Session final : public net::ClientChannel {
       granting_.erase(keys);
       return;
     }
-    const size_t expected = it->second.runs.size() * peer_.local().geometry().tensors_per_layer();
+    const uint32_t tensors = peer_.local().geometry().tensors_per_layer();
+    const size_t expected = it->second.runs.size() * tensors;
     std::vector<uint32_t>& rkeys = keys->second.rkeys;
-    if (rkeys.size() + grant.rkeys.size() > expected ||
-        (grant.last && rkeys.size() + grant.rkeys.size() != expected))
-      return close(fmt::format("the grant for transfer {} holds {} keys or more for {} runs of "
-                               "{} tensors",
-                               grant.transfer, rkeys.size() + grant.rkeys.size(),
-                               it->second.runs.size(),
-                               peer_.local().geometry().tensors_per_layer()));
+    const size_t held = rkeys.size() + grant.rkeys.size();
+    if (held > expected || (grant.last && held != expected))
+      return close(fmt::format("the grant for transfer {} holds {} keys{}, not one per run and "
+                               "tensor ({} runs, {} tensors)",
+                               grant.transfer, held, grant.last ? "" : " so far",
+                               it->second.runs.size(), tensors));
     rkeys.insert(rkeys.end(), grant.rkeys.begin(), grant.rkeys.end());
     if (!grant.last) return;
     answers_.answered(grant.transfer);
