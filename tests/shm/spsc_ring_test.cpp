@@ -174,7 +174,9 @@ TEST(SpscRing, ScribbledStateWordsCostOnlyTheirOwnSlots) {
   for (uint64_t i = 0; i < 4; ++i)
     ASSERT_TRUE(producer.try_push(make_record(i)));
   const SpscRegionLayout l = spsc_region_layout(8, sizeof(Record));
-  auto word = [&](size_t offset) { return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<std::byte*>(t.mem.data()) + offset); };
+  auto word = [&](size_t offset) {
+    return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<std::byte*>(t.mem.data()) + offset);
+  };
   word(l.published + 1 * l.published_stride)->store(0xdeadbeef);  // record 1: no state it can be in
   word(l.freed + 2 * 8)->store(77);                              // record 2: freed names no lap
   std::vector<uint64_t> got;

@@ -371,13 +371,16 @@ TEST_F(RdmaTransportTest, ASessionGrantsAKeyPerRunAndTensorInAPartPerIntentPart)
       EXPECT_EQ(g.rkeys[k], registered[2 * tensors + k % tensors].rkey) << k;
   }
 
+  // What the session says of a part that breaks the protocol ("" if it did not).
+  auto protocol_error = [&](const Intent& p) {
+    Result<std::optional<std::vector<Grant>>> r = session->on_intent(p);
+    return r ? std::string() : r.error().message;
+  };
   part.transfer = 2;
   part.runs = {BlockSpan{20, 1}};
   part.queue_pair = 2;
-  Result<std::optional<std::vector<Grant>>> nowhere = session->on_intent(part);
-  ASSERT_FALSE(nowhere);
-  EXPECT_NE(nowhere.error().message.find("queue pair 2 of a session of 2"), std::string::npos)
-      << nowhere.error().message;
+  const std::string nowhere = protocol_error(part);
+  EXPECT_NE(nowhere.find("queue pair 2 of a session of 2"), std::string::npos) << nowhere;
 
   session = open();
   part.transfer = 3;
@@ -386,19 +389,15 @@ TEST_F(RdmaTransportTest, ASessionGrantsAKeyPerRunAndTensorInAPartPerIntentPart)
   ASSERT_TRUE(session->on_intent(part));
   part.queue_pair = 1;
   part.last = true;
-  Result<std::optional<std::vector<Grant>>> moved = session->on_intent(part);
-  ASSERT_FALSE(moved);
-  EXPECT_NE(moved.error().message.find("queue pairs 0 and 1"), std::string::npos)
-      << moved.error().message;
+  const std::string moved = protocol_error(part);
+  EXPECT_NE(moved.find("queue pairs 0 and 1"), std::string::npos) << moved;
 
   session = open();
   part.transfer = 4;
   part.runs.clear();
   part.last = false;
-  Result<std::optional<std::vector<Grant>>> empty = session->on_intent(part);
-  ASSERT_FALSE(empty);
-  EXPECT_NE(empty.error().message.find("with no runs"), std::string::npos)
-      << empty.error().message;
+  const std::string empty = protocol_error(part);
+  EXPECT_NE(empty.find("with no runs"), std::string::npos) << empty;
 }
 
 // A layer of more scattered runs than an intent part holds goes as an

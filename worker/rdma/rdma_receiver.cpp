@@ -109,17 +109,15 @@ std::vector<Grant> RdmaSession::grant_keys(const Granted& g) const {
   const uint32_t tensors = listener_.pool().geometry().tensors_per_layer();
   const std::vector<RemoteTensor>& registered = registration_->tensors();
   std::vector<Grant> parts;
-  size_t next = 0;
   for (const size_t runs : g.part_runs) {
     Grant& part = parts.emplace_back();
     part.transfer = g.transfer;
     part.ok = true;
     part.last = false;
     part.rkeys.reserve(runs * tensors);
-    for (size_t r = next; r < next + runs; ++r)
+    for (size_t r = 0; r < runs; ++r)
       for (uint32_t slot = 0; slot < tensors; ++slot)
         part.rkeys.push_back(registered[size_t{g.layer} * tensors + slot].rkey);
-    next += runs;
   }
   parts.back().last = true;
   return parts;

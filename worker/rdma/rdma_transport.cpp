@@ -329,23 +329,21 @@ class Session final : public net::ClientChannel {
     // (checked at the hello), so the slots are the same tensors.
     for (uint32_t t = 0; t < g.tensors_per_layer(); ++t) {
       const PoolTensor tensor = g.tensor_at(t);
-      if (job.share) {  // heterogeneous TP: one write per block's head range
-        const uint64_t head = g.block_bytes(tensor) / g.kv_heads;
-        to_head_runs(job.runs, g.block_bytes(tensor), head * ack().pool.kv_heads, head,
-                     *job.share, byte_runs_);
-      } else {
-        to_byte_runs(job.runs, g.block_bytes(tensor), byte_runs_);
-      }
+      const uint64_t head = g.block_bytes(tensor) / g.kv_heads;
       const uint64_t dst_block_bytes =
-          job.share ? g.block_bytes(tensor) / g.kv_heads * ack().pool.kv_heads
-                    : g.block_bytes(tensor);
-      windows_of(job.runs, keys.rkeys, t, g.tensors_per_layer(), dst_block_bytes, windows_);
+          job.share ? head * ack().pool.kv_heads : g.block_bytes(tensor);
+      if (job.share)  // heterogeneous TP: one write per block's head range
+        to_head_runs(job.runs, g.block_bytes(tensor), dst_block_bytes, head, *job.share,
+                     byte_runs_);
+      else
+        to_byte_runs(job.runs, g.block_bytes(tensor), byte_runs_);
+      GrantedRunKeys run_keys(job.runs, keys.rkeys, t, g.tensors_per_layer(), dst_block_bytes);
       for (const kernels::CopyRun& r : byte_runs_) {
         for (uint64_t done = 0; done < r.bytes; done += kMaxWriteBytes) {
           const uint64_t len = std::min(kMaxWriteBytes, r.bytes - done);
           Result<uint64_t> remote = remote_->address(layer, t, r.dst_offset + done, len);
           if (!remote) return close(fmt::format("layer {}: {}", layer, remote.error().message));
-          const std::optional<uint32_t> rkey = key_for(windows_, r.dst_offset + done, len);
+          const std::optional<uint32_t> rkey = run_keys.next(r.dst_offset + done, len);
           if (!rkey)
             return close(fmt::format("the grant for transfer {} holds no key for bytes {}..{} "
                                      "of layer {}'s tensor {}",
@@ -409,7 +407,6 @@ class Session final : public net::ClientChannel {
   std::deque<Job> waiting_;
   std::unordered_map<uint64_t, Job> in_flight_;  // asked for, granted or posted
   std::unordered_map<uint64_t, GrantedKeys> granting_;  // asked for, not granted yet
-  std::vector<GrantWindow> windows_;             // scratch
   net::AnswerDeadlines answers_;                 // the answer each in-flight transfer waits for
   std::vector<kernels::CopyRun> byte_runs_;
   std::vector<TransferDone> done_;
