@@ -334,6 +334,35 @@ TEST_F(WindowTest, AnInvalidatedWindowRefusesTheWritesItTookBefore) {
   EXPECT_TRUE(guarded_untouched(7));
 }
 
+// A session keeps its windows and binds them again for the next grant: the
+// window takes writes under its new key, and its old key is refused.
+// (A rebind once failed with 'memory management operation error': the
+// provider names the window by the key in its ibv_mw, which was stale.)
+TEST_F(WindowTest, AWindowBoundAgainAfterItsInvalidationWritesUnderItsNewKeyOnly) {
+  Pair p = pair();
+  auto window = bound_window(*p.receiver, guarded_block(8), kBlock);
+  ASSERT_TRUE(window);
+  const uint32_t old_key = window->rkey();
+  ASSERT_TRUE(p.receiver->post_invalidate(old_key, 2, true));
+  const WorkCompletion inv = next_send_completion(*p.receiver);
+  ASSERT_TRUE(inv.ok) << "invalidate: " << inv.status;
+  for (int again = 0; again < 3; ++again) {
+    ASSERT_TRUE(p.receiver->post_bind(*window, *guarded_mr_, guarded_block(9), kBlock, 3, true));
+    const WorkCompletion bind = next_send_completion(*p.receiver);
+    ASSERT_TRUE(bind.ok) << "bind " << again + 2 << ": " << bind.status;
+    const WorkCompletion w = write_one(*p.sender, 4, guarded_block(9), window->rkey());
+    ASSERT_TRUE(w.ok) << w.status;
+    EXPECT_TRUE(guarded_holds(4, 9));
+    ASSERT_TRUE(p.receiver->post_invalidate(window->rkey(), 4, true));
+    ASSERT_TRUE(next_send_completion(*p.receiver).ok);
+  }
+  ASSERT_TRUE(p.receiver->post_bind(*window, *guarded_mr_, guarded_block(9), kBlock, 5, true));
+  ASSERT_TRUE(next_send_completion(*p.receiver).ok);
+  EXPECT_NE(window->rkey(), old_key);
+  const WorkCompletion stale = write_one(*p.sender, 5, guarded_block(9), old_key);
+  EXPECT_FALSE(stale.ok) << "the window's first key still wrote after it was bound anew";
+}
+
 // What a window per granted block would cost: binding and invalidating one
 // window per 16 KiB block, against writing the block. Printed for
 // docs/transports.md; the checks are that every one completes.

@@ -101,6 +101,22 @@ class RdmaTransportTest : public ::testing::Test {
   static std::string message(const TransferCompletion& c) {
     return c.status ? "" : c.status.error().message;
   }
+  // A session's answer to an intent part: what on_intent gives, or, where
+  // the grant waits for its windows' binds, the grants poll() gives then.
+  static Result<std::optional<std::vector<Grant>>> answer(RdmaSession& s, const Intent& part) {
+    Result<std::optional<std::vector<Grant>>> r = s.on_intent(part);
+    if (!r || *r || !part.last) return r;
+    std::vector<Ack> acks;
+    std::vector<Grant> grants;
+    if (Status st = s.poll(acks, grants); !st) return st.error();
+    if (grants.empty()) return r;
+    return std::optional<std::vector<Grant>>(std::move(grants));
+  }
+
+  // Scattered blocks move byte for byte, one immediate per layer transfer,
+  // through windows bound per run and tensor (`windows`), or under the pool
+  // registration's keys on a device without windows.
+  void scattered_blocks_arrive(bool windows);
 
   AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
   FakeFabric fabric;  // outlives every queue pair
@@ -112,6 +128,15 @@ class RdmaTransportTest : public ::testing::Test {
 };
 
 TEST_F(RdmaTransportTest, ScatteredBlocksArriveByteForByteWithOneImmediatePerTransfer) {
+  scattered_blocks_arrive(true);
+}
+
+TEST_F(RdmaTransportTest, ScatteredBlocksArriveUnderThePoolsKeysOnADeviceWithoutWindows) {
+  scattered_blocks_arrive(false);
+}
+
+void RdmaTransportTest::scattered_blocks_arrive(bool windows) {
+  fabric.supports_windows = windows;
   listen();
   connect();
   auto dest = destination(receiver->port());
@@ -128,6 +153,9 @@ TEST_F(RdmaTransportTest, ScatteredBlocksArriveByteForByteWithOneImmediatePerTra
   EXPECT_EQ(wrong_bytes(*dst, src_ids, dst_ids), 0u);
   EXPECT_EQ(fabric.writes.load(), 3u * 3 * 2) << "one write per run and tensor";
   EXPECT_EQ(fabric.with_immediate.load(), 3u) << "one immediate per layer transfer";
+  const uint64_t window_ops = windows ? 3u * 3 * 2 : 0;
+  EXPECT_EQ(fabric.binds.load(), window_ops) << "a window per run and tensor";
+  EXPECT_EQ(fabric.invalidations.load(), window_ops) << "each invalidated at its landing";
   EXPECT_EQ(receiver->sessions().sessions.load(), 1u);
   EXPECT_EQ(receiver->sessions().transfers.load(), 3u);
   EXPECT_EQ(receiver->frames().frames.load(), 0u) << "no byte went over tcp";
@@ -325,8 +353,10 @@ TEST_F(RdmaTransportTest, ASessionRefusesIntentsNoSenderOfOursWouldSend) {
 // A grant answers each part of an intent with a key per run and tensor,
 // for the queue pair the intent named; an intent for a queue pair the
 // session lacks, parts that disagree on theirs, and a part that adds no
-// runs are protocol errors.
+// runs are protocol errors. Here on a device without memory windows: the
+// keys are the pool registration's (rdma_windows_test.cpp has the windows).
 TEST_F(RdmaTransportTest, ASessionGrantsAKeyPerRunAndTensorInAPartPerIntentPart) {
+  fabric.supports_windows = false;
   RdmaListener listener(&fabric, "", *dst, 0);
   std::vector<std::unique_ptr<RcQueuePair>> theirs;
   std::vector<QpEndpoint> offer;
@@ -451,11 +481,11 @@ TEST_F(RdmaTransportTest, ASessionRefusesAGrantThatWouldPassItsGrantedBytes) {
   part.last = true;
   part.transfer = 1;
   part.runs = {BlockSpan{0, 2}};
-  Result<std::optional<std::vector<Grant>>> first = (*session)->on_intent(part);
+  Result<std::optional<std::vector<Grant>>> first = answer(**session, part);
   ASSERT_TRUE(first && *first && (*first)->front().ok) << "two blocks fit";
   part.transfer = 2;
   part.runs = {BlockSpan{4, 2}};
-  Result<std::optional<std::vector<Grant>>> second = (*session)->on_intent(part);
+  Result<std::optional<std::vector<Grant>>> second = answer(**session, part);
   ASSERT_TRUE(second && *second);
   ASSERT_EQ((*second)->size(), 1u);
   ASSERT_FALSE((*second)->front().ok) << "four blocks would pass three";
@@ -466,7 +496,7 @@ TEST_F(RdmaTransportTest, ASessionRefusesAGrantThatWouldPassItsGrantedBytes) {
       << (*second)->front().reason;
   part.transfer = 3;
   part.runs = {BlockSpan{4, 1}};
-  Result<std::optional<std::vector<Grant>>> third = (*session)->on_intent(part);
+  Result<std::optional<std::vector<Grant>>> third = answer(**session, part);
   ASSERT_TRUE(third && *third && (*third)->front().ok) << "one more block fits";
 }
 

@@ -16,11 +16,26 @@
 
 namespace kvrelay::worker::rdma {
 
-// Memory registered for local reads and remote writes.
+// Who may write a registration remotely: any peer that has its rkey, or
+// only through memory windows bound over it (a grant's, rdma_receiver.h).
+enum class RemoteAccess { kWrite, kWindowsOnly };
+
+// Memory registered for local reads and remote writes (or, with
+// RemoteAccess::kWindowsOnly, for windows bound over it).
 class Registration {
  public:
   virtual ~Registration() = default;
   virtual uint32_t lkey() const = 0;
+  virtual uint32_t rkey() const = 0;
+};
+
+// A type-2 memory window: a remote key for one range of a registration,
+// bound and invalidated by work requests on one queue pair, and usable only
+// by that queue pair's peer.
+class Window {
+ public:
+  virtual ~Window() = default;
+  // The rkey of the last bind posted (each bind makes a fresh one).
   virtual uint32_t rkey() const = 0;
 };
 
@@ -38,18 +53,33 @@ class RcQueuePair : public QueuePair {
   virtual int event_fd() const = 0;
   // Consumes the events that made the fd readable and asks for the next.
   virtual Status arm() = 0;
+  // Binds `window` over [address, address + bytes) of `region` (a
+  // kWindowsOnly registration of the same fabric) for remote writes by this
+  // queue pair's peer; window.rkey() is the new key from here on. Completes
+  // on the send queue, in order with the queue pair's other sends, and takes
+  // a send-queue slot until then.
+  virtual Status post_bind(Window& window, const Registration& region, uint64_t address,
+                           uint64_t bytes, uint64_t wr_id, bool signaled) = 0;
+  // Invalidates the window whose current key is `rkey`: writes with it fail
+  // once this completes (a local invalidation, on the send queue).
+  virtual Status post_invalidate(uint32_t rkey, uint64_t wr_id, bool signaled) = 0;
 };
 
 class Fabric {
  public:
   virtual ~Fabric() = default;
-  virtual Result<std::unique_ptr<Registration>> register_memory(void* address, size_t bytes) = 0;
+  virtual Result<std::unique_ptr<Registration>> register_memory(void* address, size_t bytes,
+                                                                RemoteAccess access) = 0;
   // GPU memory exported as a dma-buf (kernels/dmabuf.h): `bytes` from
   // `offset` into dma-buf `fd`, addressed in work requests as [iova, iova +
   // bytes) (the memory's device addresses, so that a pool's tensor addresses
   // serve as they are). The fd may be closed once this returns.
   virtual Result<std::unique_ptr<Registration>> register_dmabuf(int fd, uint64_t offset,
-                                                                size_t bytes, uint64_t iova) = 0;
+                                                                size_t bytes, uint64_t iova,
+                                                                RemoteAccess access) = 0;
+  // Ok where the device binds type-2 memory windows; else why not.
+  virtual Status windows_supported() const = 0;
+  virtual Result<std::unique_ptr<Window>> allocate_window() = 0;
   virtual Result<std::unique_ptr<RcQueuePair>> create_queue_pair() = 0;
   // For messages: "rxe0 port 1".
   virtual const std::string& name() const = 0;

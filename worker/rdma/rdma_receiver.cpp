@@ -56,12 +56,16 @@ Result<std::unique_ptr<RdmaSession>> RdmaSession::accept(RdmaListener& listener,
       if (Status st = (*qp)->post_receive(i); !st) return st.error();
     if (Status st = (*qp)->connect(remote); !st) return st.error();
     s->queue_pairs_.push_back(std::move(qp).value());
+    if (s->registration_->windows())
+      s->window_work_.push_back(std::make_unique<WindowWork>(*s->queue_pairs_.back()));
   }
   return s;
 }
 
 RdmaSession::~RdmaSession() {
-  // No byte may land after a write is abandoned: the queue pairs go first.
+  // No byte may land after a write is abandoned: the queue pairs go first
+  // (their windows with them), and the work that names them before that.
+  window_work_.clear();
   queue_pairs_.clear();
   for (auto& [imm, g] : transfers_)
     abandon(g);
@@ -108,19 +112,117 @@ void RdmaSession::abandon(Granted& g) {
 std::vector<Grant> RdmaSession::grant_keys(const Granted& g) const {
   const uint32_t tensors = listener_.pool().geometry().tensors_per_layer();
   const std::vector<RemoteTensor>& registered = registration_->tensors();
+  // The window group of each run: group i holds runs [i*n/G, (i+1)*n/G), as
+  // window_spans() bound them.
+  const size_t total_runs = g.run_spans.size();
+  const size_t groups = std::min(total_runs, RdmaSession::kWindowGroups);
+  std::vector<uint32_t> group_of(g.windows.empty() ? 0 : total_runs);
+  for (size_t i = 0; i < groups && !g.windows.empty(); ++i)
+    for (size_t r = i * total_runs / groups; r < (i + 1) * total_runs / groups; ++r)
+      group_of[r] = static_cast<uint32_t>(i);
   std::vector<Grant> parts;
+  size_t run = 0;  // over the whole intent
   for (const size_t runs : g.part_runs) {
     Grant& part = parts.emplace_back();
     part.transfer = g.transfer;
     part.ok = true;
     part.last = false;
     part.rkeys.reserve(runs * tensors);
-    for (size_t r = 0; r < runs; ++r)
+    for (size_t r = 0; r < runs; ++r, ++run) {
+      const size_t group = g.windows.empty() ? 0 : group_of[run];
       for (uint32_t slot = 0; slot < tensors; ++slot)
-        part.rkeys.push_back(registered[size_t{g.layer} * tensors + slot].rkey);
+        part.rkeys.push_back(g.windows.empty()
+                                 ? registered[size_t{g.layer} * tensors + slot].rkey
+                                 : g.windows[group * tensors + slot]->rkey());
+    }
   }
   parts.back().last = true;
   return parts;
+}
+
+std::vector<WindowWork::Bind> RdmaSession::window_spans(const Granted& g) const {
+  const PoolGeometry& geometry = listener_.pool().geometry();
+  const uint32_t tensors = geometry.tensors_per_layer();
+  const size_t n = g.run_spans.size();
+  const size_t groups = std::min(n, kWindowGroups);
+  std::vector<WindowWork::Bind> out;
+  out.reserve(groups * tensors);
+  for (size_t i = 0; i < groups; ++i) {
+    // Group i: runs [i*n/G, (i+1)*n/G), and the blocks from its lowest to
+    // its highest (a window is one range).
+    uint64_t first = UINT64_MAX, end = 0;
+    for (size_t r = i * n / groups; r < (i + 1) * n / groups; ++r) {
+      first = std::min<uint64_t>(first, g.run_spans[r].first);
+      end = std::max<uint64_t>(end, uint64_t{g.run_spans[r].first} + g.run_spans[r].count);
+    }
+    for (uint32_t slot = 0; slot < tensors; ++slot) {
+      const uint64_t bb = geometry.block_bytes(geometry.tensor_at(slot));
+      out.push_back(WindowWork::Bind{nullptr, &registration_->registration(g.layer, slot),
+                                     registration_->address(g.layer, slot) + first * bb,
+                                     (end - first) * bb});
+    }
+  }
+  return out;
+}
+
+Status RdmaSession::bind_waiting(std::vector<Grant>& refusals) {
+  while (!awaiting_windows_.empty()) {
+    const uint32_t imm = awaiting_windows_.front();
+    Granted& g = transfers_.at(imm);
+    std::vector<WindowWork::Bind> binds = window_spans(g);
+    bool refused = false;
+    while (spare_windows_.size() < binds.size() && windows_held_ < listener_.max_windows) {
+      Result<std::unique_ptr<Window>> w = listener_.fabric()->allocate_window();
+      if (!w) {
+        // The device's windows are shared by every session: wait for this
+        // one's to come back, unless it holds none in use.
+        if (windows_held_ > spare_windows_.size()) return {};
+        std::string why = fmt::format(
+            "the receiver cannot allocate memory windows for it on {} ({} held by this "
+            "session): {}",
+            listener_.fabric()->name(), windows_held_, w.error().message);
+        spdlog::warn("rank {}: refused an rdma transfer from {}: {}", listener_.rank(), peer_,
+                     why);
+        refusals.push_back(Grant{g.transfer, false, std::move(why), {}, true});
+        granted_open_bytes_ -= g.bytes;
+        abandon(g);
+        transfers_.erase(imm);
+        awaiting_windows_.pop_front();
+        refused = true;
+        break;
+      }
+      spare_windows_.push_back(std::move(w).value());
+      ++windows_held_;
+    }
+    if (refused) continue;
+    if (spare_windows_.size() < binds.size()) return {};  // until landings return some
+    for (WindowWork::Bind& b : binds) {
+      g.windows.push_back(std::move(spare_windows_.back()));
+      spare_windows_.pop_back();
+      b.window = g.windows.back().get();
+    }
+    g.stage = Stage::kBinding;
+    WindowWork& work = *window_work_[g.queue_pair];
+    work.bind(immediate_of(g.transfer), binds);
+    awaiting_windows_.pop_front();
+    if (Status s = work.post(); !s) return s;
+  }
+  return {};
+}
+
+void RdmaSession::land(uint32_t imm, std::vector<Ack>& acks) {
+  auto it = transfers_.find(imm);
+  Granted& g = it->second;
+  for (const LandedWrite& w : g.writes)
+    arrivals_.landed(w);
+  open_writes_ -= g.writes.size();
+  bytes_landed_ += g.bytes;
+  granted_open_bytes_ -= g.bytes;
+  last_landed_ = std::chrono::steady_clock::now();
+  acks.push_back({g.transfer, listener_.pool().check_intact()});
+  for (std::unique_ptr<Window>& w : g.windows)
+    spare_windows_.push_back(std::move(w));
+  transfers_.erase(it);
 }
 
 Result<std::optional<std::vector<Grant>>> RdmaSession::on_intent(const Intent& part) {
@@ -136,7 +238,7 @@ Result<std::optional<std::vector<Grant>>> RdmaSession::on_intent(const Intent& p
     g.transfer = part.transfer;
     g.layer = part.layer;
     g.queue_pair = part.queue_pair;
-  } else if (g.transfer != part.transfer || g.granted) {
+  } else if (g.transfer != part.transfer || g.stage != Stage::kAsked) {
     return broken(fmt::format("an rdma intent for transfer {} while transfer {} holds its "
                               "immediate",
                               part.transfer, g.transfer));
@@ -160,6 +262,8 @@ Result<std::optional<std::vector<Grant>>> RdmaSession::on_intent(const Intent& p
   if (part.runs.empty() && !part.last)
     return broken(fmt::format("an rdma intent part for transfer {} with no runs", part.transfer));
   g.part_runs.push_back(part.runs.size());
+  if (registration_->windows())
+    g.run_spans.insert(g.run_spans.end(), part.runs.begin(), part.runs.end());
   // Heterogeneous TP: a head range of each block (all heads: whole blocks).
   const uint32_t heads = part.heads == geometry.kv_heads ? 0 : part.heads;
   if (heads != 0 && uint64_t{part.first_head} + heads > geometry.kv_heads && g.refused.empty())
@@ -223,9 +327,23 @@ Result<std::optional<std::vector<Grant>>> RdmaSession::on_intent(const Intent& p
         "{} bytes are granted on this session and not landed yet; {} more would pass the limit "
         "of {} bytes",
         granted_open_bytes_, g.bytes, listener_.max_granted_bytes));
-  g.granted = true;
-  g.granted_at = std::chrono::steady_clock::now();
+  const size_t windows = std::min(g.run_spans.size(), kWindowGroups) *
+                         geometry.tensors_per_layer();
+  if (windows > listener_.max_windows)
+    return refusal(fmt::format("rdma transfer {} needs {} memory windows; a session holds at most {}",
+                               part.transfer, windows, listener_.max_windows));
   granted_open_bytes_ += g.bytes;
+  if (registration_->windows()) {
+    // The grant goes out of poll() once its windows are bound.
+    g.stage = Stage::kAwaitingWindows;
+    awaiting_windows_.push_back(imm);
+    std::vector<Grant> refusals;
+    if (Status s = bind_waiting(refusals); !s) return s.error();
+    if (refusals.empty()) return std::optional<std::vector<Grant>>{};
+    return std::optional<std::vector<Grant>>(std::move(refusals));
+  }
+  g.stage = Stage::kGranted;
+  g.granted_at = std::chrono::steady_clock::now();
   std::vector<Grant> grant = grant_keys(g);
   g.part_runs = {};
   return std::optional<std::vector<Grant>>(std::move(grant));
@@ -234,13 +352,16 @@ Result<std::optional<std::vector<Grant>>> RdmaSession::on_intent(const Intent& p
 std::optional<std::string> RdmaSession::overdue(std::chrono::milliseconds grace) const {
   const Granted* oldest = nullptr;
   for (const auto& [imm, g] : transfers_) {
-    if (!g.granted) continue;
+    if (g.stage == Stage::kAsked || g.stage == Stage::kInvalidating) continue;
     for (const LandedWrite& w : g.writes)
       if (w.request_key != 0 && arrivals_.withdrawing(w.request_key))
         return fmt::format(
             "the request of granted rdma transfer {} was withdrawn before its "
             "writes landed",
             g.transfer);
+    // Only a grant the peer holds is its to answer for; one still waiting
+    // for windows or binds is this side's delay.
+    if (g.stage != Stage::kGranted) continue;
     if (oldest == nullptr || g.granted_at < oldest->granted_at) oldest = &g;
   }
   if (oldest == nullptr) return std::nullopt;
@@ -255,12 +376,41 @@ std::optional<std::string> RdmaSession::overdue(std::chrono::milliseconds grace)
   return std::nullopt;
 }
 
-Status RdmaSession::poll(std::vector<Ack>& acks) {
+Status RdmaSession::poll(std::vector<Ack>& acks, std::vector<Grant>& grants) {
   std::array<WorkCompletion, 64> wcs;
   for (size_t q = 0; q < queue_pairs_.size(); ++q) {
     RcQueuePair& qp = *queue_pairs_[q];
+    WindowWork* work = window_work_.empty() ? nullptr : window_work_[q].get();
     if (Status s = qp.arm(); !s) return s;
     for (;;) {
+      // This side's sends are its window binds and invalidations (first: a
+      // failed one is what fails the receives after it); without windows
+      // there are none, but a flushed queue is seen here too.
+      finished_.clear();
+      const size_t m = qp.poll_send(wcs);
+      for (size_t i = 0; i < m; ++i) {
+        if (work == nullptr) {
+          if (!wcs[i].ok)
+            return broken(fmt::format("{}: completed with '{}'", qp.name(), wcs[i].status));
+          continue;
+        }
+        if (Status s = work->complete(wcs[i], finished_); !s) return s;
+      }
+      if (work != nullptr) work->take_empty(finished_);
+      for (const uint32_t imm : finished_) {
+        Granted& g = transfers_.at(imm);
+        if (g.stage == Stage::kInvalidating) {
+          land(imm, acks);
+          continue;
+        }
+        g.stage = Stage::kGranted;
+        g.granted_at = std::chrono::steady_clock::now();
+        std::vector<Grant> parts = grant_keys(g);
+        g.part_runs = {};
+        g.run_spans = {};
+        grants.insert(grants.end(), std::make_move_iterator(parts.begin()),
+                      std::make_move_iterator(parts.end()));
+      }
       const size_t n = qp.poll_receive(wcs);
       for (size_t i = 0; i < n; ++i) {
         const WorkCompletion& wc = wcs[i];
@@ -268,31 +418,38 @@ Status RdmaSession::poll(std::vector<Ack>& acks) {
           return broken(fmt::format("{}: a receive completed with '{}'", qp.name(), wc.status));
         if (!wc.immediate) return broken(fmt::format("{}: a receive without an immediate", qp.name()));
         auto it = transfers_.find(*wc.immediate);
-        if (it == transfers_.end() || !it->second.granted)
+        if (it == transfers_.end() || it->second.stage != Stage::kGranted)
           return broken(fmt::format("{}: writes landed for immediate {:#x}, which no granted "
                                     "transfer holds",
                                     qp.name(), *wc.immediate));
-        Granted& g = it->second;
-        for (const LandedWrite& w : g.writes)
-          arrivals_.landed(w);
-        open_writes_ -= g.writes.size();
-        bytes_landed_ += g.bytes;
-        granted_open_bytes_ -= g.bytes;
-        last_landed_ = std::chrono::steady_clock::now();
-        acks.push_back({g.transfer, listener_.pool().check_intact()});
-        transfers_.erase(it);
+        if (it->second.queue_pair != q)
+          return broken(fmt::format("{}: writes landed for rdma transfer {}, granted on queue "
+                                    "pair {}",
+                                    qp.name(), it->second.transfer, it->second.queue_pair));
         if (Status s = qp.post_receive(wc.wr_id); !s) return s;
+        if (work == nullptr) {
+          land(*wc.immediate, acks);
+          continue;
+        }
+        // Its windows are taken back before its writes count: nothing of
+        // this peer's lands in them afterwards.
+        Granted& g = it->second;
+        g.stage = Stage::kInvalidating;
+        std::vector<uint32_t> rkeys;
+        rkeys.reserve(g.windows.size());
+        for (const auto& w : g.windows)
+          rkeys.push_back(w->rkey());
+        work->invalidate(*wc.immediate, rkeys);
+        if (Status s = work->post(); !s) return s;
       }
-      // Sends on this side are never signaled: the sender writes, this side
-      // only receives. Drain anyway so that a flushed queue is seen.
-      const size_t m = qp.poll_send(wcs);
-      for (size_t i = 0; i < m; ++i)
-        if (!wcs[i].ok)
-          return broken(fmt::format("{}: completed with '{}'", qp.name(), wcs[i].status));
-      if (n < wcs.size()) break;
+      // Invalidations just posted often complete at once: look again
+      // rather than wait for the fd.
+      const bool invalidating = work != nullptr && n > 0;
+      if (n < wcs.size() && m < wcs.size() && !invalidating) break;
     }
   }
-  return {};
+  // Landings gave windows back: transfers waiting for them get them now.
+  return bind_waiting(grants);
 }
 
 }  // namespace kvrelay::worker::rdma

@@ -19,19 +19,31 @@
 // broke the protocol) destroys its queue pairs first, so that no further
 // byte can land, and only then abandons what was granted and did not land.
 //
-// Trust: an authenticated peer could post writes it was not granted; the
-// keys granted today are the pool's registration's, so the pool's memory is
-// writable remotely by the peers that hold the net key, as an ipc writer on
-// the host maps it. A write that lands without a grant is caught when it
-// carries an immediate (which names no granted transfer) and closes the
-// session; one without an immediate is not seen. Memory windows bound per
-// grant (verbs_device.h has them) are what grant_keys() is to hand out.
+// Windows: where the device binds type-2 memory windows (the pool is then
+// registered for windows only, registered_pool.h), a grant's keys are
+// windows bound for it on the queue pair its intent named: one per tensor
+// for each group of its runs (every run its own, up to kWindowGroups runs; a
+// longer intent's runs share windows that span from a group's first block
+// to its last). The grant is sent once the binds completed; at landing the
+// windows are invalidated before the writes count as landed and are acked,
+// so no byte of that peer lands afterwards. A peer writes nothing outside
+// an open grant of its own session, then; inside a window's range only on a
+// device that checks ranges (soft-RoCE does not: docs/transports.md). A
+// session holds at most max_windows; a grant that finds none free waits for
+// landings to return some.
+//
+// Without windows, the keys granted are the pool registration's, so the
+// pool's memory is writable remotely by the peers that hold the net key, as
+// an ipc writer on the host maps it; a write that lands without a grant is
+// caught only when it carries an immediate (which names no granted
+// transfer: the session is closed).
 //
 // Not thread-safe: each session lives on its connection's strand.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -45,6 +57,7 @@
 #include "worker/rdma/control_wire.h"
 #include "worker/rdma/fabric.h"
 #include "worker/rdma/registered_pool.h"
+#include "worker/rdma/window_work.h"
 
 namespace kvrelay::worker::rdma {
 
@@ -73,6 +86,10 @@ class RdmaListener {
   // pass it is refused, naming the limit.
   static constexpr uint64_t kMaxGrantedBytes = 4ull << 30;
   uint64_t max_granted_bytes = kMaxGrantedBytes;  // tests set less
+  // Memory windows a session may hold (bound or spare). Soft-RoCE on Linux
+  // 6.1 has 4,096 for the whole device.
+  static constexpr size_t kMaxWindows = 512;
+  size_t max_windows = kMaxWindows;  // tests set less
 
  private:
   Fabric* fabric_;
@@ -105,11 +122,20 @@ class RdmaSession {
 
   // One part of an intent. After the last part: the grant to send, a part
   // for each part of the intent, or one part refusing it (with nothing of it
-  // admitted). An error: the peer broke the protocol (close the connection).
+  // admitted); nothing where its windows are being bound (poll() hands the
+  // grant out once they are), or refusals of transfers (this one or waiting
+  // ones) for which no window could be had. An error: the peer broke the protocol (close
+  // the connection).
   Result<std::optional<std::vector<Grant>>> on_intent(const Intent& part);
-  // Arms the queue pairs and drains their receive completions: appends an
-  // ack for every transfer that landed. An error: the session is broken.
-  Status poll(std::vector<Ack>& acks);
+  // Arms the queue pairs and drains their completions: appends an ack for
+  // every transfer that landed, and the grant of every transfer whose
+  // windows were bound (its parts, in order). An error: the session is
+  // broken.
+  Status poll(std::vector<Ack>& acks, std::vector<Grant>& grants);
+  // Windows this session holds (bound or spare).
+  size_t windows_held() const { return windows_held_; }
+  // Runs that get windows of their own; more share them (see above).
+  static constexpr size_t kWindowGroups = 16;
 
   uint64_t bytes_landed() const { return bytes_landed_; }
   size_t open_transfers() const { return transfers_.size(); }
@@ -124,16 +150,25 @@ class RdmaSession {
   std::optional<std::string> overdue(std::chrono::milliseconds grace) const;
 
  private:
+  enum class Stage {
+    kAsked,         // intent parts arriving
+    kAwaitingWindows,  // asked in full and admitted; no windows free yet
+    kBinding,       // its windows' binds posted
+    kGranted,       // the grant sent: its writes may land
+    kInvalidating,  // landed; its windows' invalidations posted
+  };
   struct Granted {
     uint64_t transfer = 0;
     std::vector<LandedWrite> writes;  // admitted
     uint64_t bytes = 0;
     uint64_t runs = 0;    // over its parts so far
     std::string refused;  // why, once a part was refused
-    bool granted = false;
+    Stage stage = Stage::kAsked;
     uint32_t layer = 0;
     uint32_t queue_pair = 0;          // the intent's
     std::vector<size_t> part_runs;    // runs per part, until the grant
+    std::vector<BlockSpan> run_spans;  // every part's runs, until the grant (windows only)
+    std::vector<std::unique_ptr<Window>> windows;  // group-major, then tensor
     std::chrono::steady_clock::time_point granted_at{};
   };
   RdmaSession(RdmaListener& listener, Arrivals& arrivals, std::string peer)
@@ -141,10 +176,19 @@ class RdmaSession {
   // Admits one write of a transfer, or records why the transfer is refused.
   void admit(Granted& g, const LandedWrite& w);
   void abandon(Granted& g);
-  // The grant's parts: a key per run and tensor. Today the pool
-  // registration's key of the run's tensor, which writes the whole tensor;
-  // a memory window bound to the run on g.queue_pair is to take its place.
+  // The grant's parts: a key per run and tensor, the window bound for the
+  // run's group, or (no windows) the pool registration's key of the tensor.
   std::vector<Grant> grant_keys(const Granted& g) const;
+  // Windows `g` needs, and what each one spans.
+  std::vector<WindowWork::Bind> window_spans(const Granted& g) const;
+  // Gives waiting transfers their windows and posts their binds, in order
+  // of asking, while windows can be had; one that can get none (the device
+  // has no more, and this session holds none in use) is refused: appended to
+  // `refusals`. An error: the session is broken.
+  Status bind_waiting(std::vector<Grant>& refusals);
+  // Every write of `g` landed and (with windows) its windows are invalid:
+  // the writes count, the sender gets its ack, the windows are spare.
+  void land(uint32_t imm, std::vector<Ack>& acks);
 
   RdmaListener& listener_;
   Arrivals& arrivals_;
@@ -152,6 +196,11 @@ class RdmaSession {
   std::string sender_;  // the peer's instance (its authenticated hello): whose writes these are
   std::shared_ptr<const RegisteredPool> registration_;
   std::vector<std::unique_ptr<RcQueuePair>> queue_pairs_;
+  std::vector<std::unique_ptr<WindowWork>> window_work_;  // per queue pair (windows only)
+  std::vector<std::unique_ptr<Window>> spare_windows_;
+  size_t windows_held_ = 0;              // bound and spare
+  std::deque<uint32_t> awaiting_windows_;  // immediates, in order of asking
+  std::vector<uint32_t> finished_;       // scratch
   std::unordered_map<uint32_t, Granted> transfers_;  // by immediate (the transfer's low 32 bits)
   uint64_t bytes_landed_ = 0;
   std::chrono::steady_clock::time_point last_landed_{};  // when a transfer last landed

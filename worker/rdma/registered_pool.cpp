@@ -33,6 +33,8 @@ Result<std::unique_ptr<RegisteredPool>> RegisteredPool::create(
   r->tensors_.assign(spans.size(), RemoteTensor{});
   r->keys_.assign(spans.size(), Keys{});
   const bool gpu = pool.memory_kind() != kernels::MemoryKind::kHost;
+  r->windows_ = fabric.windows_supported().ok();
+  const RemoteAccess access = r->windows_ ? RemoteAccess::kWindowsOnly : RemoteAccess::kWrite;
   for (size_t i = 0; i < spans.size();) {
     // Tensors back to back (or overlapping) share one registration; in GPU
     // memory, only as far as the dma-buf of the first one's allocation goes.
@@ -50,7 +52,8 @@ Result<std::unique_ptr<RegisteredPool>> RegisteredPool::create(
     Result<std::unique_ptr<Registration>> reg =
         make_error(Errc::kUnsupported, "not registered");  // replaced below
     if (dmabuf && end <= limit) {
-      reg = fabric.register_dmabuf(dmabuf->fd.get(), dmabuf->offset, bytes, spans[i].begin);
+      reg = fabric.register_dmabuf(dmabuf->fd.get(), dmabuf->offset, bytes, spans[i].begin,
+                                   access);
       if (reg) ++r->dmabuf_registrations_;
     }
     if (!reg) {
@@ -60,7 +63,7 @@ Result<std::unique_ptr<RegisteredPool>> RegisteredPool::create(
           : end > limit ? fmt::format("the tensor at {:#x} runs past its allocation's dma-buf",
                                       spans[i].begin)
                         : reg.error().message;
-      reg = fabric.register_memory(reinterpret_cast<void*>(spans[i].begin), bytes);
+      reg = fabric.register_memory(reinterpret_cast<void*>(spans[i].begin), bytes, access);
       if (!reg && gpu)
         return make_error(
             reg.code(),
@@ -75,7 +78,7 @@ Result<std::unique_ptr<RegisteredPool>> RegisteredPool::create(
     for (size_t k = i; k < j; ++k) {
       const Span& s = spans[k];
       r->tensors_[s.index] = RemoteTensor{s.begin, (*reg)->rkey(), s.end - s.begin};
-      r->keys_[s.index] = Keys{s.begin, (*reg)->lkey()};
+      r->keys_[s.index] = Keys{s.begin, (*reg)->lkey(), reg->get()};
     }
     r->registrations_.push_back(std::move(reg).value());
     i = j;

@@ -5,6 +5,12 @@
 // peers (RdmaMemoryRegions). Held for as long as the pool is: once per pool
 // epoch, not once per transfer.
 //
+// Where the device binds memory windows, the pool is registered for them
+// only (RemoteAccess::kWindowsOnly): its own rkeys write nothing remotely,
+// and a peer writes only through the windows a grant binds for it
+// (rdma_receiver.h). Elsewhere the registration allows remote writes, and
+// grants hand out its rkeys (docs/transports.md says what that trusts).
+//
 // A pool in GPU memory is registered for GPUDirect RDMA: each allocation's
 // tensors through a dma-buf of it (ibv_reg_dmabuf_mr), addressed by their
 // device addresses; where the driver will not export one, by the device
@@ -34,6 +40,12 @@ class RegisteredPool {
   const LocalPool& pool() const { return pool_; }
   uint32_t lkey(uint32_t layer, uint32_t tensor) const { return at(layer, tensor).lkey; }
   uint64_t address(uint32_t layer, uint32_t tensor) const { return at(layer, tensor).address; }
+  // The registration that holds a tensor: what a window over it is bound on.
+  const Registration& registration(uint32_t layer, uint32_t tensor) const {
+    return *at(layer, tensor).registration;
+  }
+  // Registered for memory windows only (true), or for remote writes.
+  bool windows() const { return windows_; }
   // One per (layer, tensor), layer-major: what encode_regions() takes.
   const std::vector<RemoteTensor>& tensors() const { return tensors_; }
   size_t registrations() const { return registrations_.size(); }
@@ -44,6 +56,7 @@ class RegisteredPool {
   struct Keys {
     uint64_t address;
     uint32_t lkey;
+    const Registration* registration;
   };
   explicit RegisteredPool(const LocalPool& pool) : pool_(pool) {}
   const Keys& at(uint32_t layer, uint32_t tensor) const {
@@ -55,6 +68,7 @@ class RegisteredPool {
   std::vector<RemoteTensor> tensors_;
   std::vector<Keys> keys_;
   size_t dmabuf_registrations_ = 0;
+  bool windows_ = false;
 };
 
 }  // namespace kvrelay::worker::rdma

@@ -81,16 +81,21 @@ class SessionHandler final : public net::MessageHandler {
     if (!session_) return link_.close("an rdma intent before an rdma session");
     Result<std::optional<std::vector<Grant>>> grant = session_->on_intent(part);
     if (!grant) return link_.close(grant.error().message);
-    if (*grant) {
-      const bool ok = (*grant)->front().ok;
-      if (!ok) ++shared_->stats->refused;
-      net::Outgoing reply;
-      for (const Grant& g : **grant)
-        encode_grant(g, reply.owned);
-      link_.send(std::move(reply));
-      if (ok && !watching_) watch_grants();
-    }
+    if (*grant) send_grants(**grant);
+    // A grant whose windows are being bound can still be overdue for its
+    // request's withdrawal.
+    if (session_->open_transfers() != 0 && !watching_) watch_grants();
     link_.read_next();
+  }
+
+  // Grant parts (and refusals), in one message.
+  void send_grants(const std::vector<Grant>& grants) {
+    net::Outgoing reply;
+    for (const Grant& g : grants) {
+      if (!g.ok) ++shared_->stats->refused;
+      encode_grant(g, reply.owned);
+    }
+    link_.send(std::move(reply));
   }
 
   // While grants are open: a withdrawn request's, or one whose writes do
@@ -116,7 +121,12 @@ class SessionHandler final : public net::MessageHandler {
   void on_completions() {
     if (!session_ || link_.closed()) return;
     acks_.clear();
-    Status s = session_->poll(acks_);
+    grants_.clear();
+    Status s = session_->poll(acks_, grants_);
+    if (!grants_.empty()) {
+      send_grants(grants_);
+      if (!watching_) watch_grants();
+    }
     if (!acks_.empty()) {
       net::Outgoing out;
       for (const Ack& a : acks_)
@@ -133,7 +143,8 @@ class SessionHandler final : public net::MessageHandler {
   boost::asio::steady_timer overdue_;
   bool watching_ = false;
   std::optional<CompletionWatch> watch_;
-  std::vector<Ack> acks_;  // scratch
+  std::vector<Ack> acks_;      // scratch
+  std::vector<Grant> grants_;  // scratch
 };
 
 }  // namespace

@@ -91,12 +91,18 @@ VerbsDevice::~VerbsDevice() {
   if (context_ != nullptr) ibv_close_device(context_);
 }
 
+namespace {
+
+int access_flags(RemoteAccess access) {
+  return access == RemoteAccess::kWrite ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
+                                        : IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<MemoryRegion>> VerbsDevice::register_memory(void* address, size_t bytes,
                                                                    RemoteAccess access) const {
-  const int flags = access == RemoteAccess::kWrite
-                        ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
-                        : IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
-  ibv_mr* mr = ibv_reg_mr(pd_, address, bytes, flags);
+  ibv_mr* mr = ibv_reg_mr(pd_, address, bytes, access_flags(access));
   if (mr == nullptr)
     return verbs_error(fmt::format("ibv_reg_mr of {} bytes on {}", bytes, name_), errno);
   return std::unique_ptr<MemoryRegion>(new MemoryRegion(mr));
@@ -104,9 +110,9 @@ Result<std::unique_ptr<MemoryRegion>> VerbsDevice::register_memory(void* address
 
 Result<std::unique_ptr<MemoryRegion>> VerbsDevice::register_dmabuf(int fd, uint64_t offset,
                                                                    size_t bytes,
-                                                                   uint64_t iova) const {
-  ibv_mr* mr = ibv_reg_dmabuf_mr(pd_, offset, bytes, iova, fd,
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+                                                                   uint64_t iova,
+                                                                   RemoteAccess access) const {
+  ibv_mr* mr = ibv_reg_dmabuf_mr(pd_, offset, bytes, iova, fd, access_flags(access));
   if (mr == nullptr)
     return verbs_error(fmt::format("ibv_reg_dmabuf_mr of {} bytes on {}", bytes, name_), errno);
   return std::unique_ptr<MemoryRegion>(new MemoryRegion(mr));
@@ -280,8 +286,10 @@ Result<size_t> VerbsQueuePair::post_writes(std::span<const WriteRequest> writes)
   return verbs_error(fmt::format("{}: ibv_post_send", name_), rc);
 }
 
-Status VerbsQueuePair::post_bind(MemoryWindow& window, const MemoryRegion& region,
+Status VerbsQueuePair::post_bind(Window& any_window, const Registration& any_region,
                                  uint64_t address, uint64_t bytes, uint64_t wr_id, bool signaled) {
+  auto& window = static_cast<MemoryWindow&>(any_window);
+  const auto& region = static_cast<const MemoryRegion&>(any_region);
   const uint32_t rkey = ibv_inc_rkey(window.rkey_);
   ibv_send_wr wr{};
   wr.wr_id = wr_id;
@@ -296,6 +304,10 @@ Status VerbsQueuePair::post_bind(MemoryWindow& window, const MemoryRegion& regio
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0)
     return verbs_error(fmt::format("{}: ibv_post_send of a window bind", name_), rc);
+  // The next bind names the window by its current key (the provider reads
+  // it from the ibv_mw: a stale one fails as 'memory management operation
+  // error'), and verbs leaves keeping it to the application for type 2.
+  window.mw_->rkey = rkey;
   window.rkey_ = rkey;
   return {};
 }

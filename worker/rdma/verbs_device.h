@@ -37,21 +37,17 @@ struct QueuePairOptions {
 
 class VerbsDevice;
 
-// Who may write a registration remotely: any peer that has its rkey (the
-// transport's pools today), or only through memory windows bound over it.
-enum class RemoteAccess { kWrite, kWindowsOnly };
-
 // A type-2 memory window: a remote key for one range of a registration,
 // bound and invalidated by work requests on one queue pair, and usable only
 // by that queue pair's peer. What would scope a peer's writes to its grant
 // (docs/transports.md says what it costs).
-class MemoryWindow {
+class MemoryWindow final : public Window {
  public:
-  ~MemoryWindow();
+  ~MemoryWindow() override;
   MemoryWindow(const MemoryWindow&) = delete;
   MemoryWindow& operator=(const MemoryWindow&) = delete;
   // The rkey of the last bind posted (each bind gets a fresh one).
-  uint32_t rkey() const { return rkey_; }
+  uint32_t rkey() const override { return rkey_; }
 
  private:
   friend class VerbsDevice;
@@ -95,14 +91,11 @@ class VerbsQueuePair final : public RcQueuePair {
   Status arm() override;
 
   Result<size_t> post_writes(std::span<const WriteRequest> writes) override;
-  // Binds `window` over [address, address + bytes) of `region` for remote
-  // writes by this queue pair's peer; the window's rkey is the new one from
-  // here on. Completes on the send queue like a write.
-  Status post_bind(MemoryWindow& window, const MemoryRegion& region, uint64_t address,
-                   uint64_t bytes, uint64_t wr_id, bool signaled);
-  // Invalidates the window whose current rkey is `rkey`: writes with it fail
-  // from then on (local invalidate, on the send queue).
-  Status post_invalidate(uint32_t rkey, uint64_t wr_id, bool signaled);
+  // `window` and `region`: a MemoryWindow and a MemoryRegion of this
+  // queue pair's device (the only kinds a VerbsFabric makes).
+  Status post_bind(Window& window, const Registration& region, uint64_t address, uint64_t bytes,
+                   uint64_t wr_id, bool signaled) override;
+  Status post_invalidate(uint32_t rkey, uint64_t wr_id, bool signaled) override;
   Status post_receive(uint64_t wr_id) override;
   size_t poll_send(std::span<WorkCompletion> out) override;
   size_t poll_receive(std::span<WorkCompletion> out) override;
@@ -140,8 +133,9 @@ class VerbsDevice {
   Status windows_supported() const;
   Result<std::unique_ptr<MemoryWindow>> allocate_window() const;
   // ibv_reg_dmabuf_mr: GPU memory the NIC reaches through its dma-buf.
-  Result<std::unique_ptr<MemoryRegion>> register_dmabuf(int fd, uint64_t offset, size_t bytes,
-                                                        uint64_t iova) const;
+  Result<std::unique_ptr<MemoryRegion>> register_dmabuf(
+      int fd, uint64_t offset, size_t bytes, uint64_t iova,
+      RemoteAccess access = RemoteAccess::kWrite) const;
   Result<std::unique_ptr<VerbsQueuePair>> create_queue_pair(const QueuePairOptions& options) const;
 
   const std::string& name() const { return name_; }

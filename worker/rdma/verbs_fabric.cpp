@@ -18,16 +18,25 @@ class VerbsFabric final : public Fabric {
     qp_.timeout = o.timeout;
     qp_.retry_count = o.retry_count;
   }
-  Result<std::unique_ptr<Registration>> register_memory(void* address, size_t bytes) override {
-    Result<std::unique_ptr<MemoryRegion>> mr = device_->register_memory(address, bytes);
+  Result<std::unique_ptr<Registration>> register_memory(void* address, size_t bytes,
+                                                        RemoteAccess access) override {
+    Result<std::unique_ptr<MemoryRegion>> mr = device_->register_memory(address, bytes, access);
     if (!mr) return mr.error();
     return std::unique_ptr<Registration>(std::move(mr).value());
   }
   Result<std::unique_ptr<Registration>> register_dmabuf(int fd, uint64_t offset, size_t bytes,
-                                                        uint64_t iova) override {
-    Result<std::unique_ptr<MemoryRegion>> mr = device_->register_dmabuf(fd, offset, bytes, iova);
+                                                        uint64_t iova,
+                                                        RemoteAccess access) override {
+    Result<std::unique_ptr<MemoryRegion>> mr =
+        device_->register_dmabuf(fd, offset, bytes, iova, access);
     if (!mr) return mr.error();
     return std::unique_ptr<Registration>(std::move(mr).value());
+  }
+  Status windows_supported() const override { return device_->windows_supported(); }
+  Result<std::unique_ptr<Window>> allocate_window() override {
+    Result<std::unique_ptr<MemoryWindow>> w = device_->allocate_window();
+    if (!w) return w.error();
+    return std::unique_ptr<Window>(std::move(w).value());
   }
   Result<std::unique_ptr<RcQueuePair>> create_queue_pair() override {
     Result<std::unique_ptr<VerbsQueuePair>> qp = device_->create_queue_pair(qp_);
