@@ -89,6 +89,15 @@ Result<BuiltTransport> build(TransportContext& c) {
             "memory)",
             c.rank, res->fabric->name(), res->registered->registrations(),
             res->registered->dmabuf_registrations());
+        // What a peer holding the net key may write (docs/transports.md, Trust).
+        if (res->registered->windows())
+          spdlog::info("rank {}: rdma peers write through memory windows bound per grant",
+                       c.rank);
+        else
+          spdlog::warn(
+              "rank {}: {} has no memory windows ({}): every authenticated rdma peer may write "
+              "anywhere in the pool; use tcp between hosts that do not trust each other",
+              c.rank, res->fabric->name(), res->fabric->windows_supported().error().message);
       }
     }
   }
