@@ -56,7 +56,7 @@ class RdmaTransportTest : public ::testing::Test {
     o.timing = timing();
     o.handshake_timeout = 500ms;
     o.arrivals = arrivals;
-    if (with_rdma) o.rdma = std::make_shared<RdmaListener>(&fabric, "", *dst, 0);
+    if (with_rdma) o.rdma = rdma_listener = std::make_shared<RdmaListener>(&fabric, "", *dst, 0);
     Result<std::unique_ptr<Receiver>> r = Receiver::start(net, *dst, key, o);
     ASSERT_TRUE(r) << r.error().message;
     receiver = std::move(r).value();
@@ -120,6 +120,7 @@ class RdmaTransportTest : public ::testing::Test {
 
   AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
   FakeFabric fabric;  // outlives every queue pair
+  std::shared_ptr<RdmaListener> rdma_listener;  // listen()'s
   std::unique_ptr<HostSegmentPool> src, dst;
   std::shared_ptr<Arrivals> arrivals;
   net::NetThread net;
@@ -498,6 +499,26 @@ TEST_F(RdmaTransportTest, ASessionRefusesAGrantThatWouldPassItsGrantedBytes) {
   part.runs = {BlockSpan{4, 1}};
   Result<std::optional<std::vector<Grant>>> third = answer(**session, part);
   ASSERT_TRUE(third && *third && (*third)->front().ok) << "one more block fits";
+}
+
+// A hostile receiver that grants a key fewer than the intent's runs and
+// tensors: the sender writes nothing, ends the session, and the request
+// fails naming the grant and its keys.
+TEST_F(RdmaTransportTest, AGrantWithAKeyMissingEndsTheSessionBeforeAnyWrite) {
+  listen();
+  rdma_listener->tamper_grants = [](std::vector<Grant>& grants) {
+    for (Grant& g : grants)
+      if (g.ok && g.last && !g.rkeys.empty()) g.rkeys.pop_back();
+  };
+  connect();
+  auto dest = destination(receiver->port());
+  ASSERT_TRUE(dest);
+  const auto done = send_all_layers(*dest, 1, {1, 2, 5}, {3, 4, 9});
+  ASSERT_EQ(done.size(), 3u);
+  for (const TransferCompletion& c : done) ASSERT_FALSE(c.status);
+  const std::string why = message(done[0]) + message(done[1]) + message(done[2]);
+  EXPECT_NE(why.find("holds 3 keys, not one per run"), std::string::npos) << why;
+  EXPECT_EQ(fabric.writes.load(), 0u) << "nothing written under a short grant";
 }
 
 TEST_F(RdmaTransportTest, AListenerWithoutRdmaRefusesTheOfferSayingSo) {

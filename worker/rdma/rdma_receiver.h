@@ -44,6 +44,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -90,6 +91,9 @@ class RdmaListener {
   // 6.1 has 4,096 for the whole device.
   static constexpr size_t kMaxWindows = 512;
   size_t max_windows = kMaxWindows;  // tests set less
+  // Tests only: plays a hostile receiver by altering each grant message's
+  // parts before they are sent.
+  std::function<void(std::vector<Grant>&)> tamper_grants;
 
  private:
   Fabric* fabric_;

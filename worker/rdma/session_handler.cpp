@@ -89,7 +89,9 @@ class SessionHandler final : public net::MessageHandler {
   }
 
   // Grant parts (and refusals), in one message.
-  void send_grants(const std::vector<Grant>& grants) {
+  void send_grants(std::vector<Grant>& grants) {
+    if (shared_->listener && shared_->listener->tamper_grants)
+      shared_->listener->tamper_grants(grants);
     net::Outgoing reply;
     for (const Grant& g : grants) {
       if (!g.ok) ++shared_->stats->refused;
