@@ -268,17 +268,21 @@ inline bool FakeRcQueuePair::execute(const WriteRequest& wr, std::string& status
     status = "transport retry counter exceeded";  // nobody answers there any more
     return false;
   }
-  std::byte* to = fabric_.locate_remote(wr.rkey, peer_qpn_, wr.remote_address, wr.length);
-  if (to == nullptr) {
-    status = "remote access error";
-    return false;
+  // A zero-length write (an immediate alone) touches no memory: as on a
+  // device, its keys are not checked.
+  if (wr.length != 0) {
+    std::byte* to = fabric_.locate_remote(wr.rkey, peer_qpn_, wr.remote_address, wr.length);
+    if (to == nullptr) {
+      status = "remote access error";
+      return false;
+    }
+    const std::byte* from = fabric_.locate(wr.lkey, wr.local_address, wr.length);
+    if (from == nullptr) {
+      status = "local protection error";
+      return false;
+    }
+    std::memcpy(to, from, wr.length);
   }
-  const std::byte* from = fabric_.locate(wr.lkey, wr.local_address, wr.length);
-  if (from == nullptr) {
-    status = "local protection error";
-    return false;
-  }
-  std::memcpy(to, from, wr.length);
   if (wr.immediate) {
     FakeRcQueuePair& p = *peer->second;
     if (p.receives_.empty()) {

@@ -193,6 +193,24 @@ TEST_F(RdmaWindowsTest, AScatteredLayerBindsAWindowPerGroupOfRuns) {
         << "run " << r;
 }
 
+// An intent of no runs has nothing to bind: it is granted at once, with no
+// keys, and lands like any other.
+TEST_F(RdmaWindowsTest, AnIntentOfNoRunsIsGrantedAtOnceWithNoKeys) {
+  Intent part;
+  part.transfer = 5;
+  part.queue_pair = 1;
+  Result<std::optional<std::vector<Grant>>> r = session->on_intent(part);
+  ASSERT_TRUE(r && *r) << "not left waiting for a bind that never comes";
+  ASSERT_EQ((*r)->size(), 1u);
+  EXPECT_TRUE((*r)->front().ok);
+  EXPECT_TRUE((*r)->front().rkeys.empty());
+  EXPECT_EQ(fabric.binds.load(), 0u);
+  EXPECT_EQ(write(1, 0, 0, 0, immediate_of(5)), "");
+  EXPECT_FALSE(poll());
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].transfer, 5u);
+}
+
 // A session holds at most max_windows: a grant that finds none free waits
 // for a landing to return some; one that needs more than that is refused,
 // naming the limit; and where the device has none to give and the session

@@ -165,7 +165,7 @@ std::vector<WindowWork::Bind> RdmaSession::window_spans(const Granted& g) const 
   return out;
 }
 
-Status RdmaSession::bind_waiting(std::vector<Grant>& refusals) {
+Status RdmaSession::bind_waiting(std::vector<Grant>& answers) {
   while (!awaiting_windows_.empty()) {
     const uint32_t imm = awaiting_windows_.front();
     Granted& g = transfers_.at(imm);
@@ -183,7 +183,7 @@ Status RdmaSession::bind_waiting(std::vector<Grant>& refusals) {
             listener_.fabric()->name(), windows_held_, w.error().message);
         spdlog::warn("rank {}: refused an rdma transfer from {}: {}", listener_.rank(), peer_,
                      why);
-        refusals.push_back(Grant{g.transfer, false, std::move(why), {}, true});
+        answers.push_back(Grant{g.transfer, false, std::move(why), {}, true});
         granted_open_bytes_ -= g.bytes;
         abandon(g);
         transfers_.erase(imm);
@@ -195,6 +195,14 @@ Status RdmaSession::bind_waiting(std::vector<Grant>& refusals) {
       ++windows_held_;
     }
     if (refused) continue;
+    if (binds.empty()) {  // an intent of no runs: nothing to bind, nothing to wait for
+      g.stage = Stage::kGranted;
+      g.granted_at = std::chrono::steady_clock::now();
+      std::vector<Grant> parts = grant_keys(g);
+      answers.insert(answers.end(), parts.begin(), parts.end());
+      awaiting_windows_.pop_front();
+      continue;
+    }
     if (spare_windows_.size() < binds.size()) return {};  // until landings return some
     for (WindowWork::Bind& b : binds) {
       g.windows.push_back(std::move(spare_windows_.back()));
@@ -337,10 +345,10 @@ Result<std::optional<std::vector<Grant>>> RdmaSession::on_intent(const Intent& p
     // The grant goes out of poll() once its windows are bound.
     g.stage = Stage::kAwaitingWindows;
     awaiting_windows_.push_back(imm);
-    std::vector<Grant> refusals;
-    if (Status s = bind_waiting(refusals); !s) return s.error();
-    if (refusals.empty()) return std::optional<std::vector<Grant>>{};
-    return std::optional<std::vector<Grant>>(std::move(refusals));
+    std::vector<Grant> answers;
+    if (Status s = bind_waiting(answers); !s) return s.error();
+    if (answers.empty()) return std::optional<std::vector<Grant>>{};
+    return std::optional<std::vector<Grant>>(std::move(answers));
   }
   g.stage = Stage::kGranted;
   g.granted_at = std::chrono::steady_clock::now();

@@ -128,7 +128,8 @@ class RdmaSession {
   // for each part of the intent, or one part refusing it (with nothing of it
   // admitted); nothing where its windows are being bound (poll() hands the
   // grant out once they are), or refusals of transfers (this one or waiting
-  // ones) for which no window could be had. An error: the peer broke the protocol (close
+  // ones) for which no window could be had, with the grant of this one if it
+  // has no runs. An error: the peer broke the protocol (close
   // the connection).
   Result<std::optional<std::vector<Grant>>> on_intent(const Intent& part);
   // Arms the queue pairs and drains their completions: appends an ack for
@@ -186,10 +187,11 @@ class RdmaSession {
   // Windows `g` needs, and what each one spans.
   std::vector<WindowWork::Bind> window_spans(const Granted& g) const;
   // Gives waiting transfers their windows and posts their binds, in order
-  // of asking, while windows can be had; one that can get none (the device
-  // has no more, and this session holds none in use) is refused: appended to
-  // `refusals`. An error: the session is broken.
-  Status bind_waiting(std::vector<Grant>& refusals);
+  // of asking, while windows can be had. Appended to `answers`: the refusal
+  // of one that can get none (the device has no more, and this session
+  // holds none in use), and the grant of one with no runs (nothing to bind).
+  // An error: the session is broken.
+  Status bind_waiting(std::vector<Grant>& answers);
   // Every write of `g` landed and (with windows) its windows are invalid:
   // the writes count, the sender gets its ack, the windows are spare.
   void land(uint32_t imm, std::vector<Ack>& acks);
