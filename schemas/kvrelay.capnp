@@ -551,7 +551,7 @@ struct RdmaMemoryRegions {
     layer @0 :UInt32;
     tensor @1 :UInt32;   # 0 K, 1 V, 2 K scale, 3 V scale
     address @2 :UInt64;  # remote virtual address
-    rkey @3 :UInt32;
+    rkey @3 :UInt32;     # always 0 since wire version 3: keys come per grant (RdmaGrant)
     bytes @4 :UInt64;
   }
 }

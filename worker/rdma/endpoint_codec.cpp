@@ -52,7 +52,7 @@ void encode_regions(const PoolGeometry& g, const std::vector<RemoteTensor>& tens
     r.setLayer(i / per_layer);
     r.setTensor(static_cast<uint32_t>(g.tensor_at(i % per_layer)));  // on the wire by its id
     r.setAddress(tensors[i].address);
-    r.setRkey(tensors[i].rkey);
+    r.setRkey(0);  // keys come only in grants, scoped to them (RdmaGrant)
     r.setBytes(tensors[i].bytes);
   }
 }
@@ -61,7 +61,7 @@ std::vector<RegionEntry> copy_regions(schema::RdmaMemoryRegions::Reader in) {
   std::vector<RegionEntry> out;
   out.reserve(in.getRegions().size());
   for (const auto r : in.getRegions())
-    out.push_back({r.getLayer(), r.getTensor(), r.getAddress(), r.getRkey(), r.getBytes()});
+    out.push_back({r.getLayer(), r.getTensor(), r.getAddress(), r.getBytes()});
   return out;
 }
 
@@ -103,7 +103,7 @@ Result<RemoteTensors> check_regions(std::span<const RegionEntry> regions, const 
     if (t.address != 0)
       return invalid(fmt::format("RdmaMemoryRegions: layer {} tensor {} is given twice", r.layer,
                                  r.tensor));
-    t = RemoteTensor{r.address, r.rkey, size};
+    t = RemoteTensor{r.address, 0, size};
   }
   return out;
 }
@@ -118,11 +118,6 @@ Result<uint64_t> RemoteTensors::address(uint32_t layer, uint32_t tensor, uint64_
     return invalid(fmt::format("bytes [{}, +{}) fall outside layer {} tensor {} ({} bytes)", offset,
                                length, layer, tensor, t.bytes));
   return t.address + offset;
-}
-
-uint32_t RemoteTensors::rkey(uint32_t layer, uint32_t tensor) const {
-  const uint64_t index = uint64_t{layer} * tensors_per_layer_ + tensor;
-  return index < tensors_.size() ? tensors_[index].rkey : 0;
 }
 
 }  // namespace kvrelay::worker::rdma

@@ -24,6 +24,9 @@ Result<QpEndpoint> decode_endpoint(schema::RdmaQpInfo::Reader in);
 
 struct RemoteTensor {
   uint64_t address = 0;  // 0: the pool has no such tensor
+  // The local registration's key (what a grant hands out where the device
+  // has no memory windows). Never sent in an accept: a peer gets keys only
+  // in grants, scoped to what they grant.
   uint32_t rkey = 0;
   uint64_t bytes = 0;
 };
@@ -35,8 +38,7 @@ struct RegionEntry {
   uint32_t layer = 0;
   uint32_t tensor = 0;
   uint64_t address = 0;
-  uint32_t rkey = 0;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;  // the region's rkey is ignored: keys come in grants
 };
 
 class RemoteTensors {
@@ -46,7 +48,6 @@ class RemoteTensors {
   // in a layer (PoolGeometry::slot_of); on the wire, regions name tensors by
   // their ids.
   Result<uint64_t> address(uint32_t layer, uint32_t tensor, uint64_t offset, uint64_t length) const;
-  uint32_t rkey(uint32_t layer, uint32_t tensor) const;
 
  private:
   friend Result<RemoteTensors> check_regions(std::span<const RegionEntry> regions,
