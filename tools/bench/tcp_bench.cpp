@@ -328,6 +328,10 @@ int main(int argc, char** argv) {
   app.add_option("--trials", trials, "trials per case; the median is reported")
       ->capture_default_str();
   app.add_option("--lanes", lanes, "connections, for both")->capture_default_str();
+  std::vector<uint64_t> block_kibs{1, 4, 16, 64, 256, 1024};
+  app.add_option("--block-kib", block_kibs, "block sizes to measure, KiB")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{64 * 1024}))
+      ->capture_default_str();
   int iperf3_seconds = 3;
   app.add_option("--iperf3-seconds", iperf3_seconds,
                  "how long iperf3 runs (the path's limit); 0 skips it")
@@ -360,7 +364,7 @@ int main(int argc, char** argv) {
       "plain framed socket");
   double worst_large = 1e9;
   std::vector<std::pair<uint64_t, double>> ours;  // block KiB, GB/s
-  for (uint64_t kib : {1, 4, 16, 64, 256, 1024}) {
+  for (const uint64_t kib : block_kibs) {
     const Measured m = measure(*hosts, kib * 1024, layer_mib << 20, lanes, mode, trials);
     ours.emplace_back(kib, m.ours_gbps);
     Row row{fmt::format("{} KiB blocks", kib), "GB/s", m.ours_gbps, m.baseline_gbps};
