@@ -61,6 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static RdmaSide side;
   std::unique_ptr<rdma::RdmaSession> session;  // this stream's, as a connection holds it
   std::vector<rdma::Ack> acks;
+  std::vector<rdma::Grant> grants;  // sent once their windows are bound
   std::vector<uint64_t> body;
   size_t at = 0;
   while (size - at >= 4) {
@@ -97,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } else if (m->kind == rdma::Message::Kind::kIntent) {
         if (!session) return 0;                        // closed: an intent before an offer
         if (!session->on_intent(m->intent)) return 0;  // closed: broke the protocol
-        if (!session->poll(acks)) return 0;
+        if (!session->poll(acks, grants)) return 0;
       } else if (m->kind == rdma::Message::Kind::kAccept) {
         (void)rdma::check_regions(m->accept.regions, g);
       }
