@@ -78,7 +78,7 @@ Result<RemoteTensors> check_regions(std::span<const RegionEntry> regions, const 
         fmt::format("RdmaMemoryRegions: {} regions, but the pool has {} tensors "
                     "({} layers x {})",
                     regions.size(), want, g.total_layers(), out.tensors_per_layer_));
-  out.tensors_.assign(want, RemoteTensor{});
+  out.tensors_.assign(want, RemoteTensors::Span{});
   for (size_t i = 0; i < regions.size(); ++i) {
     const RegionEntry& r = regions[i];
     if (r.layer >= g.total_layers() || !g.has_tensor_id(r.tensor))
@@ -97,13 +97,13 @@ Result<RemoteTensors> check_regions(std::span<const RegionEntry> regions, const 
           fmt::format("RdmaMemoryRegions: layer {} tensor {} at {:#x} is not a usable "
                       "address range",
                       r.layer, r.tensor, r.address));
-    RemoteTensor& t =
+    RemoteTensors::Span& t =
         out.tensors_[uint64_t{r.layer} * out.tensors_per_layer_ +
                      g.slot_of(static_cast<PoolTensor>(r.tensor))];
     if (t.address != 0)
       return invalid(fmt::format("RdmaMemoryRegions: layer {} tensor {} is given twice", r.layer,
                                  r.tensor));
-    t = RemoteTensor{r.address, 0, size};
+    t = RemoteTensors::Span{r.address, size};
   }
   return out;
 }
@@ -113,7 +113,7 @@ Result<uint64_t> RemoteTensors::address(uint32_t layer, uint32_t tensor, uint64_
   const uint64_t index = uint64_t{layer} * tensors_per_layer_ + tensor;
   if (tensor >= tensors_per_layer_ || index >= tensors_.size())
     return invalid(fmt::format("no remote tensor {} in layer {}", tensor, layer));
-  const RemoteTensor& t = tensors_[index];
+  const Span& t = tensors_[index];
   if (offset > t.bytes || length > t.bytes - offset)
     return invalid(fmt::format("bytes [{}, +{}) fall outside layer {} tensor {} ({} bytes)", offset,
                                length, layer, tensor, t.bytes));

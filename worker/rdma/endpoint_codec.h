@@ -52,8 +52,12 @@ class RemoteTensors {
  private:
   friend Result<RemoteTensors> check_regions(std::span<const RegionEntry> regions,
                                              const PoolGeometry& geometry);
+  struct Span {
+    uint64_t address = 0;  // 0: not given (yet)
+    uint64_t bytes = 0;
+  };
   uint32_t tensors_per_layer_ = 0;
-  std::vector<RemoteTensor> tensors_;  // [layer * tensors_per_layer + tensor]
+  std::vector<Span> tensors_;  // [layer * tensors_per_layer + tensor]
 };
 
 // One region per (layer, tensor) of `geometry`, of `geometry`'s sizes.
