@@ -21,6 +21,7 @@
 #include "instance/control_segment.h"
 #include "instance/peer_instances.h"
 #include "instance/pool_segment.h"
+#include "instance/report_wake_gate.h"
 #include "instance/swap_progress.h"
 #include "schemas/codec.h"
 #include "schemas/records.h"
@@ -106,6 +107,10 @@ class Coordinator : public Sink, public RankHealth::Listener {
   }
 
   void complete(capnp::MessageBuilder& completion) override { publisher_.publish(completion); }
+
+  void expect_reports(uint64_t handle, uint32_t ranks) override {
+    report_wake_gate::arm(status_.finished_report_gates, handle, ranks);
+  }
 
   void observe_hop(CoordinatorHistogram hop, uint64_t ns) override {
     CounterWriter(counters_).record(hop, ns);

@@ -758,6 +758,7 @@ bool TaskTable::send_to_ranks(Request& r, Fill&& fill, uint64_t now_ns) {
   const uint64_t written_ns = mono_now_ns();
   w.setWrittenNs(written_ns);
   if (written_ns >= now_ns) sink_.observe_hop(kReadToTaskWrittenNs, written_ns - now_ns);
+  sink_.expect_reports(r.handle, limits_.tp_size);  // before any rank can see the task
   for (uint32_t rank = 0; rank < limits_.tp_size; ++rank) {
     sink_.to_worker(rank, *msg);
     r.ranks[rank] = RankState::kPending;

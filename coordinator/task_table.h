@@ -89,6 +89,10 @@ class Sink {
   virtual void to_worker(uint32_t rank, capnp::MessageBuilder& task) = 0;
   // Deliver a completion to the engine.
   virtual void complete(capnp::MessageBuilder& completion) = 0;
+  // `handle` is about to go to `ranks` ranks, each of which will report it:
+  // only the last finished report needs to wake the coordinator
+  // (instance/report_wake_gate.h). A hint; nothing depends on it.
+  virtual void expect_reports(uint64_t /*handle*/, uint32_t /*ranks*/) {}
   // A rank did not confirm a withdrawal in time and should be stopped.
   // Returns true when it will be (its death is then reported through
   // on_rank_lost), false when it cannot be (an external worker).

@@ -6,13 +6,16 @@
 // ring) parks on one WaitEvent of its own, with a predicate that looks at all
 // its rings. Every producer, after writing to any of those rings, rings the
 // consumer's doorbell (notify_waiters: a compiler barrier and a load when
-// nobody is parked).
+// nobody is parked); the one exception is a rank's finished report while
+// other ranks' reports of the same request are still to come
+// (report_wake_gate.h).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 
 #include "instance/instance_config.h"
+#include "instance/report_wake_gate.h"
 #include "kvrelay/types.h"
 #include "shm/wait_event.h"
 
@@ -48,6 +51,8 @@ struct alignas(64) InstanceStatus {
   // late the CacheTask reaches the worker and however often the slot was
   // reused before it did (see "Untagged signals" in docs/engine-api.md).
   std::atomic<uint32_t> slot_request_tags[kEngineSlots];
+  // Which rank's finished report wakes the coordinator (report_wake_gate.h).
+  ReportWakeGates finished_report_gates;
 };
 
 // Where a rank's KV pool lives, published by whoever created it (the worker

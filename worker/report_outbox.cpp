@@ -4,6 +4,16 @@
 
 namespace kvrelay::worker {
 
+namespace {
+
+// The reports that end a rank's part in a request (report_wake_gate.h).
+bool is_final(records::ReportKind kind) {
+  return kind == records::ReportKind::kFinished || kind == records::ReportKind::kFailed ||
+         kind == records::ReportKind::kCancelled;
+}
+
+}  // namespace
+
 void ReportOutbox::report(uint64_t handle, records::ReportKind kind, uint64_t bytes,
                           const std::string& message, uint64_t first_copy_ns) {
   records::WorkerReport r{};
@@ -18,6 +28,13 @@ void ReportOutbox::report(uint64_t handle, records::ReportKind kind, uint64_t by
   if (waiting_.empty()) {
     r.reported_ns = mono_now_ns();
     if (ring_.try_push(r)) {
+      // Counted through the gate only once it is in the ring: the rank that
+      // turns out last must wake a coordinator that finds this report too.
+      const bool last = !is_final(kind) || report_wake_gate::last_to_report(finished_gates_, handle);
+      if (!last && kind == records::ReportKind::kFinished) {
+        CounterWriter(counters_).add(unrung_counter_);
+        return;
+      }
       notify_waiters(coordinator_doorbell_);
       return;
     }
@@ -26,6 +43,8 @@ void ReportOutbox::report(uint64_t handle, records::ReportKind kind, uint64_t by
   flush();
 }
 
+// Reports that waited for room always wake the coordinator (they never count
+// through the gate, so a rank after them may have skipped its wake).
 void ReportOutbox::flush() {
   bool pushed = false;
   while (!waiting_.empty()) {

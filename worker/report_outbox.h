@@ -4,6 +4,9 @@
 // goes out on the next flush: the coordinator drains the ring every loop
 // turn, so none is ever dropped, and one that waits is counted.
 //
+// A finished report wakes the coordinator only if it is the request's last
+// (report_wake_gate.h); every other report always does.
+//
 // Not thread-safe: the worker's loop owns it.
 #pragma once
 
@@ -11,6 +14,7 @@
 #include <deque>
 #include <string>
 
+#include "instance/report_wake_gate.h"
 #include "schemas/records.h"
 #include "shm/counters.h"
 #include "shm/spsc_ring.h"
@@ -20,14 +24,18 @@ namespace kvrelay::worker {
 
 class ReportOutbox {
  public:
-  // `delayed_counter`: counted in `counters` each flush that leaves a report waiting.
+  // Counted in `counters`: `delayed_counter` each flush that leaves a report
+  // waiting, `unrung_counter` each finished report that woke nobody.
   ReportOutbox(SpscProducer<records::WorkerReport> ring, uint32_t rank,
-               WaitEvent& coordinator_doorbell, CountersBlock& counters, uint32_t delayed_counter)
+               WaitEvent& coordinator_doorbell, ReportWakeGates& finished_gates,
+               CountersBlock& counters, uint32_t delayed_counter, uint32_t unrung_counter)
       : ring_(std::move(ring)),
         rank_(rank),
         coordinator_doorbell_(coordinator_doorbell),
+        finished_gates_(finished_gates),
         counters_(counters),
-        delayed_counter_(delayed_counter) {}
+        delayed_counter_(delayed_counter),
+        unrung_counter_(unrung_counter) {}
 
   // Queues a report and sends what the ring has room for.
   void report(uint64_t handle, records::ReportKind kind, uint64_t bytes, const std::string& message,
@@ -40,8 +48,10 @@ class ReportOutbox {
   SpscProducer<records::WorkerReport> ring_;
   uint32_t rank_;
   WaitEvent& coordinator_doorbell_;
+  ReportWakeGates& finished_gates_;
   CountersBlock& counters_;
   uint32_t delayed_counter_;
+  uint32_t unrung_counter_;
   std::deque<records::WorkerReport> waiting_;
 };
 

@@ -38,6 +38,9 @@ enum WorkerCounter : uint32_t {
   // The watchdog (stall_watch.h): requests found not finished long after
   // their final chunk was signalled on this rank.
   kStalledRequests,
+  // Finished reports pushed without waking the coordinator: another rank's
+  // report of the same request was still to come (report_wake_gate.h).
+  kReportsWithoutWake,
   kWorkerCounterCount,
 };
 
@@ -92,6 +95,7 @@ inline constexpr const char* kWorkerCounterLabels[] = {
     "rdma_transfers_received",
     "rdma_intents_refused",
     "stalled_requests",
+    "reports_without_wake",
 };
 static_assert(sizeof(kWorkerCounterLabels) / sizeof(kWorkerCounterLabels[0]) ==
               kWorkerCounterCount);
@@ -125,6 +129,7 @@ inline constexpr const char* kWorkerCounterHelp[] = {
     "rdma transfers that landed here and were acked",
     "rdma transfer intents refused: outside the pool, not expected, or over the granted bytes",
     "Requests found unfinished long after their final chunk was signalled (the stall watchdog)",
+    "Finished reports sent without waking the coordinator: another rank's report of the request was still to come",
 };
 static_assert(sizeof(kWorkerCounterHelp) / sizeof(kWorkerCounterHelp[0]) == kWorkerCounterCount);
 

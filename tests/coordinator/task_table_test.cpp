@@ -44,6 +44,16 @@ class RecordingSink : public Sink {
     if (w.isSessionEnded()) sessions_ended.push_back(w.getSessionEnded());
   }
   void observe_hop(CoordinatorHistogram hop, uint64_t ns) override { hops.emplace_back(hop, ns); }
+  void expect_reports(uint64_t handle, uint32_t ranks) override {
+    // (handle, ranks, tasks already sent): the gate must be armed before any.
+    expected_reports.push_back({handle, ranks, tasks.size()});
+  }
+  struct ExpectedReports {
+    uint64_t handle;
+    uint32_t ranks;
+    size_t tasks_before;
+  };
+  std::vector<ExpectedReports> expected_reports;
   std::vector<uint64_t> written_ns;  // per task sent
   std::vector<std::pair<CoordinatorHistogram, uint64_t>> hops;
   void complete(capnp::MessageBuilder& msg) override {
@@ -123,6 +133,23 @@ TEST_F(TaskTableTest, TaskThenDestBindsAtOnceAndSendsWhenBothAreIn) {
   EXPECT_EQ(sink.done[0].status, CompletionStatus::FINISHED);
   EXPECT_EQ(sink.done[0].bytes, 150u);
   EXPECT_EQ(table->live(), 0u);
+}
+
+// Every dispatch to the ranks arms the finished-report gate with the number
+// of ranks that will report, before the first of them can see the task
+// (instance/report_wake_gate.h): an arming after a rank's report would hold
+// the last report's wake-up back.
+TEST_F(TaskTableTest, EveryDispatchExpectsAReportFromEachRankBeforeAnyTaskIsSent) {
+  task("r1");
+  dest("r1");
+  const uint64_t h = handle_of("r1");
+  ASSERT_EQ(sink.expected_reports.size(), 2u) << "the bind and the dest";
+  for (const auto& e : sink.expected_reports) {
+    EXPECT_EQ(e.handle, h);
+    EXPECT_EQ(e.ranks, 2u);
+  }
+  EXPECT_EQ(sink.expected_reports[0].tasks_before, 0u);
+  EXPECT_EQ(sink.expected_reports[1].tasks_before, 2u) << "armed again before the dests";
 }
 
 TEST_F(TaskTableTest, DispatchHopsAreTimedFromSaneStampsOnlyAndTasksCarryOneWriteTime) {

@@ -75,7 +75,7 @@ TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
   EXPECT_EQ(j["config"]["num_layers"], 3);
   EXPECT_EQ(j["coordinator"]["counters"]["requests_finished"], 3);
   ASSERT_EQ(j["workers"].size(), 2u);
-  uint64_t bytes = 0, finished = 0;
+  uint64_t bytes = 0, finished = 0, unrung = 0;
   for (const auto& w : j["workers"]) {
     EXPECT_EQ(w["health"], "healthy");
     EXPECT_TRUE(w["ready"].get<bool>());
@@ -86,11 +86,14 @@ TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
     EXPECT_EQ(w["device_signal_word"], 0) << "no GPU signalled anything";
     bytes += w["counters"]["bytes_copied"].get<uint64_t>();
     finished += w["counters"]["requests_finished"].get<uint64_t>();
+    unrung += w["counters"]["reports_without_wake"].get<uint64_t>();
   }
   const PoolGeometry& g = env_->src_pool(0).geometry();
   EXPECT_EQ(bytes, 3ULL * 2 /*blocks*/ * 3 /*layers*/ * 2 /*K,V*/ *
                        g.block_bytes(PoolTensor::kKey) * 2 /*ranks*/);
   EXPECT_EQ(finished, 6u);
+  EXPECT_EQ(unrung, 3u) << "of each request's two finished reports, only the last woke the "
+                           "coordinator (instance/report_wake_gate.h)";
   EXPECT_EQ(j["rings"].size(), 2u + 3u * 2u);
   EXPECT_EQ(j["rings"][0]["name"], "submit");
   // Every hop of the two paths is timed, once per event, with the full set of quantiles.

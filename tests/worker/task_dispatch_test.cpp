@@ -38,7 +38,8 @@ class TaskDispatchTest : public ::testing::Test {
         control_->report_ring<records::WorkerReport>(0).value());
     outbox_ = std::make_unique<ReportOutbox>(ring_->lease_producer().value(), 0,
                                              control_->status().coordinator_doorbell,
-                                             control_->counters(0), 0);
+                                             control_->status().finished_report_gates,
+                                             control_->counters(0), 0, 1);
   }
   TaskEffect dispatch(capnp::MallocMessageBuilder& msg) {
     return dispatch_task(msg.getRoot<schema::WorkerTask>().asReader(), 0, *data_, *outbox_,
