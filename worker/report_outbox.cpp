@@ -30,7 +30,8 @@ void ReportOutbox::report(uint64_t handle, records::ReportKind kind, uint64_t by
     if (ring_.try_push(r)) {
       // Counted through the gate only once it is in the ring: the rank that
       // turns out last must wake a coordinator that finds this report too.
-      const bool last = !is_final(kind) || report_wake_gate::last_to_report(finished_gates_, handle);
+      const bool last =
+          !is_final(kind) || report_wake_gate::last_to_report(finished_gates_, handle);
       if (!last && kind == records::ReportKind::kFinished) {
         CounterWriter(counters_).add(unrung_counter_);
         return;

@@ -57,6 +57,7 @@ TEST_F(DumpTest, TextOutputShowsTheInstanceItsWorkersAndTheTraffic) {
   EXPECT_NE(out.find("task[1]"), std::string::npos);
   EXPECT_NE(out.find("signal_to_copy_done"), std::string::npos) << "latency histograms are shown";
   EXPECT_NE(out.find("barrier  generation"), std::string::npos);
+  EXPECT_NE(out.find("woken    coordinator "), std::string::npos) << "doorbell wake-ups are shown";
   EXPECT_NE(out.find("nothing sent or received over tcp or rdma yet"), std::string::npos)
       << "ipc traffic only";
 }
@@ -92,6 +93,9 @@ TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
   EXPECT_EQ(bytes, 3ULL * 2 /*blocks*/ * 3 /*layers*/ * 2 /*K,V*/ *
                        g.block_bytes(PoolTensor::kKey) * 2 /*ranks*/);
   EXPECT_EQ(finished, 6u);
+  EXPECT_TRUE(j["coordinator"]["doorbell_wakes"].is_number_unsigned());
+  for (const auto& w : j["workers"])
+    EXPECT_TRUE(w["doorbell_wakes"].is_number_unsigned());
   EXPECT_EQ(unrung, 3u) << "of each request's two finished reports, only the last woke the "
                            "coordinator (instance/report_wake_gate.h)";
   EXPECT_EQ(j["rings"].size(), 2u + 3u * 2u);

@@ -119,6 +119,12 @@ def test_prometheus_output_is_well_formed_and_counts_what_happened(pair, engine)
     total = [v for n, _, v in latency["samples"] if n.endswith("_sum")][0]
     assert 0 < total < 60, "seconds, not nanoseconds"
     assert {l["rank"] for _, l, _ in families["kvrelay_worker_tasks_total"]["samples"]} == {"0", "1"}
+    # The doorbells' wake-up calls: the coordinator, parked since start-up,
+    # was woken by the engine's submissions; every rank has its own series.
+    wakes = families["kvrelay_doorbell_wakes_total"]
+    assert wakes["type"] == "counter"
+    assert value(families, "kvrelay_doorbell_wakes_total", process="coordinator") >= 1
+    assert {l.get("rank") for _, l, _ in wakes["samples"] if l.get("process") == "worker"} == {"0", "1"}
     # Every family's HELP says what it counts, not only its own name (the
     # texts beside the labels in worker_counters.h, coordinator_counters.h).
     generic = [n for n, f in families.items() if re.match(r"kvrelay \w+ (counter|histogram) '", f["help"])]

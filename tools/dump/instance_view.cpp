@@ -140,6 +140,8 @@ InstanceView snapshot(const ControlSegment& control) {
   v.coordinator = view_process(control.coordinator_slot(), c, control.coordinator_liveness());
   v.config = c;
   v.coordinator_counters = view_counters(control.counters(kCoordinatorCounters));
+  v.coordinator_doorbell_wakes =
+      control.status().coordinator_doorbell.wake_calls.load(std::memory_order_relaxed);
   v.client_counters = view_counters(control.counters(kClientCounters));
   for (uint32_t r = 0; r < c.tp_size; ++r) {
     WorkerView w;
@@ -176,6 +178,8 @@ InstanceView snapshot(const ControlSegment& control) {
     }
     w.device_signal_word =
         control.status().device_signals[r].layers.load(std::memory_order_relaxed);
+    w.doorbell_wakes =
+        control.status().worker_doorbell[r].wake_calls.load(std::memory_order_relaxed);
     v.workers.push_back(std::move(w));
   }
   if (auto ring = control.submit_ring()) v.rings.push_back(view_mpsc("submit", *ring));

@@ -59,6 +59,7 @@ struct WorkerView {
   CountersView counters;
   std::vector<PoolEntryView> pools;
   uint64_t device_signal_word = 0;  // layers the engine's GPU stream has signalled
+  uint64_t doorbell_wakes = 0;      // FUTEX_WAKE calls made to wake this rank (its doorbell)
   uint64_t stalled = 0;             // requests stalled now (the first ones listed in stalls)
   std::vector<StallView> stalls;
 };
@@ -106,6 +107,7 @@ struct InstanceView {
   bool stale = false;
   std::string stale_reason;
   ProcessView coordinator;
+  uint64_t coordinator_doorbell_wakes = 0;  // FUTEX_WAKE calls made to wake the coordinator
   InstanceConfig config{};
   std::vector<WorkerView> workers;
   CountersView coordinator_counters;

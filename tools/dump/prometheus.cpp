@@ -156,6 +156,15 @@ std::string render_prometheus(const ControlSegment& control, const InstanceView&
     w.sample("kvrelay_ring_full_events_total", fmt::format("{},ring=\"{}\"", base, escape(r.name)),
              r.full_events);
 
+  w.family("kvrelay_doorbell_wakes_total", "counter",
+           "wake-up system calls (FUTEX_WAKE) made to wake a parked process: the coordinator, "
+           "or a rank's worker");
+  w.sample("kvrelay_doorbell_wakes_total", fmt::format("{},process=\"coordinator\"", base),
+           v.coordinator_doorbell_wakes);
+  for (const WorkerView& wv : v.workers)
+    w.sample("kvrelay_doorbell_wakes_total",
+             fmt::format("{},process=\"worker\",rank=\"{}\"", base, wv.rank), wv.doorbell_wakes);
+
   write_process_metrics(w, "coordinator",
                         {Process{base, snapshot_counters(control.counters(kCoordinatorCounters))}});
   write_process_metrics(w, "clients",

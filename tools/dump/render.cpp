@@ -40,6 +40,9 @@ const char* const kColumnHelp = R"(Columns:
                 completion ring names its one reader (pid and engine session) while it lives
   barrier       generation (advances by 1 per round, completed or poisoned), parties,
                 arrived in the current round, rounds completed, rounds poisoned, waits that timed out
+  woken         wake-up system calls (FUTEX_WAKE) made to wake the coordinator and each rank while
+                it was parked on its doorbell: against the requests finished, how often a request
+                wakes a process
   latency       histograms as p50 / p90 / p99 / p99.9 / max with their unit; log-linear buckets,
                 so a quantile is within 1.6% of the exact value (max is exact). Hops of the
                 dispatch path (submit -> copy start) and the completion path (copy done ->
@@ -209,6 +212,10 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
       "\nbarrier  generation {}  parties {}  arrived {}  completed {}  poisoned {}  timeouts {}\n",
       v.barrier.generation, v.barrier.parties, v.barrier.arrived, v.barrier.rounds_completed,
       v.barrier.rounds_poisoned, v.barrier.timeouts);
+  out += fmt::format("woken    coordinator {}", v.coordinator_doorbell_wakes);
+  for (const WorkerView& w : v.workers)
+    out += fmt::format("  rank {} {}", w.rank, w.doorbell_wakes);
+  out += "\n";
   out += "\nlatency\n";
   histograms(out, "coordinator", v.coordinator_counters);
   histograms(out, "clients", v.client_counters);
@@ -255,6 +262,7 @@ nlohmann::json render_json(const InstanceView& v) {
                    {"segment_bytes", v.segment_bytes}};
   j["coordinator"] = process_json(v.coordinator);
   j["coordinator"].update(counters_json(v.coordinator_counters));
+  j["coordinator"]["doorbell_wakes"] = v.coordinator_doorbell_wakes;
   j["clients"] = counters_json(v.client_counters);
   j["config"] = {{"tp_size", c.tp_size},
                  {"role", role_name(static_cast<Role>(c.role))},
@@ -288,6 +296,7 @@ nlohmann::json render_json(const InstanceView& v) {
                              {"bytes", p.bytes},
                              {"device_id", p.device_id}});
     wj["device_signal_word"] = w.device_signal_word;
+    wj["doorbell_wakes"] = w.doorbell_wakes;
     wj["stalled"] = w.stalled;
     wj["stalls"] = nlohmann::json::array();
     for (const StallView& s : w.stalls)
