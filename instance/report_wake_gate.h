@@ -6,8 +6,8 @@
 // cores that the remaining ranks' copies need. So the coordinator arms a
 // gate with the number of ranks it dispatched to, and each rank, after
 // pushing its report, counts itself through the gate: of the finished
-// reports, only the last one rings the coordinator's doorbell. The others' reports wait in their
-// rings, drained with the last one.
+// reports, only the last one rings the coordinator's doorbell. The others
+// wait in their rings, drained with the last one.
 //
 // The gate is a hint, never a source of truth:
 //   - every final report (finished, failed, cancelled) counts itself, but
@@ -35,7 +35,8 @@ namespace kvrelay {
 inline constexpr uint32_t kReportWakeGates = 4096;
 
 struct ReportWakeGates {
-  // (the handle's low 48 bits) << 16 | ranks still to report finished; 0: never armed.
+  // (the handle's low 48 bits) << 16 | ranks whose final report is still to
+  // come; 0: never armed.
   std::atomic<uint64_t> words[kReportWakeGates];
 };
 

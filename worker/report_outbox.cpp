@@ -30,9 +30,10 @@ void ReportOutbox::report(uint64_t handle, records::ReportKind kind, uint64_t by
     if (ring_.try_push(r)) {
       // Counted through the gate only once it is in the ring: the rank that
       // turns out last must wake a coordinator that finds this report too.
-      const bool last =
-          !is_final(kind) || report_wake_gate::last_to_report(finished_gates_, handle);
-      if (!last && kind == records::ReportKind::kFinished) {
+      // Every final report counts; only a finished one may then stay silent.
+      const bool others_to_come =
+          is_final(kind) && !report_wake_gate::last_to_report(finished_gates_, handle);
+      if (others_to_come && kind == records::ReportKind::kFinished) {
         CounterWriter(counters_).add(unrung_counter_);
         return;
       }
