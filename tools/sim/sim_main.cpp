@@ -70,6 +70,9 @@ int main(int argc, char** argv) {
       ->excludes("--legacy");
   app.add_option("--kill-every-ms", o.kill_every_ms,
                  "soak: SIGKILL a random worker this often (requests on its rank fail, naming it)");
+  app.add_option("--min-finished", o.min_finished,
+                 "soak: fail unless at least this many requests finish despite the kills")
+      ->needs("--kill-every-ms");
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();
   std::string protocol = "ipc", auth_key_file;
   app.add_option("--protocol", protocol,

@@ -131,6 +131,7 @@ class Simulation {
     report_.timed_out =
         !report_.aborted && (finished_count_ < o_.requests || arrived_count_ < expected_arrivals());
     report_.soak = o_.kill_every_ms != 0;
+    report_.min_finished = o_.min_finished;
     report_.expect_arrivals = o_.expect_arrivals;
     drain_completions(Deadline::after(200ms));  // an extra completion would show up here
     report_.seconds =
@@ -642,6 +643,11 @@ std::string SimReport::summary() const {
         "errors in finished requests {}\n",
         requests, kills, finished, failed - timeouts, failed_naming_a_rank, timeouts,
         missing_or_extra, timed_out ? 1 : 0, wrong_words);
+  if (soak && finished < min_finished)
+    s += fmt::format(
+        "soak              FAILED: {} finished, fewer than --min-finished {} (the kills left "
+        "too little time between them for a transfer to complete)\n",
+        finished, min_finished);
   if (!first_error.empty()) s += fmt::format("first problem     {}\n", first_error);
   return s;
 }

@@ -44,6 +44,10 @@ struct SimOptions {
   std::chrono::seconds timeout{600};
   // Soak mode: SIGKILL a random worker (of either instance) this often; 0: never.
   uint32_t kill_every_ms = 0;
+  // Soak mode: the run fails unless at least this many requests finish. A
+  // soak whose kills fail every request proves nothing about the transfers
+  // that survive them (every byte of a finished request is verified).
+  uint32_t min_finished = 0;
   // How the blocks travel: ipc (same host), or tcp or rdma to the decode
   // instance's listeners (its --tcp-ports or --rdma-ports, read from its
   // configuration) at peer_address.
@@ -79,6 +83,7 @@ struct SimReport {
   Quantiles exposed;
   std::string first_error;
   bool soak = false;
+  uint32_t min_finished = 0;  // soak: fewer finished requests fail the run
   bool timed_out = false;  // the run itself hit its timeout: something hung
   bool aborted = false;    // the run stopped early: an instance is gone, a pool was truncated
   bool expect_arrivals = false;
@@ -86,7 +91,9 @@ struct SimReport {
     const bool clean =
         missing_or_extra == 0 && wrong_words == 0 && stray_blocks == 0 && !timed_out && !aborted;
     // Under kills, requests in flight on a killed rank fail, naming it.
-    if (soak) return clean && failed == failed_naming_a_rank && finished + failed == requests;
+    if (soak)
+      return clean && failed == failed_naming_a_rank && finished + failed == requests &&
+             finished >= min_finished;
     return clean && finished == requests && failed == 0 &&
            (!expect_arrivals || arrived == requests);
   }
