@@ -3,7 +3,9 @@
 # instances while a random worker is SIGKILLed every KILL_MS milliseconds,
 # and prints the tally: requests, kills, completions by status, requests
 # without exactly one completion (must be 0), hangs (must be 0) and byte
-# errors in finished requests (must be 0).
+# errors in finished requests (must be 0). It fails too when fewer than one
+# request in twenty finishes: kills so close together that no transfer
+# survives them verify nothing.
 #
 #   tools/soak.sh [--build-dir DIR] [--prefill NAME] [--decode NAME] [REQUESTS] [KILL_MS]
 #
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
     --build-dir) build_dir=$2; shift 2 ;;
     --prefill) prefill=$2; shift 2 ;;
     --decode) decode=$2; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     --*) echo "soak.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -32,5 +34,5 @@ if [ ! -x "$sim" ]; then
   exit 2
 fi
 exec "$sim" --start --prefill "$prefill" --decode "$decode" --tp 2 --layers 16 \
-  --blocks 512 --requests "$requests" --kill-every-ms "$kill_ms" --layer-compute-us 500 \
+  --blocks 512 --requests "$requests" --kill-every-ms "$kill_ms" --min-finished $((requests / 20)) --layer-compute-us 500 \
   --timeout-s 86400
