@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
     --build-dir) build_dir=$2; shift 2 ;;
     --prefill) prefill=$2; shift 2 ;;
     --decode) decode=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     --*) echo "soak.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) break ;;
   esac
