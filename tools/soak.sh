@@ -34,5 +34,5 @@ if [ ! -x "$sim" ]; then
   exit 2
 fi
 exec "$sim" --start --prefill "$prefill" --decode "$decode" --tp 2 --layers 16 \
-  --blocks 512 --requests "$requests" --kill-every-ms "$kill_ms" --min-finished $((requests / 20)) --layer-compute-us 500 \
-  --timeout-s 86400
+  --blocks 512 --requests "$requests" --kill-every-ms "$kill_ms" \
+  --min-finished $((requests / 20)) --layer-compute-us 500 --timeout-s 86400

@@ -57,10 +57,8 @@ struct Placement {
 Placement g_placement;
 cpu_set_t g_allowed;  // the process's own mask at start, to undo a pin
 
-Placement choose_placement(bool pin) {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (!pin || sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {};
+Placement choose_placement(bool pin, const cpu_set_t& allowed) {
+  if (!pin) return {};
   std::vector<int> cpus;
   for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu)
     if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
@@ -369,9 +367,9 @@ int main(int argc, char** argv) {
                "consumer to two CPUs of their own");
   kvrelay::add_version_flag(app, "kvrelay-bench-ring");
   KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
-  CPU_ZERO(&g_allowed);
+  CPU_ZERO(&g_allowed);  // left empty if unreadable: then nothing is pinned
   (void)sched_getaffinity(0, sizeof(g_allowed), &g_allowed);
-  g_placement = choose_placement(!unpinned);
+  g_placement = choose_placement(!unpinned, g_allowed);
   const std::string placement =
       g_placement.producer_cpu >= 0
           ? fmt::format(

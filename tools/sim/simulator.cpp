@@ -645,9 +645,12 @@ std::string SimReport::summary() const {
         missing_or_extra, timed_out ? 1 : 0, wrong_words);
   if (soak && finished < min_finished)
     s += fmt::format(
-        "soak              FAILED: {} finished, fewer than --min-finished {} (the kills left "
-        "too little time between them for a transfer to complete)\n",
-        finished, min_finished);
+        "soak              FAILED: {} finished, fewer than --min-finished {} ({})\n", finished,
+        min_finished,
+        min_finished > requests
+            ? fmt::format("more than the {} requests run", requests)
+            : std::string(
+                  "the kills left too little time between them for a transfer to complete"));
   if (!first_error.empty()) s += fmt::format("first problem     {}\n", first_error);
   return s;
 }
