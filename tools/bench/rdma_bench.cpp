@@ -8,9 +8,9 @@
 // tools/rxe-vm (where only the ratio means anything), or on a NIC
 // (tools/rdma-check). Exits 77, saying why, where there is no device.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/cfg/env.h>
 #include <spdlog/spdlog.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -22,14 +22,15 @@
 
 #include "bench_pools.h"
 #include "bench_support.h"
-#include "instance/pool_segment.h"
 #include "instance/instance_config.h"
+#include "instance/pool_segment.h"
+#include "perftest_baseline.h"
+#include "shm/command_line.h"
 #include "worker/copy_plan.h"
 #include "worker/net/timing.h"
 #include "worker/rdma/fabric.h"
 #include "worker/rdma/rdma_transport.h"
 #include "worker/receiver.h"
-#include "shm/command_line.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -87,7 +88,10 @@ Result<double> kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes,
       t.layer = static_cast<uint32_t>(i % kLayers);
       (void)dest->submit_layer(t, t.layer, *runs);
     }
-    const auto until = std::chrono::steady_clock::now() + 300s;
+    // A stall is an error the bench names, before any outer deadline (the
+    // emulated guest's) cuts it short: 1 MB/s is far below soft-RoCE's worst.
+    const auto limit = std::chrono::seconds(std::max<uint64_t>(120, n * per_layer / 1000000));
+    const auto until = std::chrono::steady_clock::now() + limit;
     while (done.size() < n && std::chrono::steady_clock::now() < until) {
       sender.poll(done);
       std::this_thread::sleep_for(100us);
@@ -96,7 +100,9 @@ Result<double> kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes,
       if (!c.status)
         return make_error(c.status.code(),
                           fmt::format("a transfer failed: {}", c.status.error().message));
-    if (done.size() < n) return make_error(Errc::kTimeout, "transfers did not complete");
+    if (done.size() < n)
+      return make_error(Errc::kTimeout, fmt::format("{} of {} layers completed within {} s",
+                                                    done.size(), n, limit.count()));
     return {};
   };
   // The first: the session, its queue pairs and registrations.
@@ -105,32 +111,6 @@ Result<double> kvrelay_mbps(worker::rdma::Fabric& fabric, uint64_t block_bytes,
   if (Status s = send(layers); !s) return s.error();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return static_cast<double>(layers * per_layer) / s / 1e6;
-}
-
-// ib_write_bw's average MB/s for `iterations` writes of `bytes`.
-double perftest_mbps(const std::string& device, int gid_index, uint32_t queue_pairs,
-                     uint64_t bytes, uint64_t iterations) {
-  const std::string args = fmt::format("-d {} -x {} -q {} -s {} -n {} -F -p 18515", device,
-                                       gid_index, queue_pairs, bytes, iterations);
-  const pid_t server = fork();
-  if (server == 0) {
-    const std::string cmd = "exec ib_write_bw " + args + " > /dev/null 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  std::this_thread::sleep_for(1s);
-  double mbps = 0;
-  FILE* p = popen(("ib_write_bw " + args + " 127.0.0.1 2>&1").c_str(), "r");
-  char line[512];
-  while (p != nullptr && fgets(line, sizeof line, p) != nullptr) {
-    unsigned long long b = 0, it = 0;
-    double peak = 0, avg = 0;
-    if (sscanf(line, " %llu %llu %lf %lf", &b, &it, &peak, &avg) == 4 && b == bytes) mbps = avg;
-  }
-  if (p != nullptr) pclose(p);
-  int status = 0;
-  waitpid(server, &status, 0);
-  return mbps;  // perftest's MB is 10^6 bytes
 }
 
 }  // namespace
@@ -172,6 +152,7 @@ int main(int argc, char** argv) {
                            name, queue_pairs),
                "ib_write_bw");
   double worst = 1e9;
+  std::vector<std::string> unmeasured;
   for (uint64_t kib : sizes_kib) {
     const uint64_t bytes = kib * 1024;
     const uint64_t total = total_mib << 20;
@@ -186,14 +167,30 @@ int main(int argc, char** argv) {
       return 1;
     }
     row.ours = *ours;
-    row.baseline =
-        perftest_mbps(dev, gid_index, queue_pairs, bytes, std::max<uint64_t>(16, total / bytes));
+    const Result<double> baseline = run_ib_write_bw(
+        {dev, gid_index, queue_pairs, bytes, std::max<uint64_t>(16, total / bytes)});
+    if (baseline) row.baseline = *baseline;
     print_row(row);
     record_point("kvrelay", "block KiB", static_cast<double>(kib), "MB/s", row.ours, true);
-    record_point("ib_write_bw", "block KiB", static_cast<double>(kib), "MB/s", row.baseline, true);
-    if (row.baseline > 0) worst = std::min(worst, row.ratio());
+    if (baseline) {
+      record_point("ib_write_bw", "block KiB", static_cast<double>(kib), "MB/s", row.baseline,
+                   true);
+      worst = std::min(worst, row.ratio());
+    } else {
+      // No baseline, no verdict: the target below says which size lacks one.
+      const std::string note =
+          fmt::format("{} KiB blocks: no ib_write_bw figure: {}", kib, baseline.error().message);
+      fmt::print("{}\n", note);
+      print_note(note);
+      unmeasured.push_back(fmt::format("{} KiB", kib));
+    }
   }
-  print_target(">= 90% of ib_write_bw at >= 16 KiB", worst >= 0.9,
-               fmt::format("worst ratio {:.2f} (soft-RoCE under TCG: the ratio only)", worst));
+  if (!unmeasured.empty())
+    print_target(
+        ">= 90% of ib_write_bw at >= 16 KiB", false,
+        fmt::format("not measured: ib_write_bw gave no figure at {}", fmt::join(unmeasured, ", ")));
+  else
+    print_target(">= 90% of ib_write_bw at >= 16 KiB", worst >= 0.9,
+                 fmt::format("worst ratio {:.2f} (soft-RoCE under TCG: the ratio only)", worst));
   return 0;
 }
