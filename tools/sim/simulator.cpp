@@ -142,6 +142,7 @@ class Simulation {
       if (o_.expect_arrivals && r->arrivals != 1) ++report_.missing_or_extra;
     }
     report_.exposed = exact_quantiles(exposed_);
+    report_.exposed_arrival = exact_quantiles(exposed_arrival_);
     if (Result<ControlSegment> c = ControlSegment::attach(
             prefill_instance,
             AttachOptions{.access = SegmentAccess::kReadOnly, .allow_stale = true});
@@ -547,6 +548,12 @@ class Simulation {
     ++arrived_count_;
     if (c.status == CompletionStatus::kFinished) {
       ++report_.arrived;
+      // The decode engine's exposed time: from the prefill engine's last
+      // layer to `arrived` (both stamps CLOCK_MONOTONIC on this host), for
+      // requests declared before their prefill ended, as above.
+      if (!r.late_dest && r.last_signal_ns != 0)
+        exposed_arrival_.push_back(
+            c.completed_ns > r.last_signal_ns ? c.completed_ns - r.last_signal_ns : 0);
     } else if (report_.first_error.empty() && o_.kill_every_ms == 0) {
       report_.first_error =
           fmt::format("'{}' arrived {}: {}", r.id, completion_status_name(c.status), c.message);
@@ -604,6 +611,7 @@ class Simulation {
   uint32_t admitted_ = 0;
   uint32_t finished_count_ = 0;
   std::vector<uint64_t> exposed_;
+  std::vector<uint64_t> exposed_arrival_;
   SimReport report_;
   std::string fatal_;
   uint32_t arrived_count_ = 0;  // requests with their `arrived` completion
@@ -629,6 +637,11 @@ std::string SimReport::summary() const {
       "exposed transfer  {} from the last layer computed to the completion (one layer's "
       "copy: p50 {:.1f} us)\n",
       us_quantiles(exposed), layer_copy.p50 / 1e3);
+  if (expect_arrivals)
+    s += fmt::format(
+        "exposed arrival   {} from the last layer computed to `arrived` on the decode "
+        "side\n",
+        us_quantiles(exposed_arrival));
   s +=
       fmt::format("verification      {} wrong words, {} blocks written outside their request: {}\n",
                   wrong_words, stray_blocks,

@@ -81,6 +81,9 @@ struct SimReport {
   // Exact, from the engine's side: last layer computed -> completion read
   // (decode half on time).
   Quantiles exposed;
+  // expect_arrivals: last layer computed -> the decode side's `arrived`
+  // completion (declared before the prefill ended).
+  Quantiles exposed_arrival;
   std::string first_error;
   bool soak = false;
   uint32_t min_finished = 0;  // soak: fewer finished requests fail the run
