@@ -4,12 +4,9 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -37,12 +34,6 @@ uint16_t pick_port(const std::string& address) {
   return 5201;
 }
 
-// Reaps it when it has exited.
-bool exited(pid_t pid) {
-  int status = 0;
-  return ::waitpid(pid, &status, WNOHANG) == pid;
-}
-
 }  // namespace
 
 Iperf3Result run_iperf3(const sim::TwoHosts& hosts, uint32_t streams, int seconds) {
@@ -67,7 +58,7 @@ Iperf3Result run_iperf3(const sim::TwoHosts& hosts, uint32_t streams, int second
   // never counts as the server's one client.
   bool server_reaped = false;
   for (int attempt = 0; attempt < 50; ++attempt) {
-    if (exited(*server_pid)) {
+    if (sim::reap_if_exited(*server_pid)) {
       server_reaped = true;
       break;
     }
@@ -81,12 +72,7 @@ Iperf3Result run_iperf3(const sim::TwoHosts& hosts, uint32_t streams, int second
       result.why_not = "iperf3: " + j.value("error", std::string("failed"));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (!server_reaped) {  // a server that already exited is a zombie until reaped: no stray kill
-    ::kill(*server_pid, SIGTERM);
-    int status = 0;
-    while (::waitpid(*server_pid, &status, 0) < 0 && errno == EINTR) {
-    }
-  }
+  if (!server_reaped) sim::end_child(*server_pid, std::chrono::milliseconds(0));
   return result;
 }
 

@@ -2,9 +2,8 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <signal.h>
+#include <fmt/ranges.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +12,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "programs.h"
 #include "shm/spawn.h"
@@ -30,24 +30,14 @@ constexpr int kListenSeconds = 60;
 constexpr int kRunSeconds = 240;
 constexpr uint16_t kPort = 18515;  // perftest's own default
 
-// Reaps it when it has exited.
-bool exited(pid_t pid) {
-  int status = 0;
-  return ::waitpid(pid, &status, WNOHANG) == pid;
-}
-
-// The last lines of a program's output, for an error a user reads.
-std::string tail(const std::string& output, size_t lines = 3) {
-  size_t at = output.size();
-  while (at > 0 && output[at - 1] == '\n')
-    --at;
-  const size_t end = at;
-  for (size_t n = 0; at > 0 && n < lines; --at)
-    if (output[at - 1] == '\n' && ++n == lines) break;
-  std::string t = output.substr(at, end - at);
-  for (char& c : t)
-    if (c == '\n') c = ' ';
-  return t.empty() ? "(no output)" : t;
+// The last lines of a program's output, on one line, for an error a user reads.
+std::string last_lines(const std::string& output, size_t n = 3) {
+  std::vector<std::string> lines;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(line);
+  if (lines.empty()) return "(no output)";
+  return fmt::format("{}", fmt::join(lines.end() - std::min(n, lines.size()), lines.end(), " "));
 }
 
 std::string read_all(int fd) {
@@ -122,10 +112,10 @@ Result<double> run_ib_write_bw(const PerftestRun& run) {
   bool server_reaped = false;
   const auto listen_until = Clock::now() + std::chrono::seconds(kListenSeconds);
   while (Clock::now() < listen_until) {
-    if (exited(*server)) {
+    if (sim::reap_if_exited(*server)) {
       server_reaped = true;
       result = make_error(Errc::kSystem, "the ib_write_bw server exited before its client ran: " +
-                                             tail(read_all(server_output.get())));
+                                             last_lines(read_all(server_output.get())));
       break;
     }
     const Result<sim::ProgramRun> r = sim::run_program(client);
@@ -144,22 +134,14 @@ Result<double> run_ib_write_bw(const PerftestRun& run) {
                           r->exit_code == 124
                               ? fmt::format("the ib_write_bw client ran past {} s", kRunSeconds)
                               : fmt::format("the ib_write_bw client failed (exit {}): {}",
-                                            r->exit_code, tail(r->output)));
+                                            r->exit_code, last_lines(r->output)));
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  // The server ends with its client; one that outlives it by seconds is stuck.
-  for (int i = 0; i < 100 && !server_reaped; ++i) {
-    server_reaped = exited(*server);
-    if (!server_reaped) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (!server_reaped) {        // a reaped server's pid may be another process's now: no stray kill
-    ::kill(*server, SIGTERM);  // timeout(1) passes it on, and SIGKILLs 5 s later
-    int status = 0;
-    while (::waitpid(*server, &status, 0) < 0 && errno == EINTR) {
-    }
-  }
+  // The server ends with its client; one that outlives it by seconds is stuck
+  // (SIGTERM: timeout(1) passes it on, and SIGKILLs 5 s later).
+  if (!server_reaped) sim::end_child(*server, std::chrono::seconds(10));
   return result;
 }
 

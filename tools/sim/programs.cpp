@@ -1,12 +1,14 @@
 #include "programs.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <thread>
 
 #include "shm/spawn.h"
 #include "shm/unique_fd.h"
@@ -47,6 +49,25 @@ Result<ProgramRun> run_program(const std::vector<std::string>& argv) {
   }
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return run;
+}
+
+bool reap_if_exited(pid_t pid) {
+  int status = 0;
+  return ::waitpid(pid, &status, WNOHANG) == pid;
+}
+
+void end_child(pid_t pid, std::chrono::milliseconds grace) {
+  const auto until = std::chrono::steady_clock::now() + grace;
+  while (!reap_if_exited(pid)) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ::kill(pid, SIGTERM);
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 }  // namespace kvrelay::sim

@@ -3,6 +3,9 @@
 // with their output kept for the error a user reads.
 #pragma once
 
+#include <sys/types.h>
+
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,5 +25,12 @@ struct ProgramRun {
 
 // Runs argv (argv[0] a path) to its end.
 Result<ProgramRun> run_program(const std::vector<std::string>& argv);
+
+// A child of this process (spawn_process): reaps it if it has exited.
+bool reap_if_exited(pid_t pid);
+// Gives a child (a benchmark's server, which ends with its one client)
+// `grace` to exit, then SIGTERMs it, and reaps it either way. Never signals
+// a child already reaped: its pid may be another process's by then.
+void end_child(pid_t pid, std::chrono::milliseconds grace);
 
 }  // namespace kvrelay::sim
