@@ -573,6 +573,16 @@ struct TcpFrameHeader {
   requestKey @7 :UInt64;
   # FNV-1a 64 of the request id (never 0): matches the frame with the decode
   # side's ExpectArrival of that request.
+  runs @8 :List(TcpRun);
+  # Since wire version 4: when not empty, the payload is these runs' bytes
+  # back to back, each landing at its own dstOffset (scattered block ids:
+  # one frame, one tag for many small blocks); `bytes` is their sum and
+  # `dstOffset` is 0. Each run is checked as a frame of its own would be.
+}
+
+struct TcpRun {
+  dstOffset @0 :UInt64;
+  bytes @1 :UInt64;
 }
 
 struct IpcLanded {
@@ -666,7 +676,7 @@ struct TransportMessage {
 
 struct TcpMessage {
   # tcp (protocol 1): frames from the sender, acks from the receiver.
-  #   <- frame(transfer, handle, layer, tensor, offset, bytes, last) + payload ...
+  #   <- frame(transfer, handle, layer, tensor, offset | runs, bytes, last) + payload ...
   #   -> ack(transfer, ok | reason)     after the transfer's last payload is in the pool
   union {
     frame @0 :TcpFrameHeader;

@@ -74,6 +74,16 @@ int main(int argc, char** argv) {
     encode_frame(f, frames);
     frames.resize(frames.size() + block, std::byte{0x5a});
   }
+  {  // a frame of several runs: scattered blocks under one tag
+    FrameHeader f;
+    f.transfer = 2;
+    f.layer = 2;
+    f.bytes = 3 * block;
+    f.last = true;
+    const std::vector<FrameRun> runs = {{9 * block, block}, {1 * block, 2 * block}};
+    encode_frame(f, runs, frames);
+    frames.resize(frames.size() + f.bytes, std::byte{0x5b});
+  }
   net::encode_heartbeat(frames);
   encode_ack(1, true, "", frames);
   encode_ack(2, false, "refused", frames);

@@ -185,6 +185,29 @@ TEST_F(NetSessionTest, AnAlteredPayloadByteClosesTheConnectionWithoutAnAck) {
   EXPECT_EQ(receiver->frames().frames.load(), 1u) << "the frame was admitted";
 }
 
+// A frame of several runs is one record: a byte changed in its last run
+// closes the connection before the transfer is acked, although its first
+// runs were already read into the pool.
+TEST_F(NetSessionTest, AnAlteredByteInAFrameOfSeveralRunsClosesTheConnectionWithoutAnAck) {
+  auto c = session();
+  const uint64_t block = session_geometry().block_bytes(PoolTensor::kKey);
+  tcp::FrameHeader f;
+  f.transfer = 1;
+  f.bytes = 3 * block;
+  f.last = true;
+  const std::vector<tcp::FrameRun> runs = {
+      {3 * block, block}, {5 * block, block}, {9 * block, block}};
+  std::vector<std::byte> out;
+  tcp::encode_frame(f, runs, out);
+  c->send(std::move(out));
+  std::vector<std::byte> payload =
+      c->seal_payload(std::vector<std::byte>(3 * block, std::byte{0x33}));
+  payload[2 * block + 5] ^= std::byte{0x01};
+  c->write_raw(payload);
+  EXPECT_TRUE(closed_by_listener(*c)) << "closed, no ack";
+  EXPECT_EQ(receiver->frames().frames.load(), 1u) << "the frame was admitted";
+}
+
 // A byte injected between two records of a keyed session: the next record's
 // tag fails and the connection closes before it is acted on.
 TEST_F(NetSessionTest, AnInjectedEnvelopeClosesTheConnectionAndWritesNothing) {

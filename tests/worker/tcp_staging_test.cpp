@@ -115,6 +115,8 @@ TEST_F(TcpStagingTest, GpuToGpuArrivesByteForByteAndIsOnTheDeviceWhenAcked) {
   EXPECT_EQ(out->bytes_to_host.load(), 3 * layer_bytes) << "every byte sent was staged";
   EXPECT_EQ(in->bytes_to_device.load(), 3 * layer_bytes) << "every byte received was staged";
   EXPECT_EQ(receiver->frames().refused_frames.load(), 0u);
+  // Four scattered runs a tensor, sent from a slot as one frame of runs.
+  EXPECT_EQ(receiver->frames().frames.load(), 3u * 2) << "a frame per layer and tensor";
 }
 
 // The page-locking of staging memory is paid when a connection is made

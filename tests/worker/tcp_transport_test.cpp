@@ -188,6 +188,8 @@ TEST_F(TcpTransportTest, ScatteredBlocksArriveByteForByteAndNothingElseIsTouched
   EXPECT_EQ(wrong_bytes(*dst, src_ids, dst_ids), 0u);
   EXPECT_EQ(receiver->connections().accepted.load(), 2u) << "two lanes";
   EXPECT_EQ(receiver->connections().refused.load(), 0u);
+  // Four runs a tensor (3-5, 9, 1, 20), each tensor's as one frame of runs.
+  EXPECT_EQ(receiver->frames().frames.load(), 3u * 2) << "a frame per layer and tensor";
 }
 
 // Heterogeneous TP (tp 1 with 2 heads -> tp 2 with 1 each): a share that is
@@ -405,6 +407,73 @@ TEST_F(TcpTransportTest, AFrameOutOfRangeFailsOnlyItsTransferAndTheConnectionLiv
   EXPECT_EQ(v[0], std::byte{0x66});
   EXPECT_EQ(dst->tensor(0, PoolTensor::kKey)[31 * block], std::byte{0}) << "nothing written";
   EXPECT_EQ(receiver->frames().refused_frames.load(), 1u);
+}
+
+// A frame of several runs is checked run by run before any byte lands: one
+// run outside the pool refuses the whole frame, naming the run, and writes
+// none of it; the next frame of several runs lands each run at its own
+// place, under one tag.
+TEST_F(TcpTransportTest, AFrameOfSeveralRunsLandsEachRunOrNoneOfThem) {
+  listen(*dst);
+  RawNetClient client(receiver->port());
+  Result<net::Inbound> ack = client.authenticate(key, RawNetClient::raw_hello(geometry()));
+  ASSERT_TRUE(ack && ack->hello_ack.accepted)
+      << (ack ? ack->hello_ack.reason : ack.error().message);
+  const uint64_t block = geometry().block_bytes(PoolTensor::kKey);
+  auto payload = [&](const std::vector<FrameRun>& runs) {
+    std::vector<std::byte> bytes;
+    for (size_t i = 0; i < runs.size(); ++i)
+      bytes.resize(bytes.size() + runs[i].bytes, std::byte{static_cast<uint8_t>(0x50 + i)});
+    return bytes;
+  };
+  FrameHeader bad;
+  bad.transfer = 1;
+  bad.layer = 0;
+  bad.bytes = 3 * block;
+  bad.last = true;
+  const std::vector<FrameRun> bad_runs = {{7 * block, block}, {31 * block, 2 * block}};
+  std::vector<std::byte> out;
+  encode_frame(bad, bad_runs, out);
+  client.send(std::move(out), payload(bad_runs));
+  FrameHeader good = bad;
+  good.transfer = 2;
+  good.layer = 1;
+  good.tensor = 1;
+  good.bytes = 4 * block;
+  const std::vector<FrameRun> good_runs = {
+      {20 * block, block}, {2 * block, 2 * block}, {9 * block, block}};
+  out.clear();
+  encode_frame(good, good_runs, out);
+  client.send(std::move(out), payload(good_runs));
+  Result<net::Inbound> first = client.read();
+  ASSERT_TRUE(first) << first.error().message;
+  Result<Message> first_ack = decode(*first);
+  ASSERT_TRUE(first_ack && first_ack->kind == Message::Kind::kAck);
+  EXPECT_EQ(first_ack->ack.transfer, 1u);
+  EXPECT_FALSE(first_ack->ack.ok);
+  EXPECT_EQ(first_ack->ack.reason,
+            "run 1 of 2: frame writes destination blocks 31..32 of layer 0, but the pool has 32 "
+            "blocks there");
+  Result<net::Inbound> second = client.read();
+  ASSERT_TRUE(second) << second.error().message;
+  Result<Message> second_ack = decode(*second);
+  ASSERT_TRUE(second_ack);
+  EXPECT_EQ(second_ack->ack.transfer, 2u);
+  EXPECT_TRUE(second_ack->ack.ok) << second_ack->ack.reason;
+  const std::byte* k0 = dst->tensor(0, PoolTensor::kKey);
+  EXPECT_EQ(k0[7 * block], std::byte{0}) << "the refused frame's valid run was not written";
+  EXPECT_EQ(k0[31 * block], std::byte{0});
+  const std::byte* v1 = dst->tensor(1, PoolTensor::kValue);
+  for (size_t i = 0; i < good_runs.size(); ++i) {
+    const std::byte* at = v1 + good_runs[i].dst_offset;
+    EXPECT_TRUE(
+        std::all_of(at, at + good_runs[i].bytes,
+                    [&](std::byte b) { return b == std::byte{static_cast<uint8_t>(0x50 + i)}; }))
+        << "run " << i << " landed whole at its own offset";
+  }
+  EXPECT_EQ(v1[3 * block + block], std::byte{0}) << "nothing between the runs";
+  EXPECT_EQ(receiver->frames().refused_frames.load(), 1u);
+  EXPECT_EQ(receiver->frames().frames.load(), 1u);
 }
 
 TEST_F(TcpTransportTest, WithoutAKeyTcpIsRefusedSayingWhichFlagIsMissing) {

@@ -79,6 +79,79 @@ TEST(TcpWire, AFrameHeaderSurvivesTheRoundTrip) {
   EXPECT_TRUE(in->frame.last);
 }
 
+TEST(TcpWire, AFrameOfSeveralRunsSurvivesTheRoundTripAndSplitsIntoItsParts) {
+  FrameHeader f;
+  f.transfer = 9;
+  f.request_key = 77;
+  f.layer = 2;
+  f.tensor = 1;
+  f.bytes = 4 * kBlock;
+  f.last = true;
+  const std::vector<FrameRun> runs = {
+      {40 * kBlock, kBlock}, {3 * kBlock, 2 * kBlock}, {9 * kBlock, kBlock}};
+  std::vector<std::byte> out;
+  encode_frame(f, runs, out);
+  std::vector<uint64_t> body;
+  Result<Message> in = first_message(out, body);
+  ASSERT_TRUE(in) << in.error().message;
+  ASSERT_EQ(in->runs.size(), 3u);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(in->runs[i].dst_offset, runs[i].dst_offset) << "run " << i;
+    EXPECT_EQ(in->runs[i].bytes, runs[i].bytes) << "run " << i;
+  }
+  const std::vector<FrameHeader> parts = frame_parts(in->frame, in->runs);
+  ASSERT_EQ(parts.size(), 3u);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    EXPECT_EQ(parts[i].dst_offset, runs[i].dst_offset);
+    EXPECT_EQ(parts[i].bytes, runs[i].bytes);
+    EXPECT_EQ(parts[i].transfer, 9u);
+    EXPECT_EQ(parts[i].request_key, 77u);
+    EXPECT_EQ(parts[i].layer, 2u);
+    EXPECT_EQ(parts[i].last, i == 2) << "only the final part ends the transfer";
+    EXPECT_TRUE(check_frame(parts[i], frame_geometry()));
+  }
+  // The largest a receiver takes still fits one envelope.
+  std::vector<FrameRun> most(kMaxFrameRuns, FrameRun{0, kBlock});
+  f.bytes = kMaxFrameRuns * kBlock;
+  out.clear();
+  encode_frame(f, most, out);
+  in = first_message(out, body);
+  ASSERT_TRUE(in) << in.error().message;
+  EXPECT_EQ(in->runs.size(), kMaxFrameRuns);
+}
+
+TEST(TcpWire, AFrameWhoseRunsDoNotAddUpIsRefusedSayingHow) {
+  FrameHeader f;
+  f.layer = 1;
+  f.bytes = 3 * kBlock;
+  auto refusal = [&](const std::vector<FrameRun>& runs) -> std::string {
+    std::vector<std::byte> out;
+    encode_frame(f, runs, out);
+    std::vector<uint64_t> body;
+    Result<Message> in = first_message(out, body);
+    if (in) return "accepted";
+    EXPECT_EQ(in.error().code, Errc::kCorrupt);
+    return in.error().message;
+  };
+  EXPECT_EQ(refusal({{0, kBlock}, {kBlock, 2 * kBlock}}), "accepted");
+  EXPECT_NE(
+      refusal({{0, kBlock}, {kBlock, kBlock}}).find("sum to 8192 bytes, but it carries 12288"),
+      std::string::npos);
+  EXPECT_NE(refusal({{0, kBlock}, {kBlock, 3 * kBlock}}).find("run 1 has 12288 bytes, with 8192"),
+            std::string::npos);
+  EXPECT_NE(refusal({{0, kBlock}, {kBlock, 0}, {0, 2 * kBlock}}).find("run 1 has 0 bytes"),
+            std::string::npos);
+  // Two runs whose sizes wrap around 2^64 to the frame's bytes.
+  EXPECT_NE(refusal({{0, ~0ull}, {0, 3 * kBlock + 1}}).find("run 0 has"), std::string::npos);
+  f.dst_offset = kBlock;
+  EXPECT_NE(refusal({{0, 3 * kBlock}}).find("both runs and a dstOffset"), std::string::npos);
+  f.dst_offset = 0;
+  f.bytes = (kMaxFrameRuns + 1) * kBlock;
+  EXPECT_NE(refusal(std::vector<FrameRun>(kMaxFrameRuns + 1, FrameRun{0, kBlock}))
+                .find("a tcp frame of 1025 runs (at most 1024)"),
+            std::string::npos);
+}
+
 TEST(TcpWire, ALengthThatIsNoEnvelopeIsRefused) {
   for (uint32_t len : {0u, 7u, 12u, kMaxEnvelopeBytes + 8}) {
     const uint8_t p[4] = {static_cast<uint8_t>(len), static_cast<uint8_t>(len >> 8),
@@ -383,6 +456,47 @@ TEST(FramePlan, OnlyTheFinalFrameIsLastForWholeBlocksAndForHeadShares) {
     EXPECT_EQ(f.src_offset % block, block / 2) << "head 1 of each source block";
     EXPECT_EQ(f.header.dst_offset % (block / 2), 0u);
   }
+}
+
+TEST(FramePlan, ConsecutiveFramesOfATensorAreGroupedUpToTheRunAndByteLimits) {
+  auto frame = [](uint32_t tensor, uint64_t bytes) {
+    PlannedFrame f;
+    f.header.tensor = tensor;
+    f.header.bytes = bytes;
+    return f;
+  };
+  std::vector<PlannedFrame> frames;
+  std::vector<FrameGroup> groups;
+  // 600 scattered 4 KiB blocks of K, then 10 of V: K in groups of kGroupRuns,
+  // V apart from K.
+  for (int i = 0; i < 600; ++i)
+    frames.push_back(frame(0, 4096));
+  for (int i = 0; i < 10; ++i)
+    frames.push_back(frame(1, 4096));
+  group_frames(frames, groups);
+  ASSERT_EQ(groups.size(), 4u);
+  EXPECT_EQ(groups[0].count, kGroupRuns);
+  EXPECT_EQ(groups[1].count, kGroupRuns);
+  EXPECT_EQ(groups[2].count, 600 - 2 * kGroupRuns);
+  EXPECT_EQ(groups[3].first, 600u);
+  EXPECT_EQ(groups[3].count, 10u);
+  EXPECT_EQ(groups[3].bytes, 10u * 4096);
+  // By bytes: 384 KiB runs, two to a group; one larger than the limit alone.
+  frames = {frame(0, 384 << 10), frame(0, 384 << 10), frame(0, 384 << 10),
+            frame(0, kGroupBytes + 4096), frame(0, 4096)};
+  group_frames(frames, groups);
+  ASSERT_EQ(groups.size(), 4u);
+  EXPECT_EQ(groups[0].count, 2u);
+  EXPECT_EQ(groups[1].count, 1u);
+  EXPECT_EQ(groups[2].count, 1u) << "a frame over the limit goes alone";
+  EXPECT_EQ(groups[2].bytes, kGroupBytes + 4096);
+  EXPECT_EQ(groups[3].count, 1u);
+  size_t covered = 0;
+  for (const FrameGroup& g : groups) {
+    EXPECT_EQ(g.first, covered) << "in order, each frame once";
+    covered += g.count;
+  }
+  EXPECT_EQ(covered, frames.size());
 }
 
 }  // namespace

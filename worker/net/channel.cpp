@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <array>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <cerrno>
@@ -24,6 +25,7 @@ constexpr size_t kHandshakeRxBytes = 4u << 10;  // before: a challenge or a proo
 constexpr uint32_t kHandshakeEnvelopeBytes = 1024;
 constexpr uint64_t kDirectReadBytes = 32u << 10;  // larger rests of payloads skip rx_
 constexpr size_t kEnvelopeRead = 512;             // an envelope and its prefix, with room
+constexpr size_t kDirectPieces = 64;              // pieces of a payload one direct read fills
 // A write batch: at most this much payload (in kEncrypt, the bounce buffer).
 constexpr uint64_t kBatchBytes = 512u << 10;
 constexpr uint64_t kEncryptBatchBytes = 1u << 20;
@@ -157,11 +159,13 @@ bool Channel::build_batch() {
         cursor_.payload_done += n;
       }
       if (cursor_.payload_done == p.bytes) {
-        if (seal != nullptr) {
+        const bool record_goes_on = p.continues && cursor_.payload + 1 < m.payloads.size() &&
+                                    m.payloads[cursor_.payload + 1].after == p.after;
+        if (seal != nullptr && !record_goes_on) {
           tags_.push_back(seal->finish_send());
           add(tags_.back().data(), kTagBytes);
         }
-        cursor_ = Cursor{cursor_.envelope_at, cursor_.payload + 1, 0, false};
+        cursor_ = Cursor{cursor_.envelope_at, cursor_.payload + 1, 0, record_goes_on};
       }
       continue;
     }
@@ -285,7 +289,11 @@ bool Channel::parse_one() {
     return true;
   }
   const size_t tag = receive_seal_ ? kTagBytes : 0;
-  if (buffered < 4 + size_t{*len} + tag) return false;
+  if (buffered < 4 + size_t{*len} + tag) {
+    envelope_missing_ = 4 + size_t{*len} + tag - buffered;
+    return false;
+  }
+  envelope_missing_ = 0;
   body_.resize(*len / 8);  // capnp reads aligned words
   auto* body = reinterpret_cast<std::byte*>(body_.data());
   if (receive_seal_) {
@@ -347,7 +355,7 @@ Channel::Received Channel::receive_into_rx() {
   // than its envelope, so that the payload goes straight to its destination
   // instead of through rx_ (a copy).
   size_t want = rx_.size() - rx_end_;
-  if (large_payloads_) want = std::min(want, kEnvelopeRead);
+  if (large_payloads_) want = std::min(want, std::max(kEnvelopeRead, envelope_missing_));
   if (want == 0) {  // cannot be: every envelope fits rx_
     close("a message larger than the receive buffer");
     return Received::kClosed;
@@ -368,52 +376,106 @@ void Channel::wait_readable(std::function<void()> then) {
       });
 }
 
-// Lands `left` more bytes of the current payload at `dst` (nullptr: drops
-// them), each piece through the receive seal as it lands, then its tag.
-void Channel::take_payload(std::byte* dst, uint64_t left, bool last, std::function<void()> then) {
+// Lands the rest of the current payload (landing_: its pieces, in wire
+// order; a piece with no destination is dropped), each piece through the
+// receive seal as it lands, then its tag when `last` ends the record.
+void Channel::take_payload(bool last, std::function<void()> then) {
   uint64_t this_turn = 0;
   for (;;) {
-    const size_t buffered = std::min<uint64_t>(rx_end_ - rx_begin_, left);
-    if (buffered > 0) {
+    while (landing_left_ > 0 && rx_end_ > rx_begin_) {  // what rx_ holds of it
+      iovec& piece = landing_[landing_at_];
+      const size_t n = std::min<uint64_t>(rx_end_ - rx_begin_, piece.iov_len);
       std::byte* from = rx_.data() + rx_begin_;
+      auto* dst = static_cast<std::byte*>(piece.iov_base);
       std::byte* to = dst != nullptr ? dst : from;  // a dropped payload is opened in place
-      if (receive_seal_) receive_seal_->add(std::span<const std::byte>(from, buffered), to);
+      if (receive_seal_) receive_seal_->add(std::span<const std::byte>(from, n), to);
       if (dst != nullptr && (!receive_seal_ || receive_seal_->mode() == Protection::kAuthenticate))
-        std::memcpy(dst, from, buffered);
-      rx_begin_ += buffered;
-      left -= buffered;
-      this_turn += buffered;
-      if (dst != nullptr) dst += buffered;
+        std::memcpy(dst, from, n);
+      rx_begin_ += n;
+      this_turn += n;
+      advance_landing(n);
     }
-    if (left == 0) {
+    if (landing_left_ == 0) {
       if (!receive_seal_ || !last) return then();
       return take_tag(std::move(then));
     }
     if (this_turn >= kPayloadBytesPerTurn) {  // yield, as read_next does
-      return asio::post(executor(), [self = shared_from_this(), dst, left, last,
-                                     then = std::move(then)]() mutable {
-        if (!self->closed_) self->take_payload(dst, left, last, std::move(then));
-      });
+      return asio::post(executor(),
+                        [self = shared_from_this(), last, then = std::move(then)]() mutable {
+                          if (!self->closed_) self->take_payload(last, std::move(then));
+                        });
     }
     Received r;
-    if (dst != nullptr && left >= kDirectReadBytes) {  // large: no copy through rx_
-      size_t got = 0;
-      r = receive(dst, std::min(left, kReadChunk), &got);
-      if (got > 0 && receive_seal_) receive_seal_->add(std::span<const std::byte>(dst, got), dst);
-      dst += got;
-      left -= got;
+    if (landing_[landing_at_].iov_base != nullptr && landing_left_ >= kDirectReadBytes) {
+      size_t got = 0;  // large: straight into the pieces, no copy through rx_
+      r = receive_direct(&got);
       this_turn += got;
     } else {
       r = receive_into_rx();
     }
     if (r == Received::kClosed) return;
     if (r == Received::kNothingYet) {
-      return wait_readable(
-          [self = shared_from_this(), dst, left, last, then = std::move(then)]() mutable {
-            self->take_payload(dst, left, last, std::move(then));
-          });
+      return wait_readable([self = shared_from_this(), last, then = std::move(then)]() mutable {
+        self->take_payload(last, std::move(then));
+      });
     }
   }
+}
+
+// `n` bytes of the payload have landed, from the current piece on.
+void Channel::advance_landing(uint64_t n) {
+  landing_left_ -= n;
+  while (n > 0) {
+    iovec& piece = landing_[landing_at_];
+    const size_t k = std::min<uint64_t>(n, piece.iov_len);
+    if (piece.iov_base != nullptr) piece.iov_base = static_cast<std::byte*>(piece.iov_base) + k;
+    piece.iov_len -= k;
+    n -= k;
+    if (piece.iov_len == 0) ++landing_at_;
+  }
+}
+
+// One read straight into the payload's next pieces (at most kReadChunk
+// bytes over kDirectPieces of them), each sealed in place as it landed.
+Channel::Received Channel::receive_direct(size_t* got) {
+  std::array<iovec, kDirectPieces> iov;
+  size_t count = 0;
+  uint64_t room = 0;
+  for (size_t i = landing_at_; i < landing_.size() && count < iov.size() && room < kReadChunk;
+       ++i) {
+    iov[count] = landing_[i];
+    iov[count].iov_len = std::min<uint64_t>(iov[count].iov_len, kReadChunk - room);
+    room += iov[count].iov_len;
+    ++count;
+  }
+  *got = 0;
+  for (;;) {
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = count;
+    const ssize_t r = ::recvmsg(socket_.native_handle(), &msg, 0);
+    if (r > 0) {
+      last_rx_ = Clock::now();
+      *got = static_cast<size_t>(r);
+      break;
+    }
+    if (r == 0) {
+      close("the peer closed the connection");
+      return Received::kClosed;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Received::kNothingYet;
+    close(fmt::format("receive failed: {}", std::strerror(errno)));
+    return Received::kClosed;
+  }
+  for (size_t i = 0, left = *got; left > 0; ++i) {
+    const size_t n = std::min(left, iov[i].iov_len);
+    auto* at = static_cast<std::byte*>(iov[i].iov_base);
+    if (receive_seal_) receive_seal_->add(std::span<const std::byte>(at, n), at);
+    left -= n;
+  }
+  advance_landing(*got);
+  return Received::kSome;
 }
 
 // The payload's tag: it decides whether what landed is the peer's.
@@ -440,14 +502,33 @@ void Channel::take_tag(std::function<void()> then) {
 
 void Channel::read_payload(std::byte* dst, uint64_t bytes, std::function<void()> then, bool first,
                            bool last) {
-  large_payloads_ = bytes >= kDirectReadBytes;
-  if (receive_seal_ && first) receive_seal_->begin();
-  take_payload(dst, bytes, last, std::move(then));
+  const iovec piece{dst, bytes};
+  start_payload(std::span<const iovec>(&piece, 1), first);
+  take_payload(last, std::move(then));
+}
+
+void Channel::read_scattered(std::span<const iovec> pieces, std::function<void()> then) {
+  start_payload(pieces, /*first=*/true);
+  take_payload(/*last=*/true, std::move(then));
 }
 
 void Channel::discard_payload(uint64_t bytes, std::function<void()> then) {
-  if (receive_seal_) receive_seal_->begin();
-  take_payload(nullptr, bytes, true, std::move(then));
+  const iovec piece{nullptr, bytes};
+  start_payload(std::span<const iovec>(&piece, 1), /*first=*/true);
+  take_payload(/*last=*/true, std::move(then));
+}
+
+void Channel::start_payload(std::span<const iovec> pieces, bool first) {
+  landing_.clear();
+  landing_at_ = 0;
+  landing_left_ = 0;
+  for (const iovec& p : pieces) {
+    if (p.iov_len == 0) continue;
+    landing_.push_back(p);
+    landing_left_ += p.iov_len;
+  }
+  large_payloads_ = landing_left_ >= kDirectReadBytes;
+  if (receive_seal_ && first) receive_seal_->begin();
 }
 
 void Channel::close_soon(const std::string& reason, std::function<void()> then) {

@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,8 @@ struct Timing {
 
 // A message to write: envelopes encoded back to back into `owned`, each
 // payload sent right after the envelope that ends at owned offset `after`.
+// A payload marked `continues` is one record with the next (same `after`):
+// a frame of several runs gathered from several places, under one tag.
 // `written` runs once the bytes are handed to the kernel; payload memory
 // must stay as it is until then.
 struct Outgoing {
@@ -52,6 +55,7 @@ struct Outgoing {
     size_t after = 0;
     const std::byte* data = nullptr;
     uint64_t bytes = 0;
+    bool continues = false;
   };
   std::vector<std::byte> owned;
   std::vector<Payload> payloads;  // in order of `after`
@@ -89,6 +93,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // `first` begins it, `last` checks its tag.
   void read_payload(std::byte* dst, uint64_t bytes, std::function<void()> then, bool first = true,
                     bool last = true);
+  // Reads one payload that lands in several places, in order (a frame of
+  // several runs), as one record; `then` runs once all of it has landed and
+  // its tag is checked.
+  void read_scattered(std::span<const iovec> pieces, std::function<void()> then);
   // Reads and drops `bytes` of payload (a refused frame's), then `then`.
   void discard_payload(uint64_t bytes, std::function<void()> then);
 
@@ -115,7 +123,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
   Received receive(std::byte* dst, size_t n, size_t* got);
   Received receive_into_rx();
   void wait_readable(std::function<void()> then);
-  void take_payload(std::byte* dst, uint64_t left, bool last, std::function<void()> then);
+  void start_payload(std::span<const iovec> pieces, bool first);
+  void take_payload(bool last, std::function<void()> then);
+  void advance_landing(uint64_t n);
+  Received receive_direct(size_t* got);
   void take_tag(std::function<void()> then);
 
   std::string peer_name_;
@@ -146,6 +157,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   size_t rx_begin_ = 0, rx_end_ = 0;
   bool in_read_next_ = false, read_again_ = false;
   bool large_payloads_ = false;  // the last payload was read mostly straight into memory
+  size_t envelope_missing_ = 0;  // bytes of a partly received envelope still to come
+  // The payload being read: what is left of its pieces (iov_base null: dropped).
+  std::vector<iovec> landing_;
+  size_t landing_at_ = 0;
+  uint64_t landing_left_ = 0;
   std::vector<uint64_t> body_;   // 8-byte aligned envelope buffer
   std::chrono::steady_clock::time_point last_rx_;
   std::chrono::steady_clock::time_point last_tx_;

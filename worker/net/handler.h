@@ -30,6 +30,9 @@ class ServerLink {
   // tag is checked after the last.
   virtual void read_payload(std::byte* dst, uint64_t bytes, std::function<void()> then,
                             bool first = true, bool last = true) = 0;
+  // One payload landing in several places, in order (a frame of several
+  // runs): one record, `then` once all of it landed and its tag checked.
+  virtual void read_scattered(std::span<const iovec> pieces, std::function<void()> then) = 0;
   virtual void discard_payload(uint64_t bytes, std::function<void()> then) = 0;
   virtual void close(const std::string& reason) = 0;
   virtual bool closed() const = 0;

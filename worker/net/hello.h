@@ -18,8 +18,9 @@ namespace kvrelay::worker::net {
 
 // 2: the session is sealed (session_seal.h) and transports' messages travel
 // as TransportMessage. 3: an rdma intent names its queue pair and its grant
-// carries the keys to write with.
-inline constexpr uint32_t kWireVersion = 3;
+// carries the keys to write with. 4: a tcp frame may carry several runs
+// (TcpFrameHeader.runs), which a version-3 receiver would write as one.
+inline constexpr uint32_t kWireVersion = 4;
 
 struct Hello {
   uint32_t version = 0;

@@ -138,6 +138,9 @@ class Connection final : public Channel, public ServerLink {
                     bool last) override {
     Channel::read_payload(dst, bytes, std::move(then), first, last);
   }
+  void read_scattered(std::span<const iovec> pieces, std::function<void()> then) override {
+    Channel::read_scattered(pieces, std::move(then));
+  }
   void discard_payload(uint64_t bytes, std::function<void()> then) override {
     Channel::discard_payload(bytes, std::move(then));
   }

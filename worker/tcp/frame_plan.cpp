@@ -39,6 +39,50 @@ void plan_frames(const LayerJob& job, const PoolGeometry& local, uint32_t peer_k
   if (!out.empty()) out.back().header.last = true;
 }
 
+void group_frames(const std::vector<PlannedFrame>& frames, std::vector<FrameGroup>& out) {
+  out.clear();
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const FrameHeader& f = frames[i].header;
+    if (!out.empty()) {
+      FrameGroup& g = out.back();
+      const FrameHeader& first = frames[g.first].header;
+      if (first.transfer == f.transfer && first.layer == f.layer && first.tensor == f.tensor &&
+          g.count < kGroupRuns && g.bytes < kGroupBytes && f.bytes <= kGroupBytes - g.bytes) {
+        ++g.count;
+        g.bytes += f.bytes;
+        continue;
+      }
+    }
+    out.push_back(FrameGroup{i, 1, f.bytes});
+  }
+}
+
+uint64_t append_frames(const std::vector<PlannedFrame>& frames,
+                       const std::function<const std::byte*(size_t)>& source, net::Outgoing& out) {
+  std::vector<FrameGroup> groups;
+  group_frames(frames, groups);
+  std::vector<FrameRun> runs;
+  uint64_t bytes = 0;
+  for (const FrameGroup& group : groups) {
+    FrameHeader header = frames[group.first].header;
+    runs.clear();
+    if (group.count > 1) {
+      header.dst_offset = 0;
+      header.bytes = group.bytes;
+      header.last = frames[group.first + group.count - 1].header.last;
+      for (size_t i = group.first; i < group.first + group.count; ++i)
+        runs.push_back(FrameRun{frames[i].header.dst_offset, frames[i].header.bytes});
+    }
+    encode_frame(header, runs, out.owned);
+    for (size_t i = group.first; i < group.first + group.count; ++i)
+      out.payloads.push_back(
+          net::Outgoing::Payload{out.owned.size(), source(i), frames[i].header.bytes,
+                                 /*continues=*/i + 1 < group.first + group.count});
+    bytes += group.bytes;
+  }
+  return bytes;
+}
+
 void split_to_fit(const PlannedFrame& frame, const PoolGeometry& local, uint64_t limit,
                   std::deque<PlannedFrame>& out) {
   const uint64_t block = local.block_bytes(static_cast<PoolTensor>(frame.header.tensor));

@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "instance/pool_geometry.h"
 #include "kernels/block_copy.h"
+#include "worker/net/channel.h"
 #include "worker/net/peer_plan.h"
 #include "worker/tcp/frame_wire.h"
 
@@ -30,6 +32,30 @@ struct PlannedFrame {
 // transfer there). `scratch` keeps its capacity from job to job.
 void plan_frames(const LayerJob& job, const PoolGeometry& local, uint32_t peer_kv_heads,
                  std::vector<kernels::CopyRun>& scratch, std::vector<PlannedFrame>& out);
+
+// Frames a sender gathers into one frame of several runs (one envelope, one
+// tag, one check at the receiver for many scattered blocks): at most this
+// many runs, of this many bytes in all.
+inline constexpr size_t kGroupRuns = 256;
+inline constexpr uint64_t kGroupBytes = 1u << 20;
+
+// Consecutive planned frames sent as one: frames [first, first + count),
+// `bytes` in all.
+struct FrameGroup {
+  size_t first = 0;
+  size_t count = 0;
+  uint64_t bytes = 0;
+};
+// Groups consecutive frames of one transfer's tensor, up to kGroupRuns runs
+// and kGroupBytes (a frame larger than that stays alone).
+void group_frames(const std::vector<PlannedFrame>& frames, std::vector<FrameGroup>& out);
+
+// Appends `frames` to `out` grouped (group_frames): each group's envelope
+// (a lone frame as planned, else a frame of its runs) and its payload, one
+// record gathered from where `source(i)` says frame i's bytes are. Returns
+// the payload bytes.
+uint64_t append_frames(const std::vector<PlannedFrame>& frames,
+                       const std::function<const std::byte*(size_t)>& source, net::Outgoing& out);
 
 // Appends `frame` to `out` as frames of at most `limit` payload bytes each
 // (a staging slot; at least one block of `local`), split at whole blocks:

@@ -74,12 +74,13 @@ class FrameReceiver final : public net::MessageHandler {
     Result<Message> m = decode(in);
     if (!m) return link_.close(m.error().message);
     if (m->kind != Message::Kind::kFrame) return link_.close("a tcp ack sent to a receiver");
-    on_frame(m->frame);
+    on_frame(m->frame, frame_parts(m->frame, m->runs));
   }
 
   void on_closed(const std::string&) override {
     unwatch();
-    if (payload_in_progress_) arrivals().abandoned(landed_write(*payload_in_progress_, sender()));
+    for (const FrameHeader& part : payload_in_progress_)
+      arrivals().abandoned(landed_write(part, sender()));
     resume_ = nullptr;
     settle_staged();  // what has no copy in flight; the rest as its copies end
   }
@@ -90,22 +91,39 @@ class FrameReceiver final : public net::MessageHandler {
   Arrivals& arrivals() { return *shared_->options.arrivals; }
   bool staged() const { return pool().memory_kind() != kernels::MemoryKind::kHost; }
 
-  void on_frame(const FrameHeader& f) {
-    auto after = [this, f] {
-      if (f.last) finish_transfer(f.transfer);
-      link_.read_next();
-    };
+  // Where each part lands, once all of them passed their checks and were
+  // admitted; else why not (the parts admitted so far are abandoned).
+  Status admit_parts(const std::vector<FrameHeader>& parts) {
+    if (staged())
+      if (Status s = ensure_slots(); !s) return s;
+    landing_.clear();
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const FrameHeader& part = parts[i];
+      Status ok = check_frame(part, pool().geometry());
+      std::byte* base =
+          ok ? pool().tensor(part.layer, static_cast<PoolTensor>(part.tensor)) : nullptr;
+      if (ok && base == nullptr)
+        ok = make_error(Errc::kInvalidArgument,
+                        fmt::format("layer {} tensor {} does not exist", part.layer, part.tensor));
+      if (ok) ok = arrivals().admit(landed_write(part, sender()));  // the declared requests' blocks
+      if (!ok) {
+        for (size_t j = 0; j < i; ++j)
+          arrivals().abandoned(landed_write(parts[j], sender()));
+        if (parts.size() == 1) return ok;
+        return make_error(ok.error().code,
+                          fmt::format("run {} of {}: {}", i, parts.size(), ok.error().message));
+      }
+      landing_.push_back(iovec{base + part.dst_offset, part.bytes});
+    }
+    return {};
+  }
+
+  // `f`: the frame as sent; `parts`: its runs, each as a frame of its own.
+  void on_frame(const FrameHeader& f, std::vector<FrameHeader> parts) {
     // A refused transfer's later frames are dropped unanswered (it was
     // answered once).
     if (refused_.count(f.transfer) != 0) return drop(f, [this] { link_.read_next(); });
-    Status ok = check_frame(f, pool().geometry());
-    if (ok && staged()) ok = ensure_slots();
-    std::byte* base = ok ? pool().tensor(f.layer, static_cast<PoolTensor>(f.tensor)) : nullptr;
-    if (ok && base == nullptr)
-      ok = make_error(Errc::kInvalidArgument,
-                      fmt::format("layer {} tensor {} does not exist", f.layer, f.tensor));
-    if (ok) ok = arrivals().admit(landed_write(f, sender()));  // the declared requests' blocks
-    if (!ok) {
+    if (Status ok = admit_parts(parts); !ok) {
       ++shared_->stats->refused_frames;
       shared_->warn_refused(link_.peer_name(), f.transfer, ok.error().message);
       if (refused_.size() >= kMaxRefusedOpen)
@@ -119,17 +137,22 @@ class FrameReceiver final : public net::MessageHandler {
     shared_->stats->bytes += f.bytes;
     watch_payload(f);
     if (staged()) {
-      staged_.push_back(StagedFrame{f});
-      return read_staged(base + f.dst_offset, f.bytes, /*first=*/true);
+      for (const FrameHeader& part : parts)
+        staged_.push_back(StagedFrame{part});
+      staged_cursor_ = StagedCursor{};
+      return read_staged(/*first=*/true);
     }
-    payload_in_progress_ = f;  // until it has landed: a close meanwhile abandons it
-    auto keep = link_.keep_alive();
-    link_.read_payload(base + f.dst_offset, f.bytes, [this, keep, f, after] {
-      payload_in_progress_.reset();
-      unwatch();
-      arrivals().landed(landed_write(f, sender()));
-      after();
-    });
+    // Until it has all landed and its tag is checked: a close meanwhile abandons it.
+    payload_in_progress_ = std::move(parts);
+    link_.read_scattered(landing_,
+                         [this, keep = link_.keep_alive(), last = f.last, transfer = f.transfer] {
+                           unwatch();
+                           for (const FrameHeader& part : payload_in_progress_)
+                             arrivals().landed(landed_write(part, sender()));
+                           payload_in_progress_.clear();
+                           if (last) finish_transfer(transfer);
+                           link_.read_next();
+                         });
   }
 
   // An admitted payload that stops coming, or whose request is withdrawn
@@ -192,51 +215,76 @@ class FrameReceiver final : public net::MessageHandler {
     return {};
   }
 
-  // Reads the rest of the newest frame's payload (`left` bytes, bound for
-  // `dst` in GPU memory) a slot at a time, each slot copied host->device on
-  // the stager's thread; waits for a free slot when none is (the stream is
-  // not read meanwhile).
-  void read_staged(std::byte* dst, uint64_t left, bool first) {
+  // Reads the newest frame's payload (its parts: the last landing_.size()
+  // entries of staged_, bound for GPU memory) a slot at a time, each slot
+  // filled with the payload's next bytes across parts and copied
+  // host->device on the stager's thread; waits for a free slot when none is
+  // (the stream is not read meanwhile).
+  void read_staged(bool first) {
     const int slot = slots_->take();
     if (slot < 0) {
-      resume_ = [this, dst, left, first] { read_staged(dst, left, first); };
+      resume_ = [this, first] { read_staged(first); };
       return;
     }
-    const uint64_t n = std::min(left, slots_->slot_bytes());
+    std::byte* const base = slots_->slot(slot);
+    const size_t group = landing_.size();
+    std::vector<StagedCopy> copies;
+    const size_t first_part = staged_cursor_.part;  // in the group
+    uint64_t used = 0;
+    while (used < slots_->slot_bytes() && staged_cursor_.part < group) {
+      const iovec& part = landing_[staged_cursor_.part];
+      const uint64_t n =
+          std::min<uint64_t>(part.iov_len - staged_cursor_.done, slots_->slot_bytes() - used);
+      copies.push_back(
+          StagedCopy{base + used, static_cast<std::byte*>(part.iov_base) + staged_cursor_.done, n});
+      used += n;
+      staged_cursor_.done += n;
+      if (staged_cursor_.done == part.iov_len) staged_cursor_ = {staged_cursor_.part + 1, 0};
+    }
+    const bool last = staged_cursor_.part == group;
     auto keep = link_.keep_alive();
     link_.read_payload(
-        slots_->slot(slot), n,
-        [this, keep, slot, dst, n, left] {
-          StagedFrame& newest = staged_.back();
-          ++newest.copies_in_flight;
-          newest.read = n == left;
-          if (newest.read) unwatch();
-          shared_->options.stager->copy(
-              Stager::Direction::kToDevice, {StagedCopy{slots_->slot(slot), dst, n}},
-              [this, keep, slot](Status copied) mutable {
-                // The connection's last reference must not end on the stager's
-                // thread: it may hold the stager itself.
-                auto strand = link_.executor();
-                asio::post(strand, [this, keep = std::move(keep), slot,
-                                    copied = std::move(copied)] { on_staged_copy(slot, copied); });
-              });
-          if (n < left) return read_staged(dst + n, left - n, /*first=*/false);
+        base, used,
+        [this, keep, slot, last, group, first_part, copies = std::move(copies)]() mutable {
+          // The parts with a piece in this slot: one copy in flight each.
+          // The group is the newest entries of staged_ (older ones may have
+          // settled meanwhile, from the front).
+          const size_t parts = copies.size();
+          for (size_t i = 0; i < parts; ++i)
+            ++staged_[staged_.size() - group + first_part + i].copies_in_flight;
+          if (last) {  // all of it read, and its tag checked: it counts once its copies end
+            for (size_t i = staged_.size() - group; i < staged_.size(); ++i)
+              staged_[i].read = true;
+            unwatch();
+          }
+          shared_->options.stager->copy(Stager::Direction::kToDevice, std::move(copies),
+                                        [this, keep, slot, parts](Status copied) mutable {
+                                          // The connection's last reference must not end on the
+                                          // stager's thread: it may hold the stager itself.
+                                          auto strand = link_.executor();
+                                          asio::post(strand, [this, keep = std::move(keep), slot,
+                                                              parts, copied = std::move(copied)] {
+                                            on_staged_copy(slot, parts, copied);
+                                          });
+                                        });
+          if (!last) return read_staged(/*first=*/false);
           link_.read_next();
         },
-        first, /*last=*/n == left);
+        first, last);
   }
 
-  // A slot's host->device copy ended. Copies end in the order they were
-  // queued: it is the oldest frame's with copies in flight.
-  void on_staged_copy(int slot, const Status& copied) {
+  // A slot's host->device copy ended, for `parts` frames. Copies end in the
+  // order they were queued: they are the oldest frames with copies in flight.
+  void on_staged_copy(int slot, size_t parts, const Status& copied) {
     slots_->give_back(slot);
     uint64_t transfer = 0;
     for (StagedFrame& f : staged_) {
+      if (parts == 0) break;
       if (f.copies_in_flight == 0) continue;
       --f.copies_in_flight;
       if (!copied) f.failed = true;
-      transfer = f.header.transfer;
-      break;
+      if (transfer == 0) transfer = f.header.transfer;
+      --parts;
     }
     // Sticky (a CUDA fault): the transfer hears why, then the connection
     // closes (its other transfers fail) and nothing more lands through it.
@@ -300,7 +348,14 @@ class FrameReceiver final : public net::MessageHandler {
   std::chrono::milliseconds watch_allowed_{0};
   bool failing_ = false;
   std::unordered_set<uint64_t> refused_;            // transfers refused, until their last frame
-  std::optional<FrameHeader> payload_in_progress_;  // admitted, its payload being read
+  // The frame being read: where its parts land, and (a host pool) the parts,
+  // admitted, until their payload has landed.
+  std::vector<iovec> landing_;
+  std::vector<FrameHeader> payload_in_progress_;
+  struct StagedCursor {
+    size_t part = 0;    // of landing_
+    uint64_t done = 0;  // of that part's bytes, in slots
+  } staged_cursor_;
   // A GPU pool's: admitted frames not yet settled, oldest first.
   struct StagedFrame {
     FrameHeader header;

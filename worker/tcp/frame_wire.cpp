@@ -24,6 +24,33 @@ Result<Message> decode(const net::Inbound& in) {
             out.frame.dst_offset = f.getDstOffset();
             out.frame.bytes = f.getBytes();
             out.frame.last = f.getLast();
+            if (f.hasRuns()) {
+              const auto runs = f.getRuns();
+              if (runs.size() > kMaxFrameRuns)
+                return make_error(Errc::kCorrupt, fmt::format("a tcp frame of {} runs (at most {})",
+                                                              runs.size(), kMaxFrameRuns));
+              if (out.frame.dst_offset != 0)
+                return make_error(Errc::kCorrupt,
+                                  "a tcp frame with both runs and a dstOffset of its own");
+              uint64_t sum = 0;
+              out.runs.reserve(runs.size());
+              for (const auto r : runs) {
+                if (r.getBytes() == 0 || r.getBytes() > out.frame.bytes - sum)
+                  return make_error(
+                      Errc::kCorrupt,
+                      fmt::format("a tcp frame's run {} has {} bytes, with {} of the frame's {} "
+                                  "left for it",
+                                  out.runs.size(), r.getBytes(), out.frame.bytes - sum,
+                                  out.frame.bytes));
+                sum += r.getBytes();
+                out.runs.push_back(FrameRun{r.getDstOffset(), r.getBytes()});
+              }
+              if (sum != out.frame.bytes)
+                return make_error(Errc::kCorrupt,
+                                  fmt::format("a tcp frame's runs sum to {} bytes, but it "
+                                              "carries {}",
+                                              sum, out.frame.bytes));
+            }
             return out;
           }
           case schema::TcpMessage::ACK: {
@@ -41,9 +68,13 @@ Result<Message> decode(const net::Inbound& in) {
       });
 }
 
-void encode_frame(const FrameHeader& frame, std::vector<std::byte>& out) {
+void encode_frame(const FrameHeader& frame, std::span<const FrameRun> runs,
+                  std::vector<std::byte>& out) {
   capnp::word scratch[24] = {};
-  capnp::MallocMessageBuilder m(kj::arrayPtr(scratch, 24));
+  // One segment however many runs (2 words each, and the list's tag).
+  capnp::MallocMessageBuilder m = runs.empty()
+                                      ? capnp::MallocMessageBuilder(kj::arrayPtr(scratch, 24))
+                                      : capnp::MallocMessageBuilder(32 + 2 * runs.size());
   auto f = net::init_message(m, kProtocol, kFrameKind).initAs<schema::TcpMessage>().initFrame();
   f.setTransfer(frame.transfer);
   f.setRequestKey(frame.request_key);
@@ -53,7 +84,25 @@ void encode_frame(const FrameHeader& frame, std::vector<std::byte>& out) {
   f.setDstOffset(frame.dst_offset);
   f.setBytes(frame.bytes);
   f.setLast(frame.last);
+  if (!runs.empty()) {
+    auto list = f.initRuns(static_cast<unsigned>(runs.size()));
+    for (size_t i = 0; i < runs.size(); ++i) {
+      list[i].setDstOffset(runs[i].dst_offset);
+      list[i].setBytes(runs[i].bytes);
+    }
+  }
   net::append_envelope(m, out);
+}
+
+std::vector<FrameHeader> frame_parts(const FrameHeader& frame, std::span<const FrameRun> runs) {
+  if (runs.empty()) return {frame};
+  std::vector<FrameHeader> parts(runs.size(), frame);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    parts[i].dst_offset = runs[i].dst_offset;
+    parts[i].bytes = runs[i].bytes;
+    parts[i].last = frame.last && i + 1 == runs.size();
+  }
+  return parts;
 }
 
 void encode_ack(uint64_t transfer, bool ok, const std::string& reason,

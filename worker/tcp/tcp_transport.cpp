@@ -191,16 +191,17 @@ class Lane final : public net::ClientChannel {
     }
     plan_frames(job, g, ack().pool.kv_heads, byte_runs_, frames_);
     if (pool.memory_kind() != kernels::MemoryKind::kHost) return write_staged(std::move(job));
+    // Scattered blocks go as frames of many runs: one envelope and one tag
+    // for up to kGroupRuns blocks, each gathered straight from the pool.
     Outgoing out;
     out.payloads.reserve(frames_.size());
-    for (const PlannedFrame& f : frames_) {
-      encode_frame(f.header, out.owned);
-      out.payloads.push_back(Outgoing::Payload{
-          out.owned.size(),
-          pool.tensor(layer, static_cast<PoolTensor>(f.header.tensor)) + f.src_offset,
-          f.header.bytes});
-      job.bytes += f.header.bytes;
-    }
+    job.bytes += append_frames(
+        frames_,
+        [&](size_t i) {
+          const PlannedFrame& f = frames_[i];
+          return pool.tensor(layer, static_cast<PoolTensor>(f.header.tensor)) + f.src_offset;
+        },
+        out);
     const uint64_t id = job.transfer;
     in_flight_.emplace(id, std::move(job));
     out.written = [self = std::static_pointer_cast<Lane>(shared_from_this()), id] {
@@ -270,19 +271,22 @@ class Lane final : public net::ClientChannel {
       uint64_t used = 0;
       std::vector<StagedCopy> copies;
       std::vector<uint64_t> ends;  // transfers whose last frame is in this batch
-      Outgoing out;
+      std::vector<PlannedFrame> in_slot;
       while (!staged_frames_.empty() &&
              staged_frames_.front().header.bytes <= slots_->slot_bytes() - used) {
         const PlannedFrame f = staged_frames_.front();
         staged_frames_.pop_front();
         if (f.header.last) ends.push_back(f.header.transfer);
-        encode_frame(f.header, out.owned);
-        out.payloads.push_back(Outgoing::Payload{out.owned.size(), base + used, f.header.bytes});
         copies.push_back(StagedCopy{
             pool.tensor(f.header.layer, static_cast<PoolTensor>(f.header.tensor)) + f.src_offset,
             base + used, f.header.bytes});
+        in_slot.push_back(f);
         used += f.header.bytes;
       }
+      // Sent from the slot, grouped as from a host pool.
+      Outgoing out;
+      (void)append_frames(
+          in_slot, [&](size_t i) { return copies[i].dst; }, out);
       if (copies.empty()) {  // cannot be: a slot holds the largest block (split_to_fit)
         slots_->give_back(slot);
         return close(fmt::format("a frame of {} bytes does not fit a staging slot of {}",
