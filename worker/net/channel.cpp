@@ -322,8 +322,19 @@ bool Channel::parse_one() {
 }
 
 Channel::Received Channel::receive(std::byte* dst, size_t n, size_t* got) {
+  const iovec one{dst, n};
+  return receive_scattered(&one, 1, got);
+}
+
+// One recvmsg into `count` pieces: kSome (`got` bytes), kNothingYet, or
+// kClosed (closed, saying why).
+Channel::Received Channel::receive_scattered(const iovec* pieces, size_t count, size_t* got) {
+  *got = 0;
   for (;;) {
-    const ssize_t r = ::recv(socket_.native_handle(), dst, n, 0);
+    msghdr msg{};
+    msg.msg_iov = const_cast<iovec*>(pieces);
+    msg.msg_iovlen = count;
+    const ssize_t r = ::recvmsg(socket_.native_handle(), &msg, 0);
     if (r > 0) {
       last_rx_ = Clock::now();
       *got = static_cast<size_t>(r);
@@ -448,26 +459,8 @@ Channel::Received Channel::receive_direct(size_t* got) {
     room += iov[count].iov_len;
     ++count;
   }
-  *got = 0;
-  for (;;) {
-    msghdr msg{};
-    msg.msg_iov = iov.data();
-    msg.msg_iovlen = count;
-    const ssize_t r = ::recvmsg(socket_.native_handle(), &msg, 0);
-    if (r > 0) {
-      last_rx_ = Clock::now();
-      *got = static_cast<size_t>(r);
-      break;
-    }
-    if (r == 0) {
-      close("the peer closed the connection");
-      return Received::kClosed;
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return Received::kNothingYet;
-    close(fmt::format("receive failed: {}", std::strerror(errno)));
-    return Received::kClosed;
-  }
+  const Received r = receive_scattered(iov.data(), count, got);
+  if (r != Received::kSome) return r;
   for (size_t i = 0, left = *got; left > 0; ++i) {
     const size_t n = std::min(left, iov[i].iov_len);
     auto* at = static_cast<std::byte*>(iov[i].iov_base);

@@ -121,6 +121,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   bool parse_one();  // one envelope from rx_, or false when it is not all there yet
   enum class Received { kSome, kNothingYet, kClosed };
   Received receive(std::byte* dst, size_t n, size_t* got);
+  Received receive_scattered(const iovec* pieces, size_t count, size_t* got);
   Received receive_into_rx();
   void wait_readable(std::function<void()> then);
   void start_payload(std::span<const iovec> pieces, bool first);
