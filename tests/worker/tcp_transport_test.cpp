@@ -113,6 +113,8 @@ class OneWayRelay {
   std::thread thread_;
 };
 
+using kvrelay::testing::RawNetClient;
+
 class TcpTransportTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -163,6 +165,20 @@ class TcpTransportTest : public ::testing::Test {
   }
   std::vector<TransferCompletion> wait_for(size_t n) {
     return kvrelay::testing::wait_for_completions(*sender, n);
+  }
+  // A hand-driven peer with the key, its helloAck checked.
+  std::unique_ptr<RawNetClient> keyed_raw_peer() {
+    auto c = std::make_unique<RawNetClient>(receiver->port());
+    Result<net::Inbound> ack = c->authenticate(key, RawNetClient::raw_hello(geometry()));
+    EXPECT_TRUE(ack && ack->hello_ack.accepted)
+        << (ack ? ack->hello_ack.reason : ack.error().message);
+    return c;
+  }
+  // The next tcp message the listener sends `c`.
+  static Result<Message> next_tcp_message(RawNetClient& c) {
+    Result<net::Inbound> in = c.read();
+    if (!in) return in.error();
+    return decode(*in);
   }
 
   AuthKey key = AuthKey::from_bytes(std::vector<uint8_t>(32, 7));
@@ -326,8 +342,6 @@ TEST_F(TcpTransportTest, APeerThatGoesAwayIsReachedAgainForTheNextRequests) {
   EXPECT_TRUE(sent);
 }
 
-using kvrelay::testing::RawNetClient;
-
 TEST_F(TcpTransportTest, AClientThatSaysNothingIsClosedAndTouchesNothing) {
   listen(*dst);
   RawNetClient silent(receiver->port());
@@ -365,10 +379,9 @@ TEST_F(TcpTransportTest, AnythingButAProofBeforeTheKeyIsRefused) {
 
 TEST_F(TcpTransportTest, AFrameOutOfRangeFailsOnlyItsTransferAndTheConnectionLivesOn) {
   listen(*dst);
-  RawNetClient client(receiver->port());
-  Result<net::Inbound> ack = client.authenticate(key, RawNetClient::raw_hello(geometry()));
-  ASSERT_TRUE(ack && ack->hello_ack.accepted)
-      << (ack ? ack->hello_ack.reason : ack.error().message);
+  std::unique_ptr<RawNetClient> peer = keyed_raw_peer();
+  ASSERT_FALSE(HasFailure());
+  RawNetClient& client = *peer;
   const uint64_t block = geometry().block_bytes(PoolTensor::kKey);
   std::vector<std::byte> out;
   FrameHeader bad;
@@ -389,18 +402,15 @@ TEST_F(TcpTransportTest, AFrameOutOfRangeFailsOnlyItsTransferAndTheConnectionLiv
   out.clear();
   encode_frame(good, out);
   client.send(std::move(out), std::vector<std::byte>(good.bytes, std::byte{0x66}));
-  Result<net::Inbound> first = client.read();
-  ASSERT_TRUE(first) << first.error().message;
-  Result<Message> first_ack = decode(*first);
-  ASSERT_TRUE(first_ack && first_ack->kind == Message::Kind::kAck);
+  Result<Message> first_ack = next_tcp_message(client);
+  ASSERT_TRUE(first_ack && first_ack->kind == Message::Kind::kAck)
+      << (first_ack ? "not an ack" : first_ack.error().message);
   EXPECT_EQ(first_ack->ack.transfer, 1u);
   EXPECT_FALSE(first_ack->ack.ok);
   EXPECT_EQ(first_ack->ack.reason,
             "frame writes destination blocks 31..32 of layer 0, but the pool has 32 blocks there");
-  Result<net::Inbound> second = client.read();
-  ASSERT_TRUE(second);
-  Result<Message> second_ack = decode(*second);
-  ASSERT_TRUE(second_ack);
+  Result<Message> second_ack = next_tcp_message(client);
+  ASSERT_TRUE(second_ack) << second_ack.error().message;
   EXPECT_EQ(second_ack->ack.transfer, 2u);
   EXPECT_TRUE(second_ack->ack.ok);
   const std::byte* v = dst->tensor(1, PoolTensor::kValue) + 4 * block;
@@ -415,10 +425,9 @@ TEST_F(TcpTransportTest, AFrameOutOfRangeFailsOnlyItsTransferAndTheConnectionLiv
 // place, under one tag.
 TEST_F(TcpTransportTest, AFrameOfSeveralRunsLandsEachRunOrNoneOfThem) {
   listen(*dst);
-  RawNetClient client(receiver->port());
-  Result<net::Inbound> ack = client.authenticate(key, RawNetClient::raw_hello(geometry()));
-  ASSERT_TRUE(ack && ack->hello_ack.accepted)
-      << (ack ? ack->hello_ack.reason : ack.error().message);
+  std::unique_ptr<RawNetClient> peer = keyed_raw_peer();
+  ASSERT_FALSE(HasFailure());
+  RawNetClient& client = *peer;
   const uint64_t block = geometry().block_bytes(PoolTensor::kKey);
   auto payload = [&](const std::vector<FrameRun>& runs) {
     std::vector<std::byte> bytes;
@@ -445,19 +454,16 @@ TEST_F(TcpTransportTest, AFrameOfSeveralRunsLandsEachRunOrNoneOfThem) {
   out.clear();
   encode_frame(good, good_runs, out);
   client.send(std::move(out), payload(good_runs));
-  Result<net::Inbound> first = client.read();
-  ASSERT_TRUE(first) << first.error().message;
-  Result<Message> first_ack = decode(*first);
-  ASSERT_TRUE(first_ack && first_ack->kind == Message::Kind::kAck);
+  Result<Message> first_ack = next_tcp_message(client);
+  ASSERT_TRUE(first_ack && first_ack->kind == Message::Kind::kAck)
+      << (first_ack ? "not an ack" : first_ack.error().message);
   EXPECT_EQ(first_ack->ack.transfer, 1u);
   EXPECT_FALSE(first_ack->ack.ok);
   EXPECT_EQ(first_ack->ack.reason,
             "run 1 of 2: frame writes destination blocks 31..32 of layer 0, but the pool has 32 "
             "blocks there");
-  Result<net::Inbound> second = client.read();
-  ASSERT_TRUE(second) << second.error().message;
-  Result<Message> second_ack = decode(*second);
-  ASSERT_TRUE(second_ack);
+  Result<Message> second_ack = next_tcp_message(client);
+  ASSERT_TRUE(second_ack) << second_ack.error().message;
   EXPECT_EQ(second_ack->ack.transfer, 2u);
   EXPECT_TRUE(second_ack->ack.ok) << second_ack->ack.reason;
   const std::byte* k0 = dst->tensor(0, PoolTensor::kKey);

@@ -420,8 +420,7 @@ int main(int argc, char** argv) {
   bool sealed_baseline = true;
   app.add_flag("--sealed-baseline,!--no-sealed-baseline", sealed_baseline,
                "also run the framed socket with an AES-GCM tag per frame (what the sealing "
-               "alone costs)")
-      ->capture_default_str();
+               "alone costs); on unless --no-sealed-baseline");
   kvrelay::add_version_flag(app, "kvrelay-bench-tcp");
   KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
   const auto mode = protection == "encrypt" ? worker::net::Protection::kEncrypt
