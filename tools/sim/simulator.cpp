@@ -5,13 +5,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <unordered_map>
 
 #include "block_allocator.h"
+#include "idle_queue.h"
 #include "instance/control_layout.h"
 #include "instance/control_segment.h"
 #include "instance/pool_segment.h"
@@ -42,7 +45,36 @@ struct SimRequest {
   uint64_t last_signal_ns = 0;  // its last layer computed (its signal is pushed next)
   uint32_t completions = 0;
   uint32_t arrivals = 0;  // the decode engine's `arrived` completions (expect_arrivals)
+  bool verify = false;    // finished: its destination bytes are checked on release
   bool released = false;  // its blocks handed back
+};
+
+// What the checks on the idle queue found (they run on its thread), merged
+// into the report when the run ends.
+class CheckTally {
+ public:
+  void add_stray(std::string what) {
+    std::lock_guard lock(m_);
+    ++stray_blocks_;
+    if (first_error_.empty()) first_error_ = std::move(what);
+  }
+  void add_wrong(uint64_t words, std::string what) {
+    std::lock_guard lock(m_);
+    wrong_words_ += words;
+    if (first_error_.empty()) first_error_ = std::move(what);
+  }
+  void merge_into(SimReport& report) const {
+    std::lock_guard lock(m_);
+    report.stray_blocks += stray_blocks_;
+    report.wrong_words += wrong_words_;
+    if (report.first_error.empty()) report.first_error = first_error_;
+  }
+
+ private:
+  mutable std::mutex m_;
+  uint64_t stray_blocks_ = 0;
+  uint64_t wrong_words_ = 0;
+  std::string first_error_;
 };
 
 // Merged histogram over the prefill instance's worker blocks.
@@ -134,6 +166,10 @@ class Simulation {
     report_.min_finished = o_.min_finished;
     report_.expect_arrivals = o_.expect_arrivals;
     drain_completions(Deadline::after(200ms));  // an extra completion would show up here
+    checks_.resume();
+    checks_.wait_all();
+    collect_released();
+    tally_.merge_into(report_);
     report_.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     report_.requests = o_.requests;
@@ -229,16 +265,12 @@ class Simulation {
       uint32_t cached = 0;
       if (std::uniform_real_distribution<double>(0, 1)(rng_) < o_.prefix_hit_rate)
         cached = std::uniform_int_distribution<uint32_t>(1, blocks)(rng_);
-      auto src = src_alloc_->take(blocks);
-      if (!src) return;  // wait for completions to free blocks
-      auto dst = dst_alloc_->take(blocks - cached);
-      if (!dst) {
-        src_alloc_->give_back(*src);
-        return;
-      }
+      auto taken = take_blocks(blocks, blocks - cached);
+      if (!taken) return;  // wait for completions to free blocks
+      auto& [src, dst] = *taken;
       auto r = std::make_unique<SimRequest>();
       r->id = fmt::format("sim-{}-{}", o_.seed, admitted_);
-      r->blocks = RequestBlocks{admitted_ + 1, std::move(*src), std::move(*dst)};
+      r->blocks = RequestBlocks{admitted_ + 1, std::move(src), std::move(dst)};
       r->tokens = tokens;
       r->slot = free_slot();
       r->legacy_step = step;
@@ -275,6 +307,23 @@ class Simulation {
     (void)admitted_now;
   }
 
+  // Blocks for a new request, once freed blocks whose poisoning is still
+  // queued are back; nullopt while the rest are held by live requests.
+  std::optional<std::pair<std::vector<uint32_t>, std::vector<uint32_t>>> take_blocks(
+      uint32_t src_blocks, uint32_t dst_blocks) {
+    for (;;) {
+      collect_released();
+      auto src = src_alloc_->take(src_blocks);
+      auto dst = src ? dst_alloc_->take(dst_blocks) : std::nullopt;
+      if (src && dst) return std::pair{std::move(*src), std::move(*dst)};
+      if (src) src_alloc_->give_back(*src);
+      if (releasing_.empty()) return std::nullopt;
+      settle();
+      for (IdleQueue::Ticket t : releasing_.front().first)
+        checks_.wait(t);
+    }
+  }
+
   uint32_t free_slot() const {
     for (uint32_t s = 0;; ++s) {
       bool used = false;
@@ -285,23 +334,59 @@ class Simulation {
   }
 
   // Destination blocks must be untouched (still poisoned) when handed out.
+  // Checked on the idle queue (a request's blocks are tens of MiB); its
+  // layer signals wait for the check (await_untouched_checks), so none of
+  // its own bytes can land first.
   void check_untouched(const SimRequest& r) {
-    for (uint32_t rank = 0; rank < decode_tp_; ++rank) {
-      const PoolGeometry& g = dst_[rank]->geometry();
-      for (uint32_t b : r.blocks.dst)
-        for (uint32_t l = 0; l < g.total_layers(); ++l)
-          for (uint32_t t : tensor_ids(g))
-            if (!block_is_poisoned(*dst_[rank], l, t, b)) {
-              ++report_.stray_blocks;
-              if (report_.first_error.empty())
-                report_.first_error = fmt::format(
-                    "decode block {} (rank {}, layer {}) was written "
-                    "while no request owned it",
-                    b, rank, l);
-              l = g.total_layers();
-              break;
-            }
-    }
+    for (uint32_t rank = 0; rank < decode_tp_; ++rank)
+      untouched_checks_.push_back(checks_.post(
+          [this, &r, rank] {
+            const PoolView& pool = *dst_[rank];
+            const PoolGeometry& g = pool.geometry();
+            for (uint32_t b : r.blocks.dst)
+              for (uint32_t l = 0; l < g.total_layers(); ++l)
+                for (uint32_t t : tensor_ids(g))
+                  if (!block_is_poisoned(pool, l, t, b)) {
+                    tally_.add_stray(fmt::format(
+                        "decode block {} (rank {}, layer {}) was written while no request owned it",
+                        b, rank, l));
+                    return;
+                  }
+          },
+          /*urgent=*/true));
+  }
+
+  void await_untouched_checks() {
+    if (untouched_checks_.empty()) return;
+    settle();
+    for (IdleQueue::Ticket t : untouched_checks_)
+      checks_.wait(t);
+    untouched_checks_.clear();
+  }
+
+  // Timed windows: from a request's last layer computed to its completion
+  // and `arrived` (late decode halves are not timed). The idle queue is
+  // paused while one is open (idle_queue.h says why).
+  bool quiet() {
+    std::erase_if(tails_, [&](const SimRequest* r) {
+      return r->completions > 0 && (!o_.expect_arrivals || r->arrivals > 0);
+    });
+    return tails_.empty();
+  }
+  // From the start of its last layer: its window opens before the queue is
+  // paused, so that nothing resumes the queue in between.
+  void open_tail(const SimRequest& r) {
+    if (!r.late_dest) tails_.push_back(&r);
+  }
+  // Waits (reading completions) until no timed window is open, or 2 s at
+  // most (a window that does not close is the run's own failure to report;
+  // the checks must go on), and lets the idle queue run.
+  void settle() {
+    const Deadline until = Deadline::after(2s);
+    while (!quiet() && fatal_.empty() && !until.passed())
+      drain_completions(Deadline::after(1ms));
+    tails_.clear();
+    checks_.resume();
   }
 
   void send_dest(SimRequest& r) {
@@ -399,7 +484,15 @@ class Simulation {
     for (uint32_t rank = 0; rank < tp_; ++rank)
       submit(prefill_.push_batch(rank, step, batch, Deadline::after(10s)), "batch");
     uint64_t computed_ns = 0;  // the last layer computed: exposed time counts from here
+    const bool ends_a_prefill =
+        std::ranges::any_of(chunks, [](const Chunk& c) { return c.offset + c.len == c.r->tokens; });
     for (uint32_t layer = 0; layer < layers_; ++layer) {
+      await_untouched_checks();
+      if (layer + 1 == layers_ && ends_a_prefill) {
+        for (const Chunk& c : chunks)
+          if (c.offset + c.len == c.r->tokens) open_tail(*c.r);
+        checks_.pause();
+      }
       wait_compute();
       for (const Chunk& c : chunks) {
         const auto first = static_cast<uint32_t>(c.offset / block_tokens_);
@@ -427,6 +520,12 @@ class Simulation {
     if (batch.empty()) return;
     uint64_t computed_ns = 0;
     for (uint32_t layer = 0; layer < layers_; ++layer) {
+      await_untouched_checks();
+      if (layer + 1 == layers_) {
+        for (SimRequest* r : batch)
+          open_tail(*r);
+        checks_.pause();
+      }
       wait_compute();
       for (SimRequest* r : batch)
         compute_layer(*r, layer, 0, static_cast<uint32_t>(r->blocks.src.size()));
@@ -452,7 +551,13 @@ class Simulation {
 
   uint32_t expected_arrivals() const { return o_.expect_arrivals ? o_.requests : 0; }
 
+  // Reads what has come in; the idle queue goes on once no window is open.
   void drain_completions(Deadline until) {
+    read_completions(until);
+    if (quiet()) checks_.resume();
+  }
+
+  void read_completions(Deadline until) {
     while (fatal_.empty() && o_.expect_arrivals) {
       Result<std::optional<Completion>> c = decode_.poll();
       if (!c) {
@@ -516,13 +621,7 @@ class Simulation {
       if (!r.late_dest && r.last_signal_ns != 0)
         exposed_.push_back(c.completed_ns > r.last_signal_ns ? c.completed_ns - r.last_signal_ns
                                                              : 0);
-      for (uint32_t rank = 0; rank < decode_tp_; ++rank) {
-        const uint64_t wrong =
-            check_request_heads(*dst_[rank], decode_.info().first_kv_head(rank), r.blocks);
-        report_.wrong_words += wrong;
-        if (wrong != 0 && report_.first_error.empty())
-          report_.first_error = fmt::format("'{}': {} wrong words on rank {}", r.id, wrong, rank);
-      }
+      r.verify = true;  // every byte, when its blocks are released
     }
     std::erase(active_, &r);
     release(r);
@@ -562,22 +661,50 @@ class Simulation {
   }
 
   // Hands the blocks back poisoned, as an engine frees them, once every
-  // completion the request gets is in.
+  // completion the request gets is in; a finished request's destination
+  // bytes are checked first. Both run on the idle queue, one job per pool
+  // (the check and then the poisoning of a pool in one job: the queue's
+  // jobs may run out of order), and the blocks go back to the allocators
+  // once they have (collect_released).
   void release(SimRequest& r) {
     if (r.released || r.completions == 0 || (o_.expect_arrivals && r.arrivals == 0)) return;
     r.released = true;
-    for (const auto& [views, ids] : {std::pair{&src_, &r.blocks.src}, std::pair{&dst_, &r.blocks.dst}}) {
-      for (const auto& view : *views) {
-        const PoolView* pool = view.get();
-        const PoolGeometry& g = pool->geometry();
-        for (uint32_t b : *ids)
-          for (uint32_t l = 0; l < g.total_layers(); ++l)
-            for (uint32_t t : tensor_ids(g))
-              poison_block(*pool, l, t, b);
-      }
+    std::vector<IdleQueue::Ticket> poisoned;
+    for (const auto& src : src_)
+      poisoned.push_back(
+          checks_.post([pool = src.get(), &r] { poison_request_blocks(*pool, r.blocks.src); }));
+    for (uint32_t rank = 0; rank < decode_tp_; ++rank)
+      poisoned.push_back(checks_.post([this, &r, rank] {
+        const PoolView& pool = *dst_[rank];
+        if (r.verify) {
+          const uint64_t wrong =
+              check_request_heads(pool, decode_.info().first_kv_head(rank), r.blocks);
+          if (wrong != 0)
+            tally_.add_wrong(wrong,
+                             fmt::format("'{}': {} wrong words on rank {}", r.id, wrong, rank));
+        }
+        poison_request_blocks(pool, r.blocks.dst);
+      }));
+    releasing_.emplace_back(std::move(poisoned), &r);
+  }
+
+  static void poison_request_blocks(const PoolView& pool, const std::vector<uint32_t>& blocks) {
+    const PoolGeometry& g = pool.geometry();
+    for (uint32_t b : blocks)
+      for (uint32_t l = 0; l < g.total_layers(); ++l)
+        for (uint32_t t : tensor_ids(g))
+          poison_block(pool, l, t, b);
+  }
+
+  // Gives the allocators the blocks whose poisoning has run.
+  void collect_released() {
+    while (!releasing_.empty() &&
+           std::ranges::all_of(releasing_.front().first, [&](auto t) { return checks_.done(t); })) {
+      const SimRequest& r = *releasing_.front().second;
+      src_alloc_->give_back(r.blocks.src);
+      dst_alloc_->give_back(r.blocks.dst);
+      releasing_.pop_front();
     }
-    src_alloc_->give_back(r.blocks.src);
-    dst_alloc_->give_back(r.blocks.dst);
   }
 
   void trace(const std::string& what, const std::string& id) {
@@ -615,6 +742,16 @@ class Simulation {
   SimReport report_;
   std::string fatal_;
   uint32_t arrived_count_ = 0;  // requests with their `arrived` completion
+  // The simulator's own checks and poisoning, off the engine thread (see
+  // idle_queue.h). Declared last: it finishes its jobs before the pools,
+  // allocators and requests they use go.
+  CheckTally tally_;
+  IdleQueue checks_;
+  // New requests' checks that their layer signals wait for.
+  std::vector<IdleQueue::Ticket> untouched_checks_;
+  std::vector<const SimRequest*> tails_;  // timed windows still open (quiet())
+  // Released requests whose poisoning is queued: (its jobs, request).
+  std::deque<std::pair<std::vector<IdleQueue::Ticket>, const SimRequest*>> releasing_;
 };
 
 }  // namespace

@@ -1,0 +1,141 @@
+#include "idle_queue.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+namespace kvrelay::sim {
+
+IdleQueue::IdleQueue(std::chrono::milliseconds stall) : stall_(stall) {
+  thread_ = std::thread([this] { run(); });
+}
+
+IdleQueue::~IdleQueue() {
+  resume();
+  wait_all();
+  {
+    std::lock_guard lock(m_);
+    stopping_ = true;
+  }
+  posted_.notify_all();
+  thread_.join();
+}
+
+IdleQueue::Ticket IdleQueue::post(std::function<void()> job, bool urgent) {
+  Ticket t = 0;
+  {
+    std::lock_guard lock(m_);
+    t = ++last_posted_;
+    if (urgent) {
+      queue_.emplace_front(t, std::move(job));
+    } else {
+      queue_.emplace_back(t, std::move(job));
+    }
+  }
+  posted_.notify_one();
+  return t;
+}
+
+bool IdleQueue::done(Ticket t) const {
+  std::lock_guard lock(m_);
+  return done_locked(t);
+}
+
+bool IdleQueue::done_locked(Ticket t) const {
+  if (t < done_below_) return true;
+  const uint64_t i = t - done_below_;  // t == done_below_: not done
+  return i != 0 && i - 1 < finished_above_.size() && finished_above_[i - 1];
+}
+
+void IdleQueue::pause() {
+  std::unique_lock lock(m_);
+  paused_ = true;
+  finished_.wait(lock, [&] { return !running_; });
+}
+
+void IdleQueue::resume() {
+  {
+    std::lock_guard lock(m_);
+    paused_ = false;
+  }
+  posted_.notify_all();
+}
+
+bool IdleQueue::idle_priority() const {
+  std::lock_guard lock(m_);
+  return idle_priority_;
+}
+
+void IdleQueue::wait(Ticket t) {
+  std::unique_lock lock(m_);
+  while (!done_locked(t)) {
+    const uint64_t seen = jobs_finished_;
+    const bool moved =
+        finished_.wait_for(lock, stall_, [&] { return done_locked(t) || jobs_finished_ != seen; });
+    if (moved) continue;
+    // The thread made no progress (starved behind busy CPUs): run job `t`
+    // here if it is still queued; one the thread holds is waited for.
+    for (size_t at = 0; at < queue_.size(); ++at)
+      if (queue_[at].first == t) {
+        run_at(lock, at);
+        break;
+      }
+  }
+}
+
+void IdleQueue::wait_all() {
+  Ticket last = 0;
+  {
+    std::lock_guard lock(m_);
+    last = last_posted_;
+  }
+  for (Ticket t = 1; t <= last; ++t)
+    wait(t);
+}
+
+void IdleQueue::run() {
+  // Lowering one's own policy needs no privilege.
+  sched_param none{};
+  const bool idle = pthread_setschedparam(pthread_self(), SCHED_IDLE, &none) == 0;
+  std::unique_lock lock(m_);
+  idle_priority_ = idle;
+  for (;;) {
+    posted_.wait(lock, [&] { return stopping_ || (!paused_ && !queue_.empty()); });
+    if (stopping_ && queue_.empty()) return;
+    if (paused_ || queue_.empty()) continue;
+    running_ = true;
+    run_at(lock, 0);
+    running_ = false;
+    finished_.notify_all();
+  }
+}
+
+void IdleQueue::run_at(std::unique_lock<std::mutex>& lock, size_t at) {
+  auto [ticket, job] = std::move(queue_[at]);
+  queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(at));
+  lock.unlock();
+  job();
+  lock.lock();
+  mark_done(ticket);
+}
+
+void IdleQueue::mark_done(Ticket t) {
+  ++jobs_finished_;
+  if (t != done_below_) {
+    const uint64_t i = t - done_below_ - 1;
+    if (finished_above_.size() <= i) finished_above_.resize(i + 1, false);
+    finished_above_[i] = true;
+  } else {
+    ++done_below_;
+    // The front entry is now ticket done_below_ itself: take it off, and
+    // move on over it if it finished already.
+    while (!finished_above_.empty()) {
+      const bool finished = finished_above_.front();
+      finished_above_.pop_front();
+      if (!finished) break;
+      ++done_below_;
+    }
+  }
+  finished_.notify_all();
+}
+
+}  // namespace kvrelay::sim

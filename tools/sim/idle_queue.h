@@ -1,0 +1,88 @@
+// Work that must not compete with what is being measured: one thread at
+// SCHED_IDLE, which the kernel runs only on a CPU nobody else wants, taking
+// jobs in the order they were posted.
+//
+// kvrelay-sim's own bookkeeping (poisoning freed blocks, checking every byte
+// of a finished request, checking that a new request's destination blocks
+// were not written while free) reads or writes tens of MiB per request. On
+// the engine's thread it ran inside the very windows the overlap benchmark
+// times (the previous request's last layer to its completion and `arrived`),
+// and on a 2-core machine took a core from the processes being measured: a
+// real engine's host thread is idle there while its GPU computes.
+//
+// A thread at SCHED_IDLE still gets a sliver of a busy CPU, so on a loaded
+// machine a job can wait a long time. Whoever must wait for a job therefore
+// runs it itself, at its own priority, once the queue has made no progress
+// for a while: nothing waits forever on a starved thread. Jobs may thus run
+// out of order and at the same time: a job must not depend on another.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace kvrelay::sim {
+
+class IdleQueue {
+ public:
+  // Tickets count posted jobs from 1; ticket 0 is a job that is always done.
+  using Ticket = uint64_t;
+
+  // `stall`: how long a waiter lets the thread make no progress before it
+  // runs the queued jobs itself.
+  explicit IdleQueue(std::chrono::milliseconds stall = std::chrono::milliseconds(20));
+  ~IdleQueue();  // finishes every posted job, then joins
+  IdleQueue(const IdleQueue&) = delete;
+  IdleQueue& operator=(const IdleQueue&) = delete;
+
+  // `urgent`: ahead of the jobs queued so far (someone will wait for it).
+  Ticket post(std::function<void()> job, bool urgent = false);
+  // True once job `t` has run.
+  bool done(Ticket t) const;
+  void wait(Ticket t);
+  void wait_all();
+  // A CPU at SCHED_IDLE is still a hyperthread and a share of the memory
+  // bus taken from the other work: pause() keeps the thread from starting
+  // jobs (and waits for the one it runs) while something is timed; resume()
+  // lets it go on. A waiter resumes first: wait() on a paused queue runs
+  // the job itself once the stall has passed.
+  void pause();
+  void resume();
+  // Whether the thread got SCHED_IDLE (false: it runs at normal priority,
+  // which still keeps the work off the engine's thread).
+  bool idle_priority() const;
+
+ private:
+  void run();
+  // Runs the queued job at `at` on the calling thread; `lock` is held on
+  // entry and on return.
+  void run_at(std::unique_lock<std::mutex>& lock, size_t at);
+  // With the lock held.
+  bool done_locked(Ticket t) const;
+  void mark_done(Ticket t);
+
+  const std::chrono::milliseconds stall_;
+  mutable std::mutex m_;
+  std::condition_variable posted_;
+  std::condition_variable finished_;
+  // Jobs not yet started, each with its ticket.
+  std::deque<std::pair<Ticket, std::function<void()>>> queue_;
+  Ticket last_posted_ = 0;
+  // Jobs finish out of order (urgent ones, and ones a waiter ran):
+  // `done_below_` is the first ticket not yet done, `finished_above_` says
+  // which of the ones after it are.
+  Ticket done_below_ = 1;
+  std::deque<bool> finished_above_;  // index i: ticket done_below_ + 1 + i
+  uint64_t jobs_finished_ = 0;       // progress, for a waiter's stall check
+  bool stopping_ = false;
+  bool paused_ = false;
+  bool running_ = false;  // the thread is in a job
+  bool idle_priority_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kvrelay::sim
