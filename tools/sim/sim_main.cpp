@@ -5,13 +5,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <map>
 
 #include "instances.h"
 #include "kvrelay/client.h"
+#include "shm/command_line.h"
 #include "simulator.h"
 #include "swap_scenario.h"
 #include "two_hosts.h"
-#include "shm/command_line.h"
 
 using namespace kvrelay;
 
@@ -74,6 +75,14 @@ int main(int argc, char** argv) {
                  "soak: fail unless at least this many requests finish despite the kills")
       ->needs("--kill-every-ms");
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();
+  app.add_option("--inject-fault", o.inject_fault,
+                 "test the simulator's own checks: 'stray' writes a word into a free decode "
+                 "block just before a request takes it, 'corrupt' alters a word the first "
+                 "finished request received; the run must then fail, naming the block")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, sim::SimOptions::Fault>{
+          {"none", sim::SimOptions::Fault::kNone},
+          {"stray", sim::SimOptions::Fault::kStray},
+          {"corrupt", sim::SimOptions::Fault::kCorrupt}}));
   std::string protocol = "ipc", auth_key_file;
   app.add_option("--protocol", protocol,
                  "ipc (same host), tcp (to the decode instance's --tcp-ports) or rdma (to "

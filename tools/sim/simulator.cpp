@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -275,6 +276,8 @@ class Simulation {
       r->slot = free_slot();
       r->legacy_step = step;
       r->late_dest = std::uniform_real_distribution<double>(0, 1)(rng_) < o_.late_dest_rate;
+      if (o_.inject_fault == SimOptions::Fault::kStray && admitted_ == 1 && !r->blocks.dst.empty())
+        write_wrong_word(*dst_[0], r->blocks.dst[0]);
       check_untouched(*r);
       // The decode engine names the sender and chooses the request's nonce,
       // which travels with the destination blocks (send_dest).
@@ -622,6 +625,9 @@ class Simulation {
         exposed_.push_back(c.completed_ns > r.last_signal_ns ? c.completed_ns - r.last_signal_ns
                                                              : 0);
       r.verify = true;  // every byte, when its blocks are released
+      if (o_.inject_fault == SimOptions::Fault::kCorrupt && report_.finished == 1 &&
+          !r.blocks.dst.empty())
+        write_wrong_word(*dst_[0], r.blocks.dst[0]);
     }
     std::erase(active_, &r);
     release(r);
@@ -686,6 +692,15 @@ class Simulation {
         poison_request_blocks(pool, r.blocks.dst);
       }));
     releasing_.emplace_back(std::move(poisoned), &r);
+  }
+
+  // --inject-fault: one word of layer 0's first tensor, neither the poison
+  // nor any request's pattern.
+  static void write_wrong_word(const PoolView& pool, uint32_t block_id) {
+    std::byte* p = pool.block(0, static_cast<PoolTensor>(tensor_ids(pool.geometry())[0]), block_id);
+    if (p == nullptr) return;
+    const uint64_t wrong = 0x0bad'0bad'0bad'0badULL;
+    std::memcpy(p, &wrong, sizeof wrong);
   }
 
   static void poison_request_blocks(const PoolView& pool, const std::vector<uint32_t>& blocks) {

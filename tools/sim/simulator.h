@@ -59,6 +59,14 @@ struct SimOptions {
   // `arrived` completion per request; a request's destination blocks are
   // handed back only once both completions are in.
   bool expect_arrivals = false;
+  // Tests the simulator's own verification: writes one wrong word where
+  // kvrelay never writes, and the run must fail naming it.
+  //   kStray:   into a free destination block, just before the second
+  //             request takes it (the check before its first layer signal)
+  //   kCorrupt: into the first finished request's first destination block
+  //             on decode rank 0, before its bytes are checked
+  enum class Fault { kNone, kStray, kCorrupt };
+  Fault inject_fault = Fault::kNone;
 };
 
 struct SimReport {
