@@ -11,7 +11,8 @@
 //   freed[slot]     == i                free for the record with index i
 //   consumer, after reading record i:   freed[slot] = i + capacity
 //
-// A producer claims index i by CAS on its process-local next index once
+// A producer claims index i on its process-local next index (a plain store
+// while one thread pushes, a CAS once several do: SpscProducer::Claims) once
 // freed[slot] says the slot is free for i, copies the record and publishes
 // it by storing published[slot]. Each word has one writer: the producer
 // writes records and `published`, the consumer writes `freed`. So a push or
@@ -59,10 +60,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "shm/asymmetric_fence.h"
 #include "shm/bits.h"
 #include "shm/chaos.h"
 #include "shm/clock.h"
 #include "shm/fault_point.h"
+#include "shm/futex.h"
 #include "shm/owner_lock.h"
 #include "shm/result.h"
 #include "shm/wait_event.h"
@@ -372,7 +375,8 @@ class SpscRing {
 };
 
 // The producer side of a ring, leased by one process; its threads may push
-// concurrently (claims are a CAS on a process-local index). Pushing allocates
+// concurrently (claims on a process-local index, biased to the first thread
+// that pushes: see Claims). Pushing allocates
 // nothing, takes no lock and makes a system call only to wake a parked
 // consumer, so it may run in a CUDA host callback.
 template <class T>
@@ -395,40 +399,12 @@ class SpscProducer {
 
   // Returns false, and counts a full event, when the ring is full.
   [[nodiscard]] bool try_push(const T& record) noexcept {
-    std::atomic<uint64_t>& next = next_->index;
-    std::atomic<uint64_t>& free_end = next_->free_end;
-    uint64_t w = next.load(std::memory_order_relaxed);
-    for (;;) {
-      if (w < free_end.load(std::memory_order_acquire)) {  // seen free already
-        if (next.compare_exchange_weak(w, w + 1, std::memory_order_relaxed)) break;
-        continue;  // another thread of ours took it; w was reloaded
-      }
-      const uint64_t f = c_.freed(w).load(std::memory_order_acquire);
-      if (f == w) {
-        // Free, and maybe the slots after it in the same line: remember how
-        // far, so the next pushes need not look at the consumer's line.
-        uint64_t end = w + 1;
-        for (const uint64_t limit = c_.freed_line_end(w); end < limit; ++end)
-          if (c_.freed(end).load(std::memory_order_acquire) != end) break;
-        free_end.store(end, std::memory_order_release);  // a racing thread's smaller end only costs a look
-        if (next.compare_exchange_weak(w, w + 1, std::memory_order_relaxed)) break;
-        continue;  // another thread of ours took it; w was reloaded
-      }
-      if (static_cast<int64_t>(f - w) < 0) {
-        c_.h->full_events.fetch_add(1, std::memory_order_relaxed);  // not yet freed by the consumer
-        return false;
-      }
-      // The slot is free for a later lap: another of our threads took w and
-      // the consumer has read it (and `next` moved on), or somebody wrote
-      // over it, which we step over.
-      const uint64_t now = next.load(std::memory_order_relaxed);
-      if (now != w) {
-        w = now;
-      } else if (next.compare_exchange_weak(w, w + 1, std::memory_order_relaxed)) {
-        c_.h->corrupt_events.fetch_add(1, std::memory_order_relaxed);
-        ++w;
-      }
-    }
+    Claims& claims = *next_;
+    const bool exclusive = enter_exclusive(claims);
+    uint64_t w = 0;
+    const bool claimed = claim(claims, exclusive, w);
+    if (exclusive) claims.owner_busy.store(false, std::memory_order_release);
+    if (!claimed) return false;
     KVRELAY_CHAOS_POINT();
     std::memcpy(c_.record(w), &record, sizeof(T));
     KVRELAY_CHAOS_POINT();
@@ -470,11 +446,106 @@ class SpscProducer {
  private:
   friend class SpscRing<T>;
   // Process-local claim state, shared by the threads that push.
+  //
+  // Claims are biased to the first thread that pushes: while it is the only
+  // one, it claims with plain loads and stores. A CAS on every claim was the
+  // ring's bottleneck: a locked instruction drains the store buffer, so each
+  // push waited for the previous record's line to come back from the
+  // consumer's core (a third of the throughput, or less). The first other
+  // thread to push revokes the bias for good (a Dekker handshake on
+  // `owner` and `owner_busy` with asymmetric fences: the owner's side is a
+  // compiler barrier, the revoker's a membarrier, once), waits for a claim
+  // the owner may be in the middle of, and from then on every thread
+  // claims by CAS.
+  static constexpr uintptr_t kUnowned = 0;
+  static constexpr uintptr_t kShared = ~uintptr_t{0};
   struct Claims {
     explicit Claims(uint64_t next) : index(next), free_end(next) {}
     std::atomic<uint64_t> index;     // the next index to claim
     std::atomic<uint64_t> free_end;  // indices below it were seen free (acquire loads)
+    std::atomic<uintptr_t> owner{kUnowned};  // the biased thread, kUnowned or kShared
+    std::atomic<bool> owner_busy{false};     // the owner is inside a claim
   };
+
+  // A token of the calling thread, never kUnowned or kShared. (A thread that
+  // ends may pass its token on to a later one; it claims nothing by then.)
+  static uintptr_t this_thread_token() noexcept {
+    static thread_local char token;
+    return reinterpret_cast<uintptr_t>(&token);
+  }
+
+  // True when the calling thread holds the bias: it may claim with plain
+  // stores, and must clear owner_busy after its claim.
+  static bool enter_exclusive(Claims& claims) noexcept {
+    const uintptr_t self = this_thread_token();
+    uintptr_t owner = claims.owner.load(std::memory_order_relaxed);
+    if (owner == kUnowned &&
+        claims.owner.compare_exchange_strong(owner, self, std::memory_order_relaxed))
+      owner = self;  // the first thread to push takes the bias
+    if (owner == self) {
+      claims.owner_busy.store(true, std::memory_order_relaxed);
+      light_fence();  // pairs with the revoker's heavy_fence
+      if (claims.owner.load(std::memory_order_relaxed) == self) return true;
+      claims.owner_busy.store(false, std::memory_order_release);
+      return false;
+    }
+    if (owner != kShared) {
+      // Another thread holds the bias: revoke it, then wait for its claim in
+      // progress. After heavy_fence the owner either sees kShared on its
+      // re-check, or its owner_busy store is seen here.
+      claims.owner.store(kShared, std::memory_order_relaxed);
+      (void)heavy_fence();  // without membarrier: a full fence, and so is light_fence
+      while (claims.owner_busy.load(std::memory_order_acquire))
+        cpu_relax();
+    }
+    return false;
+  }
+
+  // Claims the next index (into `w`) once its slot is free. `exclusive`:
+  // no other thread claims, so a plain store takes the index.
+  bool claim(Claims& claims, bool exclusive, uint64_t& w) noexcept {
+    std::atomic<uint64_t>& next = claims.index;
+    std::atomic<uint64_t>& free_end = claims.free_end;
+    auto take = [&] {
+      if (!exclusive) return next.compare_exchange_weak(w, w + 1, std::memory_order_relaxed);
+      KVRELAY_CHAOS_POINT();  // widens the window a revoking thread must not slip into
+      next.store(w + 1, std::memory_order_relaxed);
+      return true;
+    };
+    w = next.load(std::memory_order_relaxed);
+    for (;;) {
+      if (w < free_end.load(std::memory_order_acquire)) {  // seen free already
+        if (take()) return true;
+        continue;  // another thread of ours took it; w was reloaded
+      }
+      const uint64_t f = c_.freed(w).load(std::memory_order_acquire);
+      if (f == w) {
+        // Free, and maybe the slots after it in the same line: remember how
+        // far, so the next pushes need not look at the consumer's line.
+        uint64_t end = w + 1;
+        for (const uint64_t limit = c_.freed_line_end(w); end < limit; ++end)
+          if (c_.freed(end).load(std::memory_order_acquire) != end) break;
+        free_end.store(
+            end, std::memory_order_release);  // a racing thread's smaller end only costs a look
+        if (take()) return true;
+        continue;  // another thread of ours took it; w was reloaded
+      }
+      if (static_cast<int64_t>(f - w) < 0) {
+        c_.h->full_events.fetch_add(1, std::memory_order_relaxed);  // not yet freed by the consumer
+        return false;
+      }
+      // The slot is free for a later lap: another of our threads took w and
+      // the consumer has read it (and `next` moved on), or somebody wrote
+      // over it, which we step over.
+      const uint64_t now = next.load(std::memory_order_relaxed);
+      if (now != w) {
+        w = now;
+      } else if (take()) {
+        c_.h->corrupt_events.fetch_add(1, std::memory_order_relaxed);
+        ++w;
+      }
+    }
+  }
   SpscProducer(SpscCore core, uint64_t next)
       : c_(std::move(core)), next_(std::make_unique<Claims>(next)), leased_(true) {}
   SpscCore c_;
