@@ -25,6 +25,7 @@ IdleQueue::Ticket IdleQueue::post(std::function<void()> job, bool urgent) {
   {
     std::lock_guard lock(m_);
     t = ++last_posted_;
+    unfinished_.insert(t);
     if (urgent) {
       queue_.emplace_front(t, std::move(job));
     } else {
@@ -41,9 +42,7 @@ bool IdleQueue::done(Ticket t) const {
 }
 
 bool IdleQueue::done_locked(Ticket t) const {
-  if (t < done_below_) return true;
-  const uint64_t i = t - done_below_;  // t == done_below_: not done
-  return i != 0 && i - 1 < finished_above_.size() && finished_above_[i - 1];
+  return t <= last_posted_ && !unfinished_.contains(t);
 }
 
 void IdleQueue::pause() {
@@ -115,26 +114,8 @@ void IdleQueue::run_at(std::unique_lock<std::mutex>& lock, size_t at) {
   lock.unlock();
   job();
   lock.lock();
-  mark_done(ticket);
-}
-
-void IdleQueue::mark_done(Ticket t) {
+  unfinished_.erase(ticket);
   ++jobs_finished_;
-  if (t != done_below_) {
-    const uint64_t i = t - done_below_ - 1;
-    if (finished_above_.size() <= i) finished_above_.resize(i + 1, false);
-    finished_above_[i] = true;
-  } else {
-    ++done_below_;
-    // The front entry is now ticket done_below_ itself: take it off, and
-    // move on over it if it finished already.
-    while (!finished_above_.empty()) {
-      const bool finished = finished_above_.front();
-      finished_above_.pop_front();
-      if (!finished) break;
-      ++done_below_;
-    }
-  }
   finished_.notify_all();
 }
 

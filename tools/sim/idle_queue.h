@@ -23,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 
 namespace kvrelay::sim {
@@ -61,9 +62,7 @@ class IdleQueue {
   // Runs the queued job at `at` on the calling thread; `lock` is held on
   // entry and on return.
   void run_at(std::unique_lock<std::mutex>& lock, size_t at);
-  // With the lock held.
-  bool done_locked(Ticket t) const;
-  void mark_done(Ticket t);
+  bool done_locked(Ticket t) const;  // with the lock held
 
   const std::chrono::milliseconds stall_;
   mutable std::mutex m_;
@@ -72,12 +71,10 @@ class IdleQueue {
   // Jobs not yet started, each with its ticket.
   std::deque<std::pair<Ticket, std::function<void()>>> queue_;
   Ticket last_posted_ = 0;
-  // Jobs finish out of order (urgent ones, and ones a waiter ran):
-  // `done_below_` is the first ticket not yet done, `finished_above_` says
-  // which of the ones after it are.
-  Ticket done_below_ = 1;
-  std::deque<bool> finished_above_;  // index i: ticket done_below_ + 1 + i
-  uint64_t jobs_finished_ = 0;       // progress, for a waiter's stall check
+  // Posted jobs that have not finished (they finish out of order: urgent
+  // ones, and ones a waiter ran).
+  std::set<Ticket> unfinished_;
+  uint64_t jobs_finished_ = 0;  // progress, for a waiter's stall check
   bool stopping_ = false;
   bool paused_ = false;
   bool running_ = false;  // the thread is in a job

@@ -487,14 +487,16 @@ class Simulation {
     for (uint32_t rank = 0; rank < tp_; ++rank)
       submit(prefill_.push_batch(rank, step, batch, Deadline::after(10s)), "batch");
     uint64_t computed_ns = 0;  // the last layer computed: exposed time counts from here
-    const bool ends_a_prefill =
-        std::ranges::any_of(chunks, [](const Chunk& c) { return c.offset + c.len == c.r->tokens; });
     for (uint32_t layer = 0; layer < layers_; ++layer) {
       await_untouched_checks();
-      if (layer + 1 == layers_ && ends_a_prefill) {
+      if (layer + 1 == layers_) {
+        bool ends_a_prefill = false;
         for (const Chunk& c : chunks)
-          if (c.offset + c.len == c.r->tokens) open_tail(*c.r);
-        checks_.pause();
+          if (c.offset + c.len == c.r->tokens) {
+            open_tail(*c.r);
+            ends_a_prefill = true;
+          }
+        if (ends_a_prefill) checks_.pause();
       }
       wait_compute();
       for (const Chunk& c : chunks) {
