@@ -75,14 +75,17 @@ int main(int argc, char** argv) {
                  "soak: fail unless at least this many requests finish despite the kills")
       ->needs("--kill-every-ms");
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();
-  app.add_option("--inject-fault", o.inject_fault,
+  const std::map<std::string, sim::SimOptions::Fault> faults{
+      {"none", sim::SimOptions::Fault::kNone},
+      {"stray", sim::SimOptions::Fault::kStray},
+      {"corrupt", sim::SimOptions::Fault::kCorrupt}};
+  std::string fault = "none";
+  app.add_option("--inject-fault", fault,
                  "test the simulator's own checks: 'stray' writes a word into a free decode "
                  "block just before a request takes it, 'corrupt' alters a word the first "
                  "finished request received; the run must then fail, naming the block")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, sim::SimOptions::Fault>{
-          {"none", sim::SimOptions::Fault::kNone},
-          {"stray", sim::SimOptions::Fault::kStray},
-          {"corrupt", sim::SimOptions::Fault::kCorrupt}}));
+      ->check(CLI::IsMember({"none", "stray", "corrupt"}))
+      ->capture_default_str();
   std::string protocol = "ipc", auth_key_file;
   app.add_option("--protocol", protocol,
                  "ipc (same host), tcp (to the decode instance's --tcp-ports) or rdma (to "
@@ -166,6 +169,7 @@ int main(int argc, char** argv) {
   o.progress = isatty(2) != 0;
   o.tcp = protocol == "tcp";
   o.rdma = protocol == "rdma";
+  o.inject_fault = faults.at(fault);
 
   // Heterogeneous TP: both instances serve the same model heads, spread
   // over their own ranks (replicated where a side has more ranks than heads).
