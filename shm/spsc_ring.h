@@ -451,34 +451,55 @@ class SpscProducer {
   // one, it claims with plain loads and stores. A CAS on every claim was the
   // ring's bottleneck: a locked instruction drains the store buffer, so each
   // push waited for the previous record's line to come back from the
-  // consumer's core (a third of the throughput, or less). The first other
-  // thread to push revokes the bias for good (a Dekker handshake on
-  // `owner` and `owner_busy` with asymmetric fences: the owner's side is a
+  // consumer's core (a third of the throughput, or less).
+  //
+  // The first other thread to push revokes the bias for good: it moves
+  // `owner` to kRevoking (one revoker wins), runs a Dekker handshake on
+  // `owner` and `owner_busy` with asymmetric fences (the owner's side is a
   // compiler barrier, the revoker's a membarrier, once), waits for a claim
-  // the owner may be in the middle of, and from then on every thread
-  // claims by CAS.
+  // the owner may be in the middle of, and only then sets kShared. From then
+  // on every thread claims by CAS. Threads that find kRevoking wait for
+  // kShared: a CAS claim while the owner may still take an index with a
+  // plain store would hand one index to two threads (with three threads
+  // pushing, that lost records until the revocation had its own state).
   static constexpr uintptr_t kUnowned = 0;
   static constexpr uintptr_t kShared = ~uintptr_t{0};
+  static constexpr uintptr_t kRevoking = ~uintptr_t{1};
   struct Claims {
     explicit Claims(uint64_t next) : index(next), free_end(next) {}
     std::atomic<uint64_t> index;     // the next index to claim
     std::atomic<uint64_t> free_end;  // indices below it were seen free (acquire loads)
-    std::atomic<uintptr_t> owner{kUnowned};  // the biased thread, kUnowned or kShared
-    std::atomic<bool> owner_busy{false};     // the owner is inside a claim
+    // kUnowned -> the biased thread's token -> kRevoking -> kShared, never back.
+    std::atomic<uintptr_t> owner{kUnowned};
+    std::atomic<bool> owner_busy{false};  // the owner is inside a claim
   };
 
-  // A token of the calling thread, never kUnowned or kShared. (A thread that
-  // ends may pass its token on to a later one; it claims nothing by then.)
+  // A token of the calling thread, never kUnowned, kRevoking or kShared. (A
+  // thread that ends may pass its token on to a later one; it claims nothing
+  // by then.)
   static uintptr_t this_thread_token() noexcept {
     static thread_local char token;
     return reinterpret_cast<uintptr_t>(&token);
   }
 
+  // Spins, then yields: the thread waited for may have been preempted.
+  template <class Done>
+  static void wait_for(Done&& done) noexcept {
+    for (uint32_t spins = 0; !done(); ++spins) {
+      if (spins < 1024) {
+        cpu_relax();
+      } else {
+        detail::yield_cpu();
+      }
+    }
+  }
+
   // True when the calling thread holds the bias: it may claim with plain
-  // stores, and must clear owner_busy after its claim.
+  // stores, and must clear owner_busy after its claim. False: claim by CAS.
   static bool enter_exclusive(Claims& claims) noexcept {
+    uintptr_t owner = claims.owner.load(std::memory_order_acquire);
+    if (owner == kShared) return false;
     const uintptr_t self = this_thread_token();
-    uintptr_t owner = claims.owner.load(std::memory_order_relaxed);
     if (owner == kUnowned &&
         claims.owner.compare_exchange_strong(owner, self, std::memory_order_relaxed))
       owner = self;  // the first thread to push takes the bias
@@ -486,18 +507,23 @@ class SpscProducer {
       claims.owner_busy.store(true, std::memory_order_relaxed);
       light_fence();  // pairs with the revoker's heavy_fence
       if (claims.owner.load(std::memory_order_relaxed) == self) return true;
+      // Being revoked: the revoker waits for this store, and nobody claims
+      // with plain stores any more, so a CAS claim is safe from here on.
       claims.owner_busy.store(false, std::memory_order_release);
       return false;
     }
-    if (owner != kShared) {
-      // Another thread holds the bias: revoke it, then wait for its claim in
-      // progress. After heavy_fence the owner either sees kShared on its
-      // re-check, or its owner_busy store is seen here.
-      claims.owner.store(kShared, std::memory_order_relaxed);
+    if (owner != kRevoking &&
+        claims.owner.compare_exchange_strong(owner, kRevoking, std::memory_order_relaxed)) {
+      // After heavy_fence the owner either sees kRevoking on its re-check,
+      // or its owner_busy store is seen here.
       (void)heavy_fence();  // without membarrier: a full fence, and so is light_fence
-      while (claims.owner_busy.load(std::memory_order_acquire))
-        cpu_relax();
+      wait_for([&] { return !claims.owner_busy.load(std::memory_order_acquire); });
+      claims.owner.store(kShared, std::memory_order_release);
+      return false;
     }
+    // Another thread is revoking the bias (or just did): wait until the owner
+    // is out of its last plain claim.
+    wait_for([&] { return claims.owner.load(std::memory_order_acquire) == kShared; });
     return false;
   }
 

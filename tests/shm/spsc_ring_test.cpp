@@ -291,12 +291,12 @@ TEST(SpscRing, ThreadsOfOneProcessPushConcurrentlyWithoutLosingOrTearingRecords)
 }
 
 // Claims are biased to the first thread that pushes (plain stores, no CAS).
-// A second thread that starts pushing while the first is in full flow must
-// take the bias away without either of them claiming an index twice or
-// skipping one: over many fresh producers, each joined by a second thread
-// at a different point, every record arrives once, intact, in its thread's
-// order.
-TEST(SpscRing, ASecondThreadTakingTheBiasAwayMidStreamLosesAndDuplicatesNothing) {
+// Threads that start pushing while the first is in full flow must take the
+// bias away without any of them claiming an index twice or skipping one:
+// over many fresh producers, each joined by `joiners` more threads at a
+// different point (all of them at once), every record arrives once, intact,
+// in its thread's order.
+void expect_the_bias_taken_away_cleanly(int joiners) {
   // Fewer rounds under TSan (its random yields in the ring widen the window
   // anyway; 200 rounds took 27 s there, and 170 s beside two busy CPUs).
   // Release runs need the records: with 2000 and 1000 a broken handshake
@@ -307,7 +307,8 @@ TEST(SpscRing, ASecondThreadTakingTheBiasAwayMidStreamLosesAndDuplicatesNothing)
   constexpr int kRounds = 200;
 #endif
   constexpr uint64_t kFirst = 4000;
-  constexpr uint64_t kSecond = 2000;
+  constexpr uint64_t kJoiner = 2000;
+  const uint64_t total = kFirst + kJoiner * static_cast<uint64_t>(joiners);
   SpscTestRing t(256);
   auto ring = t.attach();
   uint64_t bad = 0, lost = 0;
@@ -322,36 +323,51 @@ TEST(SpscRing, ASecondThreadTakingTheBiasAwayMidStreamLosesAndDuplicatesNothing)
         if (th == 0) first_pushed.store(i + 1, std::memory_order_relaxed);
       }
     };
-    std::thread first(pusher, 0, kFirst);
-    std::thread second([&] {
-      while (first_pushed.load(std::memory_order_relaxed) < join_at) {
-      }
-      pusher(1, kSecond);
-    });
-    uint64_t next[2] = {0, 0};
-    for (uint64_t got = 0; got < kFirst + kSecond; ++got) {
+    std::vector<std::thread> threads;
+    threads.emplace_back(pusher, 0, kFirst);
+    for (int j = 1; j <= joiners; ++j) {
+      threads.emplace_back([&, j] {
+        while (first_pushed.load(std::memory_order_relaxed) < join_at) {
+        }
+        pusher(static_cast<uint64_t>(j), kJoiner);
+      });
+    }
+    std::vector<uint64_t> next(static_cast<size_t>(joiners) + 1, 0);
+    for (uint64_t got = 0; got < total; ++got) {
       Record r{};
       if (!ring.pop(r, Deadline::after(30s)).ok()) {
-        lost += kFirst + kSecond - got;
+        lost += total - got;
         break;
       }
       const uint64_t th = r.seq >> 32;
-      if (!intact(r) || th > 1 || (r.seq & 0xffffffff) != next[th]) {
+      if (!intact(r) || th >= next.size() || (r.seq & 0xffffffff) != next[th]) {
         ++bad;
         continue;
       }
       ++next[th];
     }
-    first.join();
-    second.join();
+    for (auto& th : threads)
+      th.join();
     Record extra{};
     if (ring.try_pop(extra)) ++bad;  // a duplicate would be left over
     if (bad != 0 || lost != 0) {
-      ADD_FAILURE() << "round " << round << " (second thread from record " << join_at
-                    << "): " << bad << " records out of order, torn or extra, " << lost << " lost";
+      ADD_FAILURE() << "round " << round << " (" << joiners << " threads joining from record "
+                    << join_at << "): " << bad << " records out of order, torn or extra, " << lost
+                    << " lost";
       break;
     }
   }
+}
+
+TEST(SpscRing, ASecondThreadTakingTheBiasAwayMidStreamLosesAndDuplicatesNothing) {
+  expect_the_bias_taken_away_cleanly(1);
+}
+
+// Two threads join at once: one of them revokes the bias, and the other,
+// finding it revoked already, must still not claim while the first thread
+// may be inside a claim of its own.
+TEST(SpscRing, TwoThreadsTakingTheBiasAwayAtOnceLoseAndDuplicateNothing) {
+  expect_the_bias_taken_away_cleanly(2);
 }
 
 // Two processes, a small ring (so both sides park and wake often), blocking
