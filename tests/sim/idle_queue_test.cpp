@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -109,6 +110,79 @@ TEST(IdleQueue, PauseWaitsForTheJobInProgressAndHoldsTheRestBack) {
   q.resume();
   q.wait(held);
   EXPECT_TRUE(ran);
+}
+
+// Burns `cpu` of this thread's own CPU time (not wall time: a starved
+// thread takes far longer).
+void burn_cpu(std::chrono::nanoseconds cpu) {
+  auto used = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+  };
+  const auto until = used() + cpu;
+  while (used() < until) {
+  }
+}
+
+// The thread has started a job and a busy thread at normal priority shares
+// its only CPU: at SCHED_IDLE (a weight of 3 against 1024) the job's 300 ms
+// of CPU would take over a minute. Whoever waits for it (wait() or pause())
+// raises the thread to normal priority, and it finishes in about twice its
+// CPU time; the next job runs at SCHED_IDLE again.
+void expect_a_started_job_finished_at_normal_priority(bool by_pause) {
+  cpu_set_t one{};
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  cpu_set_t before{};
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // threads made from here inherit it
+  std::atomic<bool> stop{false};
+  std::atomic<bool> started{false};
+  {
+    IdleQueue q;
+    std::thread busy;
+    const IdleQueue::Ticket job = q.post([&] {
+      started = true;
+      burn_cpu(300ms);
+    });
+    while (!started)
+      std::this_thread::sleep_for(1ms);
+    busy = std::thread([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    if (by_pause) {
+      q.pause();
+    } else {
+      q.wait(job);
+    }
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_TRUE(q.done(job));
+    std::atomic<int> policy{-1};
+    q.resume();
+    q.wait(q.post([&] { policy = sched_getscheduler(0); }));
+    stop = true;
+    busy.join();
+    if (!q.idle_priority()) {
+      sched_setaffinity(0, sizeof(before), &before);
+      GTEST_SKIP() << "this system refused SCHED_IDLE; nothing was starved";
+    }
+    EXPECT_GE(q.priority_raises(), 1u);
+    // Far below the minute a starved job takes, far above the ~0.6 s expected.
+    EXPECT_LT(took, 20s);
+    EXPECT_EQ(policy.load(), SCHED_IDLE);
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
+}
+
+TEST(IdleQueue, AWaiterFinishesAJobTheStarvedThreadStartedAtNormalPriority) {
+  expect_a_started_job_finished_at_normal_priority(false);
+}
+
+TEST(IdleQueue, PauseFinishesTheStarvedThreadsJobAtNormalPriority) {
+  expect_a_started_job_finished_at_normal_priority(true);
 }
 
 TEST(IdleQueue, TheDestructorRunsWhatIsStillQueuedEvenWhenPaused) {

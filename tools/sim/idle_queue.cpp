@@ -48,7 +48,8 @@ bool IdleQueue::done_locked(Ticket t) const {
 void IdleQueue::pause() {
   std::unique_lock lock(m_);
   paused_ = true;
-  finished_.wait(lock, [&] { return !running_; });
+  while (!finished_.wait_for(lock, stall_, [&] { return !running_; }))
+    raise_priority_locked();
 }
 
 void IdleQueue::resume() {
@@ -64,6 +65,20 @@ bool IdleQueue::idle_priority() const {
   return idle_priority_;
 }
 
+uint64_t IdleQueue::priority_raises() const {
+  std::lock_guard lock(m_);
+  return priority_raises_;
+}
+
+void IdleQueue::raise_priority_locked() {
+  if (!running_ || !idle_priority_ || raised_) return;
+  sched_param none{};
+  if (pthread_setschedparam(thread_.native_handle(), SCHED_OTHER, &none) == 0) {
+    raised_ = true;
+    ++priority_raises_;
+  }
+}
+
 void IdleQueue::wait(Ticket t) {
   std::unique_lock lock(m_);
   while (!done_locked(t)) {
@@ -72,12 +87,16 @@ void IdleQueue::wait(Ticket t) {
         finished_.wait_for(lock, stall_, [&] { return done_locked(t) || jobs_finished_ != seen; });
     if (moved) continue;
     // The thread made no progress (starved behind busy CPUs): run job `t`
-    // here if it is still queued; one the thread holds is waited for.
+    // here if it is still queued; one the thread holds is finished at
+    // normal priority (it may hold another job, which then goes first).
+    bool queued = false;
     for (size_t at = 0; at < queue_.size(); ++at)
       if (queue_[at].first == t) {
         run_at(lock, at);
+        queued = true;
         break;
       }
+    if (!queued) raise_priority_locked();
   }
 }
 
@@ -104,6 +123,10 @@ void IdleQueue::run() {
     running_ = true;
     run_at(lock, 0);
     running_ = false;
+    if (raised_) {  // back to SCHED_IDLE for the next job
+      pthread_setschedparam(pthread_self(), SCHED_IDLE, &none);
+      raised_ = false;
+    }
     finished_.notify_all();
   }
 }

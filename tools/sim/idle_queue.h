@@ -10,11 +10,15 @@
 // and on a 2-core machine took a core from the processes being measured: a
 // real engine's host thread is idle there while its GPU computes.
 //
-// A thread at SCHED_IDLE still gets a sliver of a busy CPU, so on a loaded
-// machine a job can wait a long time. Whoever must wait for a job therefore
-// runs it itself, at its own priority, once the queue has made no progress
-// for a while: nothing waits forever on a starved thread. Jobs may thus run
-// out of order and at the same time: a job must not depend on another.
+// A thread at SCHED_IDLE gets only a sliver of a busy CPU (a weight of 3
+// against 1024), so on a loaded machine a job can wait a long time. Whoever
+// must wait for a job therefore runs it itself, at its own priority, once
+// the queue has made no progress for a while; a job the thread has already
+// started cannot be taken over, so the waiter raises the thread to normal
+// priority instead, until that job is done (with every kvrelay process
+// spinning, --idle-strategy spin, a started check took minutes). Nothing
+// waits long on a starved thread. Jobs may thus run out of order and at the
+// same time: a job must not depend on another.
 #pragma once
 
 #include <chrono>
@@ -56,6 +60,8 @@ class IdleQueue {
   // Whether the thread got SCHED_IDLE (false: it runs at normal priority,
   // which still keeps the work off the engine's thread).
   bool idle_priority() const;
+  // How often a waiter raised the thread's priority to finish a started job.
+  uint64_t priority_raises() const;
 
  private:
   void run();
@@ -63,6 +69,9 @@ class IdleQueue {
   // entry and on return.
   void run_at(std::unique_lock<std::mutex>& lock, size_t at);
   bool done_locked(Ticket t) const;  // with the lock held
+  // The thread is in a job someone waits for and made no progress: run it at
+  // normal priority until the job ends (with the lock held).
+  void raise_priority_locked();
 
   const std::chrono::milliseconds stall_;
   mutable std::mutex m_;
@@ -75,10 +84,12 @@ class IdleQueue {
   // ones, and ones a waiter ran).
   std::set<Ticket> unfinished_;
   uint64_t jobs_finished_ = 0;  // progress, for a waiter's stall check
+  uint64_t priority_raises_ = 0;
   bool stopping_ = false;
   bool paused_ = false;
   bool running_ = false;  // the thread is in a job
   bool idle_priority_ = false;
+  bool raised_ = false;  // at normal priority until its current job ends
   std::thread thread_;
 };
 

@@ -122,6 +122,11 @@ int main(int argc, char** argv) {
                  "with --start: the instances' --peer-timeout-ms (0: their default); raise it "
                  "where the machine is emulated or starved, so that slowness is not taken for "
                  "a dead peer");
+  std::string idle_strategy;
+  app.add_option("--idle-strategy", idle_strategy,
+                 "with --start: the instances' --idle-strategy (park, backoff or spin; default: "
+                 "theirs, park)")
+      ->check(CLI::IsMember({"park", "backoff", "spin"}));
   int64_t timeout_s = o.timeout.count();
   app.add_flag("--expect-arrivals", o.expect_arrivals,
                "the decode engine declares every request to its instance first (ExpectSpec) and "
@@ -214,6 +219,10 @@ int main(int argc, char** argv) {
   if (start && peer_timeout_ms != 0) {
     for (auto* flags : {&decode_flags, &prefill_flags})
       flags->insert(flags->end(), {"--peer-timeout-ms", std::to_string(peer_timeout_ms)});
+  }
+  if (start && !idle_strategy.empty()) {
+    for (auto* flags : {&decode_flags, &prefill_flags})
+      flags->insert(flags->end(), {"--idle-strategy", idle_strategy});
   }
 
   sim::ManagedInstance decode_instance, prefill_instance;
