@@ -52,6 +52,12 @@ Status Supervisor::spawn(uint32_t rank) {
   args.insert(args.end(), worker_args_.begin(), worker_args_.end());
   SpawnOptions spawn;
   spawn.die_with_parent = true;
+  // Ctrl-C in a terminal signals the coordinator's whole process group. Its
+  // workers must not stop on it: the coordinator drains first (requests in
+  // flight finish on the workers), then stops them. Were they in its group,
+  // they would exit at once, and every request in flight would fail as if
+  // its ranks had died.
+  spawn.own_process_group = true;
   Result<pid_t> pid = spawn_process(args, spawn);
   if (!pid) return pid.error();
   Rank& r = ranks_[rank];

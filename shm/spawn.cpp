@@ -54,6 +54,7 @@ Result<pid_t> spawn_process(const std::vector<std::string>& args, const SpawnOpt
       if (prctl(PR_SET_PDEATHSIG, options.parent_death_signal) != 0) _exit(127);
       if (getppid() != parent) _exit(127);  // the parent died before prctl
     }
+    if (options.own_process_group && setpgid(0, 0) != 0) _exit(127);
     if (options.output_fd >= 0) {
       dup2(options.output_fd, 1);
       dup2(options.output_fd, 2);

@@ -25,6 +25,10 @@ struct SpawnOptions {
   std::vector<std::string> environment;
   // When >= 0: the child's stdout and stderr go to this descriptor.
   int output_fd = -1;
+  // The child leads a process group of its own: a signal sent to the
+  // parent's group (Ctrl-C in a terminal, `kill -INT -PGID`, `timeout`)
+  // does not reach it, and the parent decides how it stops.
+  bool own_process_group = false;
 };
 
 // argv[0] is the program's path. The pid, or why it could not start.

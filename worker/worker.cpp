@@ -374,6 +374,10 @@ int run_worker(const WorkerOptions& o) {
   // A tcp peer that goes away is an error on its connection, never a signal
   // that takes the worker down (sends use MSG_NOSIGNAL too).
   signal(SIGPIPE, SIG_IGN);
+  // Started by a coordinator, a worker leads a process group of its own (so
+  // that Ctrl-C reaches only the coordinator): in a terminal that is a
+  // background group, which `stty tostop` would stop at its first log line.
+  signal(SIGTTOU, SIG_IGN);
   // A GPU pool in VMM chunks arrives as thousands of fds (one per 20 MiB
   // allocation): take every descriptor the hard limit allows.
   if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {

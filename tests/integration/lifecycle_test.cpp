@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <thread>
+
 #include "integration/two_instances.h"
 
 namespace kvrelay::testing {
@@ -150,6 +152,38 @@ TEST_P(Lifecycle, ConnectTaskIsTheAndOfEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tp, Lifecycle, ::testing::Values(1u, 2u, 4u), name_of);
+
+// Ctrl-C in a terminal (or `kill -INT -PGID`, or `timeout`) signals the
+// coordinator's whole process group. Its workers lead groups of their own,
+// so the signal reaches only the coordinator, which drains: a request in
+// flight still finishes on the workers, and the instance stops cleanly.
+// (With the workers in its group they exited at once, and the request
+// failed as if its ranks had died.)
+TEST(LifecycleProcesses, ASignalToTheCoordinatorsProcessGroupLetsARequestInFlightFinish) {
+  InstanceArgs a;
+  a.tp = 2;
+  a.layers = kLifecycleLayers;
+  a.block_size = kLifecycleBlockTokens;
+  Placement where;
+  where.prefill_prefix = {"/usr/bin/setsid"};  // the prefill coordinator leads a group of its own
+  TwoInstances env("group-signal", a, where);
+  const sim::RequestBlocks r{1, {5, 6, 7}, {20, 21, 22}};
+  env.fill(r);
+  ASSERT_TRUE(env.submit_task("req-g", r, 3 * kLifecycleBlockTokens, 0).ok());
+  ASSERT_TRUE(env.submit_dest("req-g", r).ok());
+  // Both halves on every rank (the bound task and the destination): the
+  // request is live before the coordinator starts refusing submissions.
+  const Deadline bound = Deadline::after(10s);
+  while (worker_counter_sum(env.prefill().name(), "tasks") < 2 * a.tp && !bound.passed())
+    std::this_thread::sleep_for(5ms);
+  ASSERT_GE(worker_counter_sum(env.prefill().name(), "tasks"), 2u * a.tp);
+  ASSERT_EQ(kill(-env.prefill().pid(), SIGINT), 0);
+  env.prefill_step(1, {{0, 0, 3 * kLifecycleBlockTokens}}, kLifecycleLayers);
+  const Completion c = env.wait_for("req-g");
+  EXPECT_EQ(c.status, CompletionStatus::kFinished) << c.message;
+  EXPECT_EQ(env.wrong_words(r), 0u);
+  env.stop_and_check_clean();  // the prefill coordinator's exit code: 0
+}
 
 TEST(LifecycleProcesses, SecondCoordinatorForTheSameInstanceIsRefusedWhileTheFirstLives) {
   InstanceArgs a;
