@@ -43,7 +43,8 @@ TEST(IdleQueue, RunsEveryJobOffTheCallersThreadAtIdlePriority) {
   if (q.idle_priority()) {
     EXPECT_EQ(policy.load(), SCHED_IDLE);
   } else {
-    GTEST_SKIP() << "this system refused SCHED_IDLE; the jobs ran at normal priority";
+    GTEST_SKIP() << "SCHED_IDLE refused, or no way back from it here (no CAP_SYS_NICE, RLIMIT_NICE "
+                    "below 20): the jobs ran at normal priority";
   }
 }
 
@@ -167,7 +168,7 @@ void expect_a_started_job_finished_at_normal_priority(bool by_pause) {
     busy.join();
     if (!q.idle_priority()) {
       sched_setaffinity(0, sizeof(before), &before);
-      GTEST_SKIP() << "this system refused SCHED_IDLE; nothing was starved";
+      GTEST_SKIP() << "SCHED_IDLE refused, or no way back from it here: nothing was starved";
     }
     EXPECT_GE(q.priority_raises(), 1u);
     // Far below the minute a starved job takes, far above the ~0.6 s expected.

@@ -110,10 +110,32 @@ void IdleQueue::wait_all() {
     wait(t);
 }
 
+namespace {
+
+// Whether a thread of this process may go to SCHED_IDLE and come back to
+// SCHED_OTHER at nice 0. Lowering needs no privilege; coming back needs
+// CAP_SYS_NICE or an RLIMIT_NICE of 20 (the default, 0, refuses), so it is
+// tried once on a throwaway thread.
+bool can_leave_idle_priority() {
+  bool ok = false;
+  std::thread probe([&] {
+    sched_param none{};
+    ok = pthread_setschedparam(pthread_self(), SCHED_IDLE, &none) == 0 &&
+         pthread_setschedparam(pthread_self(), SCHED_OTHER, &none) == 0;
+  });
+  probe.join();
+  return ok;
+}
+
+}  // namespace
+
 void IdleQueue::run() {
-  // Lowering one's own policy needs no privilege.
+  // At SCHED_IDLE only where a waiter can raise the thread again (a started
+  // job would otherwise hold its waiter for as long as the CPUs stay busy);
+  // elsewhere it runs at normal priority, still off the engine's thread.
   sched_param none{};
-  const bool idle = pthread_setschedparam(pthread_self(), SCHED_IDLE, &none) == 0;
+  const bool idle =
+      can_leave_idle_priority() && pthread_setschedparam(pthread_self(), SCHED_IDLE, &none) == 0;
   std::unique_lock lock(m_);
   idle_priority_ = idle;
   for (;;) {

@@ -58,7 +58,8 @@ class IdleQueue {
   void pause();
   void resume();
   // Whether the thread got SCHED_IDLE (false: it runs at normal priority,
-  // which still keeps the work off the engine's thread).
+  // which still keeps the work off the engine's thread; so it does where the
+  // process could not raise it again: no CAP_SYS_NICE, RLIMIT_NICE below 20).
   bool idle_priority() const;
   // How often a waiter raised the thread's priority to finish a started job.
   uint64_t priority_raises() const;
