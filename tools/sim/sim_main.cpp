@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
                  "test the simulator's own checks: 'stray' writes a word into a free decode "
                  "block just before a request takes it, 'corrupt' alters a word the first "
                  "finished request received; the run must then fail, naming the block")
-      ->check(CLI::IsMember({"none", "stray", "corrupt"}))
+      ->check(CLI::IsMember(faults))
       ->capture_default_str();
   std::string protocol = "ipc", auth_key_file;
   app.add_option("--protocol", protocol,
@@ -124,8 +124,7 @@ int main(int argc, char** argv) {
                  "a dead peer");
   std::string idle_strategy;
   app.add_option("--idle-strategy", idle_strategy,
-                 "with --start: the instances' --idle-strategy (park, backoff or spin; default: "
-                 "theirs, park)")
+                 "with --start: the instances' --idle-strategy (default: theirs, park)")
       ->check(CLI::IsMember({"park", "backoff", "spin"}));
   int64_t timeout_s = o.timeout.count();
   app.add_flag("--expect-arrivals", o.expect_arrivals,
