@@ -24,6 +24,7 @@
 #include "schemas/message_ring.h"
 #include "schemas/records.h"
 #include "schemas/validate.h"
+#include "shm/clock.h"
 #include "shm/liveness.h"
 #include "shm/mpsc_ring.h"
 #include "shm/spsc_ring.h"
@@ -159,8 +160,15 @@ struct Client::Impl {
     if (!ring) return ring.error();
     if (Status a = alive(); !a) return a;
     s.session = session;
+    // A layer's signal carries when it was pushed (the worker times its
+    // read against it); restamped before each try, so a full ring's wait
+    // is not counted as the hop.
+    const bool stamped = s.kind == static_cast<uint32_t>(records::SignalKind::kLayerDone) ||
+                         s.kind == static_cast<uint32_t>(records::SignalKind::kLegacyLayerDone);
+    if (stamped) s.pushed_ns = mono_now_ns();
     if (!(*ring)->try_push(s)) {
       for (;;) {
+        if (stamped) s.pushed_ns = mono_now_ns();
         if ((*ring)->push(s, slice_of(deadline)).ok()) break;
         if (Status a = alive(); !a) return a;
         if (deadline.passed())

@@ -79,6 +79,10 @@ struct LayerSignal {
   union {
     BatchEntry entries[kBatchEntriesPerSignal] = {};  // kBatch
     uint64_t device_base;                             // kDeviceLayers
+    // kLayerDone / kLegacyLayerDone: CLOCK_MONOTONIC ns when the engine
+    // pushed it (the client library stamps it; 0: not stamped). Times the
+    // engine -> worker hop; never affects what the signal does.
+    uint64_t pushed_ns;
   };
 };
 static_assert(std::is_trivially_copyable_v<LayerSignal>);

@@ -282,6 +282,7 @@ class Worker {
     while (n < kSignalBatch && !device_signals_.pending() && signal_ring_.try_pop(signals_[n])) {
       const LayerSignal& s = signals_[n++];
       const uint64_t index = signal_ring_.consumer_position() - 1;
+      time_signal_hop(s);
       if (s.kind != static_cast<uint32_t>(records::SignalKind::kDeviceLayers)) {
         // Without a pool no request is bound here: the signal moves nothing.
         if (data_->serving()) data_->scheduler().on_signal(s, index);
@@ -296,6 +297,16 @@ class Worker {
       n += poll_device_signals();
     }
     return n > 0;
+  }
+  // The engine's stamp on a layer's signal (records.h): timed only when it
+  // is sane, like every stamp from another process.
+  void time_signal_hop(const LayerSignal& s) {
+    if (s.kind != static_cast<uint32_t>(records::SignalKind::kLayerDone) &&
+        s.kind != static_cast<uint32_t>(records::SignalKind::kLegacyLayerDone))
+      return;
+    const uint64_t pushed = s.pushed_ns;
+    if (const uint64_t read = mono_now_ns(); pushed != 0 && pushed <= read)
+      CounterWriter(counters_).record(kSignalWrittenToReadNs, read - pushed);
   }
   size_t poll_device_signals() {
     return device_signals_.poll(

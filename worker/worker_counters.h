@@ -50,13 +50,16 @@ enum WorkerHistogram : uint32_t {
   kLayerCopyBytes,
   kLayerCopyMBps,
   // Hops of the dispatch and completion paths (docs/latency.md):
-  kTaskWrittenToReadNs,  // coordinator wrote a task -> this worker read it
-  kDestReadToCopyNs,     // a CacheDest read -> its first copy began (layers already computed)
-  kCopyDoneToReportNs,   // a request's last copy seen done -> its report written
+  kTaskWrittenToReadNs,    // coordinator wrote a task -> this worker read it
+  kDestReadToCopyNs,       // a CacheDest read -> its first copy began (layers already computed)
+  kCopyDoneToReportNs,     // a request's last copy seen done -> its report written
+  kSignalWrittenToReadNs,  // the engine pushed a layer signal -> this worker read it
   kWorkerHistogramCount,
 };
 
 inline constexpr std::pair<const char*, const char*> kWorkerHistogramLabels[] = {
+    // One histogram a line.
+    // clang-format off
     {"signal_to_copy_done", "ns"},
     {"layer_copy_time", "ns"},
     {"layer_copy_bytes", "bytes"},
@@ -64,6 +67,8 @@ inline constexpr std::pair<const char*, const char*> kWorkerHistogramLabels[] = 
     {"hop_task_written_to_read", "ns"},
     {"hop_dest_read_to_copy", "ns"},
     {"hop_copy_done_to_report", "ns"},
+    {"hop_signal_written_to_read", "ns"},
+    // clang-format on
 };
 static_assert(sizeof(kWorkerHistogramLabels) / sizeof(kWorkerHistogramLabels[0]) ==
               kWorkerHistogramCount);
@@ -141,6 +146,7 @@ inline constexpr const char* kWorkerHistogramHelp[] = {
     "Dispatch hop: the coordinator wrote a task to this rank's ring -> this rank read it",
     "Dispatch hop: a CacheDest read -> its first copy began (layers already computed)",
     "Completion hop: a request's last copy seen done -> its report written",
+    "Completion hop: the engine pushed a layer signal -> this rank read it (the worker's wake-up)",
 };
 static_assert(sizeof(kWorkerHistogramHelp) / sizeof(kWorkerHistogramHelp[0]) ==
               kWorkerHistogramCount);

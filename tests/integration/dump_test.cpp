@@ -11,6 +11,9 @@
 #include "instance/names.h"
 #include "integration/dump_json.h"
 #include "integration/two_instances.h"
+#include "schemas/records.h"
+#include "shm/clock.h"
+#include "shm/spsc_ring.h"
 
 namespace kvrelay::testing {
 namespace {
@@ -116,11 +119,48 @@ TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
   for (const auto& w : j["workers"]) {
     EXPECT_EQ(count(w, "hop_task_written_to_read"), 6u);
     EXPECT_EQ(count(w, "hop_copy_done_to_report"), 3u);
+    EXPECT_EQ(count(w, "hop_signal_written_to_read"), 9u)
+        << "3 layers of 3 requests, each signal stamped by the client library (its batch "
+           "records carry no stamp)";
     // Timed only for a destination whose copy began at once: whether the
     // signals (pushed straight to the worker) beat the destination (through
     // the coordinator) is a race, but never more than once per request.
     EXPECT_LE(count(w, "hop_dest_read_to_copy"), 3u);
   }
+}
+
+// An engine that writes its signal records itself may stamp them with
+// anything: only a stamp from the past is timed, and none changes what the
+// signal does.
+TEST_F(DumpTest, ALayerSignalsStampIsTimedOnlyWhenItIsFromThePast) {
+  Result<ControlSegment> control = ControlSegment::attach(env_->prefill().name());
+  ASSERT_TRUE(control) << control.error().message;
+  Result<SpscProducer<records::LayerSignal>> producer =
+      control->signal_ring<records::LayerSignal>(0)->lease_producer();
+  ASSERT_TRUE(producer) << producer.error().message;
+  const uint64_t now = mono_now_ns();
+  const uint64_t hour_ahead = now + uint64_t{3600} * 1000 * 1000 * 1000;
+  for (const uint64_t stamp : {uint64_t{0}, hour_ahead, now - uint64_t{5'000'000}}) {
+    records::LayerSignal s{};
+    s.kind = static_cast<uint32_t>(records::SignalKind::kLayerDone);
+    s.step = 1;
+    s.layer = 0;
+    s.pushed_ns = stamp;
+    ASSERT_TRUE(producer->try_push(s));
+  }
+  notify_waiters(control->status().worker_doorbell[0]);
+  nlohmann::json j;
+  for (int i = 0; i < 500; ++i) {
+    j = dump_json(env_->prefill().name());
+    if (j.is_object() && j["workers"][0]["counters"]["signals"] == 3) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(j["workers"][0]["counters"]["signals"], 3) << "rank 0 read the three signals";
+  const auto& hop = j["workers"][0]["histograms"]["hop_signal_written_to_read"];
+  EXPECT_EQ(hop["count"], 1) << "neither the missing stamp nor the one from the future";
+  EXPECT_GE(hop["max"].get<uint64_t>(), 4'000'000u) << "the stamp 5 ms old, within the "
+                                                       "histogram's resolution";
+  EXPECT_EQ(j["workers"][1]["histograms"]["hop_signal_written_to_read"]["count"], 0);
 }
 
 TEST_F(DumpTest, PeekDecodesACacheTaskWaitingInTheSubmitRing) {

@@ -20,14 +20,14 @@ std::vector<Hop> dispatch_hops() {
 }
 
 std::vector<Hop> completion_hops() {
-  return {{"layer signal read -> copy done", Where::kWorkers, worker::kSignalToCopyDoneNs},
+  return {{"layer signal pushed -> worker read", Where::kWorkers, worker::kSignalWrittenToReadNs},
+          {"layer signal read -> copy done", Where::kWorkers, worker::kSignalToCopyDoneNs},
           {"copy done -> report written", Where::kWorkers, worker::kCopyDoneToReportNs},
           {"report written -> coordinator read", Where::kCoordinator,
            coordinator::kReportWrittenToReadNs},
           {"coordinator read -> completion written", Where::kCoordinator,
            coordinator::kReportReadToCompletionNs},
-          {"completion written -> engine read", Where::kClients,
-           kCompletionWrittenToEngineReadNs}};
+          {"completion written -> engine read", Where::kClients, kCompletionWrittenToEngineReadNs}};
 }
 
 HopBreakdown::HopBreakdown(const ControlSegment& control, std::vector<Hop> hops)

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "block_allocator.h"
+#include "coordinator/coordinator_counters.h"
 #include "idle_queue.h"
 #include "instance/control_layout.h"
 #include "instance/control_segment.h"
@@ -86,6 +87,11 @@ Quantiles worker_quantiles(const ControlSegment& control, uint32_t histogram) {
     if (histogram < s.histograms.size()) merged.merge(s.histograms[histogram]);
   }
   return quantiles_of(merged);
+}
+
+Quantiles coordinator_quantiles(const ControlSegment& control, uint32_t histogram) {
+  const CountersSnapshot s = snapshot_counters(control.counters(kCoordinatorCounters));
+  return histogram < s.histograms.size() ? quantiles_of(s.histograms[histogram]) : Quantiles{};
 }
 
 class Simulation {
@@ -186,6 +192,9 @@ class Simulation {
         c) {
       report_.signal_to_copy = worker_quantiles(*c, worker::kSignalToCopyDoneNs);
       report_.layer_copy = worker_quantiles(*c, worker::kLayerCopyNs);
+      report_.signal_wake = worker_quantiles(*c, worker::kSignalWrittenToReadNs);
+      report_.report_hop = coordinator_quantiles(*c, coordinator::kReportWrittenToReadNs);
+      report_.publish_hop = coordinator_quantiles(*c, coordinator::kReportReadToCompletionNs);
     }
     if (o_.progress) fmt::print(stderr, "\n");
     return report_;
@@ -796,6 +805,11 @@ std::string SimReport::summary() const {
         "exposed arrival   {} from the last layer computed to `arrived` on the decode "
         "side\n",
         us_quantiles(exposed_arrival));
+  s += fmt::format(
+      "completion hops   p50 {:.1f} / {:.1f} / {:.1f} / {:.1f} us: layer signal pushed -> "
+      "worker read, read -> copied, report written -> coordinator read, -> completion "
+      "written (every layer and report of the run)\n",
+      signal_wake.p50 / 1e3, signal_to_copy.p50 / 1e3, report_hop.p50 / 1e3, publish_hop.p50 / 1e3);
   s +=
       fmt::format("verification      {} wrong words, {} blocks written outside their request: {}\n",
                   wrong_words, stray_blocks,

@@ -86,6 +86,13 @@ struct SimReport {
   // Nanoseconds. From the workers' histograms (within 1.6%):
   Quantiles signal_to_copy;  // layer signal read -> that layer's copy done
   Quantiles layer_copy;      // one layer's copy of one request's chunk
+  // The completion path's hops, over every signal and report of the run
+  // (docs/latency.md): the engine's push of a layer signal -> its worker's
+  // read, a report's write -> the coordinator's read, that read -> the
+  // completion written. 0 where the prefill instance was not readable.
+  Quantiles signal_wake;
+  Quantiles report_hop;
+  Quantiles publish_hop;
   // Exact, from the engine's side: last layer computed -> completion read
   // (decode half on time).
   Quantiles exposed;
