@@ -36,6 +36,9 @@ enum CoordinatorHistogram : uint32_t {
   kReadToTaskWrittenNs,       // read -> its WorkerTask written to every rank's ring
   kReportWrittenToReadNs,     // a worker wrote a report -> read here
   kReportReadToCompletionNs,  // the final report read -> the completion written
+  // The tail: the report that finished a request, written -> read here (the
+  // coordinator's wake-up on the completion path).
+  kLastReportWrittenToReadNs,
   kCoordinatorHistogramCount,
 };
 
@@ -45,6 +48,7 @@ inline constexpr std::pair<const char*, const char*> kCoordinatorHistogramLabels
     {"hop_read_to_task_written", "ns"},
     {"hop_report_written_to_read", "ns"},
     {"hop_report_read_to_completion", "ns"},
+    {"tail_last_report_written_to_read", "ns"},
 };
 static_assert(sizeof(kCoordinatorHistogramLabels) / sizeof(kCoordinatorHistogramLabels[0]) ==
               kCoordinatorHistogramCount);
@@ -92,6 +96,7 @@ inline constexpr const char* kCoordinatorHistogramHelp[] = {
     "Dispatch hop: read -> its task written to every rank's ring",
     "Completion hop: a worker wrote a report -> the coordinator read it",
     "Completion hop: the final report read -> the completion written",
+    "Completion tail: the report that finished a request, written -> the coordinator read it",
 };
 static_assert(sizeof(kCoordinatorHistogramHelp) / sizeof(kCoordinatorHistogramHelp[0]) ==
               kCoordinatorHistogramCount);

@@ -570,24 +570,25 @@ void TaskTable::on_malformed(const std::string& what, const std::string& error, 
                    fmt::format("{} record refused: {}", what, error), now_ns, session);
 }
 
-void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) {
+bool TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) {
   auto it = by_handle_.find(report.handle);
   if (it == by_handle_.end() || report.rank >= limits_.tp_size) {
     ++counters_.stray_reports;
-    return;
+    return false;
   }
   Request& r = *it->second;
   RankState& state = r.ranks[report.rank];
   if (state != RankState::kPending) {
     ++counters_.stray_reports;
-    return;
+    return false;
   }
   if (report.first_copy_ns != 0 && (r.first_copy_ns == 0 || report.first_copy_ns < r.first_copy_ns))
     r.first_copy_ns = report.first_copy_ns;
   if (r.ending()) {  // being withdrawn: any answer means this rank stopped
     state = RankState::kCancelled;
     if (writers_settled(r)) emit(r, now_ns);
-    return reap();
+    reap();
+    return false;
   }
   using records::ReportKind;
   switch (static_cast<ReportKind>(report.kind)) {
@@ -605,9 +606,10 @@ void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
       const std::string why = fmt::format("rank {}: {}", report.rank,
                                           printable(report.message_text(), kMaxEchoedTextBytes));
       finish(r, CompletionStatus::ERROR, static_cast<int32_t>(report.rank), why, now_ns);
-      return reap();
+      reap();
+      return false;
     }
-    default: ++counters_.stray_reports; return;
+    default: ++counters_.stray_reports; return false;
   }
   bool all_finished = true;
   bool all_settled = true;
@@ -615,13 +617,14 @@ void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
     if (s == RankState::kPending) all_settled = false;
     if (s == RankState::kPending || s == RankState::kCancelled) all_finished = false;
   }
-  if (!all_settled) return;
+  if (!all_settled) return false;
   if (all_finished) {
     finish(r, CompletionStatus::FINISHED, -1, "", now_ns);
   } else {
     finish(r, CompletionStatus::CANCELLED, -1, "cancelled", now_ns);
   }
   reap();
+  return all_finished;
 }
 
 void TaskTable::on_rank_lost(uint32_t rank, const std::string& reason, uint64_t now_ns) {

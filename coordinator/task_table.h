@@ -168,7 +168,9 @@ class TaskTable {
                     uint32_t session = 0);
 
   // ---- from the workers ----
-  void on_report(const records::WorkerReport& report, uint64_t now_ns);
+  // True when the report was the last one a request waited for and the
+  // request finished.
+  bool on_report(const records::WorkerReport& report, uint64_t now_ns);
   // Rank `rank` died (confirmed): every live request it held fails, naming
   // the rank; withdrawals it owed are settled.
   void on_rank_lost(uint32_t rank, const std::string& reason, uint64_t now_ns);

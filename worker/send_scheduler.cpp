@@ -54,6 +54,9 @@ struct SendScheduler::Request {
   uint64_t bytes = 0;
   uint64_t first_copy_ns = 0;  // when its first copy began (dispatch latency, Completion)
   uint64_t done_ns = 0;        // when its latest copy was seen done
+  // When the engine pushed the signal that let its latest layer go (0: not
+  // a stamped signal, e.g. a late destination): the tail is timed from it.
+  uint64_t released_by_push_ns = 0;
   // The watchdog's clocks: when every layer of its final chunk was signalled
   // here, and when it ended with transfers in flight (0: not yet).
   uint64_t prefilled_ns = 0;
@@ -277,6 +280,14 @@ void SendScheduler::on_cancel(uint64_t handle) {
 }
 
 void SendScheduler::on_signal(const records::LayerSignal& signal, uint64_t index) {
+  const bool stamped = signal.kind == static_cast<uint32_t>(SignalKind::kLayerDone) ||
+                       signal.kind == static_cast<uint32_t>(SignalKind::kLegacyLayerDone);
+  signal_pushed_ns_ = stamped ? signal.pushed_ns : 0;
+  handle_signal(signal, index);
+  signal_pushed_ns_ = 0;
+}
+
+void SendScheduler::handle_signal(const records::LayerSignal& signal, uint64_t index) {
   ++counters_.signals;
   const uint64_t now = mono_now_ns();
   switch (static_cast<SignalKind>(signal.kind)) {
@@ -501,6 +512,7 @@ void SendScheduler::advance(Request& r, uint64_t signal_ns) {
       return;
     }
     r.sent[layer] = to;
+    r.released_by_push_ns = signal_pushed_ns_;
     const uint32_t transfers = r.destination->transfers_per_submit();
     r.in_flight += transfers;
     transfers_in_flight_ += transfers;
@@ -590,8 +602,13 @@ void SendScheduler::end(Request& r, ReportKind kind, const std::string& message)
   }
   // Timed as the report is written: once it is, the request may complete
   // and its hops be read before this rank would get to it.
-  if (hop_ && kind == ReportKind::kFinished && r.done_ns != 0)
-    hop_(kCopyDoneToReportNs, mono_now_ns() - r.done_ns);
+  if (hop_ && kind == ReportKind::kFinished) {
+    const uint64_t now = mono_now_ns();
+    if (r.done_ns != 0) hop_(kCopyDoneToReportNs, now - r.done_ns);
+    // The engine's stamp: timed only when it is sane.
+    if (const uint64_t pushed = r.released_by_push_ns; pushed != 0 && pushed <= now)
+      hop_(kLastSignalToReportNs, now - pushed);
+  }
   report_(r.handle, kind, r.bytes, message, r.first_copy_ns);
   requests_.erase(r.handle);  // destroys r
 }

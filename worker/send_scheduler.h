@@ -195,6 +195,7 @@ class SendScheduler {
   bool prefill_complete(const Request& r) const;
   uint32_t computed_blocks(const Request& r, uint32_t layer) const;
   void end(Request& r, records::ReportKind kind, const std::string& message);
+  void handle_signal(const records::LayerSignal& signal, uint64_t index);
   void unbind(Request& r);
   void release_slot_if_done(Request& r);
 
@@ -205,6 +206,9 @@ class SendScheduler {
   Reporter report_;
   LatencyObserver latency_;
   HopObserver hop_;
+  // While a layer signal is handled: when the engine pushed it (its stamp,
+  // 0 if it has none). What advance() submits is timed from it.
+  uint64_t signal_pushed_ns_ = 0;
   std::vector<BlockRun> runs_;  // advance()'s plan of one layer, reused
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<Slot> slots_;

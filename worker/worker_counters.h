@@ -54,6 +54,9 @@ enum WorkerHistogram : uint32_t {
   kDestReadToCopyNs,       // a CacheDest read -> its first copy began (layers already computed)
   kCopyDoneToReportNs,     // a request's last copy seen done -> its report written
   kSignalWrittenToReadNs,  // the engine pushed a layer signal -> this worker read it
+  // The tail: the engine pushed the signal that let a request's last layer
+  // go -> this rank's finished report written (wake-up, copy and report).
+  kLastSignalToReportNs,
   kWorkerHistogramCount,
 };
 
@@ -68,6 +71,7 @@ inline constexpr std::pair<const char*, const char*> kWorkerHistogramLabels[] = 
     {"hop_dest_read_to_copy", "ns"},
     {"hop_copy_done_to_report", "ns"},
     {"hop_signal_written_to_read", "ns"},
+    {"tail_last_signal_to_report", "ns"},
     // clang-format on
 };
 static_assert(sizeof(kWorkerHistogramLabels) / sizeof(kWorkerHistogramLabels[0]) ==
@@ -147,6 +151,8 @@ inline constexpr const char* kWorkerHistogramHelp[] = {
     "Dispatch hop: a CacheDest read -> its first copy began (layers already computed)",
     "Completion hop: a request's last copy seen done -> its report written",
     "Completion hop: the engine pushed a layer signal -> this rank read it (the worker's wake-up)",
+    "Completion tail: the engine pushed the signal that let a request's last layer go -> this "
+    "rank's finished report written",
 };
 static_assert(sizeof(kWorkerHistogramHelp) / sizeof(kWorkerHistogramHelp[0]) ==
               kWorkerHistogramCount);

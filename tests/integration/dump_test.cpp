@@ -115,6 +115,7 @@ TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
   EXPECT_EQ(count(co, "hop_read_to_task_written"), 6u) << "a bind and a dest per request";
   EXPECT_EQ(count(co, "hop_report_written_to_read"), 6u) << "a report per rank and request";
   EXPECT_EQ(count(co, "hop_report_read_to_completion"), 3u);
+  EXPECT_EQ(count(co, "tail_last_report_written_to_read"), 3u) << "the report that finished each";
   EXPECT_EQ(count(j["clients"], "hop_completion_to_engine_read"), 3u) << "the engine read all 3";
   for (const auto& w : j["workers"]) {
     EXPECT_EQ(count(w, "hop_task_written_to_read"), 6u);
@@ -122,11 +123,38 @@ TEST_F(DumpTest, JsonParsesAndHoldsTheExpectedValues) {
     EXPECT_EQ(count(w, "hop_signal_written_to_read"), 9u)
         << "3 layers of 3 requests, each signal stamped by the client library (its batch "
            "records carry no stamp)";
+    // Its signals race its bind (through the coordinator): a layer let go
+    // by the bind has no push to be timed from.
+    EXPECT_LE(count(w, "tail_last_signal_to_report"), 3u);
     // Timed only for a destination whose copy began at once: whether the
     // signals (pushed straight to the worker) beat the destination (through
     // the coordinator) is a race, but never more than once per request.
     EXPECT_LE(count(w, "hop_dest_read_to_copy"), 3u);
   }
+}
+
+// The tail of a request whose layers are signalled after its destination is
+// bound: each rank times it from the push of the signal that let its last
+// layer go, and the coordinator the report that finished it.
+TEST_F(DumpTest, TheTailIsTimedFromTheLastLayersSignalToTheReportThatFinishedTheRequest) {
+  sim::RequestBlocks r{1, {0, 1}, {0, 1}};
+  env_->fill(r);
+  ASSERT_TRUE(env_->submit_task("tail", r, 2 * 16, 0).ok());
+  ASSERT_TRUE(env_->submit_dest("tail", r).ok());
+  const Deadline bound = Deadline::after(10s);
+  while (worker_counter_sum(env_->prefill().name(), "tasks") < 2 * env_->tp() && !bound.passed())
+    std::this_thread::sleep_for(1ms);
+  ASSERT_FALSE(bound.passed()) << "both ranks read the bind and the destination";
+  env_->prefill_step(1, {{0, 0, 32, Client::request_tag("tail")}}, 3);
+  ASSERT_EQ(env_->wait_for("tail").status, CompletionStatus::kFinished);
+  const nlohmann::json j = dump_json(env_->prefill().name());
+  ASSERT_TRUE(j.is_object());
+  for (const auto& w : j["workers"])
+    EXPECT_EQ(w["histograms"]["tail_last_signal_to_report"]["count"], 1) << w.dump();
+  EXPECT_EQ(j["coordinator"]["histograms"]["tail_last_report_written_to_read"]["count"], 1);
+  EXPECT_LE(j["coordinator"]["histograms"]["tail_last_report_written_to_read"]["max"],
+            j["coordinator"]["histograms"]["hop_report_written_to_read"]["max"])
+      << "the tail's report is one of the reports";
 }
 
 // An engine that writes its signal records itself may stamp them with

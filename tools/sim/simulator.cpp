@@ -195,6 +195,8 @@ class Simulation {
       report_.signal_wake = worker_quantiles(*c, worker::kSignalWrittenToReadNs);
       report_.report_hop = coordinator_quantiles(*c, coordinator::kReportWrittenToReadNs);
       report_.publish_hop = coordinator_quantiles(*c, coordinator::kReportReadToCompletionNs);
+      report_.tail_to_report = worker_quantiles(*c, worker::kLastSignalToReportNs);
+      report_.tail_report_hop = coordinator_quantiles(*c, coordinator::kLastReportWrittenToReadNs);
     }
     if (o_.progress) fmt::print(stderr, "\n");
     return report_;
@@ -810,6 +812,11 @@ std::string SimReport::summary() const {
       "worker read, read -> copied, report written -> coordinator read, -> completion "
       "written (every layer and report of the run)\n",
       signal_wake.p50 / 1e3, signal_to_copy.p50 / 1e3, report_hop.p50 / 1e3, publish_hop.p50 / 1e3);
+  s += fmt::format(
+      "tail hops         p50 {:.1f} / {:.1f} / {:.1f} us: a request's last layer signal pushed -> "
+      "each rank's finished report, the report that finished it -> coordinator read, -> "
+      "completion written\n",
+      tail_to_report.p50 / 1e3, tail_report_hop.p50 / 1e3, publish_hop.p50 / 1e3);
   s +=
       fmt::format("verification      {} wrong words, {} blocks written outside their request: {}\n",
                   wrong_words, stray_blocks,

@@ -93,6 +93,11 @@ struct SimReport {
   Quantiles signal_wake;
   Quantiles report_hop;
   Quantiles publish_hop;
+  // The tail of each request, the same way: the signal that let its last
+  // layer go pushed -> each rank's finished report written, and the report
+  // that finished it written -> the coordinator's read.
+  Quantiles tail_to_report;
+  Quantiles tail_report_hop;
   // Exact, from the engine's side: last layer computed -> completion read
   // (decode half on time).
   Quantiles exposed;
