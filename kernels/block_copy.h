@@ -16,8 +16,12 @@ struct CopyRun {
   uint64_t bytes;
 };
 
-// Copies every run with memcpy. Runs must not overlap between source and
+// Copies every run: runs of at least kStreamingRunBytes with streaming
+// stores (streaming_copy.h: the destination is a pool another process or a
+// device reads next), shorter ones with memcpy; every store is ordered
+// before the function returns. Runs must not overlap between source and
 // destination (they live in different tensors or pools).
+inline constexpr uint64_t kStreamingRunBytes = 1024;
 void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<const CopyRun> runs);
 
 // Total bytes of a set of runs.

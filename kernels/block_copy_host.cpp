@@ -1,12 +1,23 @@
 #include <cstring>
 
 #include "kernels/block_copy.h"
+#include "kernels/streaming_copy.h"
 
 namespace kvrelay::kernels {
 
 void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<const CopyRun> runs) {
-  for (const CopyRun& r : runs)
-    std::memcpy(dst_base + r.dst_offset, src_base + r.src_offset, r.bytes);
+  bool streamed = false;
+  for (const CopyRun& r : runs) {
+    if (r.bytes >= kStreamingRunBytes) {
+      streaming_copy(dst_base + r.dst_offset, src_base + r.src_offset, r.bytes);
+      streamed = true;
+    } else {
+      std::memcpy(dst_base + r.dst_offset, src_base + r.src_offset, r.bytes);
+    }
+  }
+  // The caller reports the copy done next (a release store at most): it
+  // must not become visible before the streamed bytes.
+  if (streamed) streaming_copy_fence();
 }
 
 uint64_t run_bytes(std::span<const CopyRun> runs) {
