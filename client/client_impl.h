@@ -163,8 +163,7 @@ struct Client::Impl {
     // A layer's signal carries when it was pushed (the worker times its
     // read against it); restamped before each try, so a full ring's wait
     // is not counted as the hop.
-    const bool stamped = s.kind == static_cast<uint32_t>(records::SignalKind::kLayerDone) ||
-                         s.kind == static_cast<uint32_t>(records::SignalKind::kLegacyLayerDone);
+    const bool stamped = records::carries_push_stamp(s.kind);
     if (stamped) s.pushed_ns = mono_now_ns();
     if (!(*ring)->try_push(s)) {
       for (;;) {

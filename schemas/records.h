@@ -86,6 +86,11 @@ struct LayerSignal {
   };
 };
 static_assert(std::is_trivially_copyable_v<LayerSignal>);
+// Whether a signal of kind `kind` has room for LayerSignal::pushed_ns.
+constexpr bool carries_push_stamp(uint32_t kind) {
+  return kind == static_cast<uint32_t>(SignalKind::kLayerDone) ||
+         kind == static_cast<uint32_t>(SignalKind::kLegacyLayerDone);
+}
 static_assert(sizeof(LayerSignal) == kSignalRecordBytes,
               "120 bytes + 8-byte slot sequence = two cache lines");
 

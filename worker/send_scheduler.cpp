@@ -280,9 +280,7 @@ void SendScheduler::on_cancel(uint64_t handle) {
 }
 
 void SendScheduler::on_signal(const records::LayerSignal& signal, uint64_t index) {
-  const bool stamped = signal.kind == static_cast<uint32_t>(SignalKind::kLayerDone) ||
-                       signal.kind == static_cast<uint32_t>(SignalKind::kLegacyLayerDone);
-  signal_pushed_ns_ = stamped ? signal.pushed_ns : 0;
+  signal_pushed_ns_ = records::carries_push_stamp(signal.kind) ? signal.pushed_ns : 0;
   handle_signal(signal, index);
   signal_pushed_ns_ = 0;
 }

@@ -301,9 +301,7 @@ class Worker {
   // The engine's stamp on a layer's signal (records.h): timed only when it
   // is sane, like every stamp from another process.
   void time_signal_hop(const LayerSignal& s) {
-    if (s.kind != static_cast<uint32_t>(records::SignalKind::kLayerDone) &&
-        s.kind != static_cast<uint32_t>(records::SignalKind::kLegacyLayerDone))
-      return;
+    if (!records::carries_push_stamp(s.kind)) return;
     const uint64_t pushed = s.pushed_ns;
     if (const uint64_t read = mono_now_ns(); pushed != 0 && pushed <= read)
       CounterWriter(counters_).record(kSignalWrittenToReadNs, read - pushed);
