@@ -16,13 +16,15 @@ struct CopyRun {
   uint64_t bytes;
 };
 
-// Copies every run: runs of at least kStreamingRunBytes with streaming
-// stores (streaming_copy.h: the destination is a pool another process or a
-// device reads next), shorter ones with memcpy; every store is ordered
-// before the function returns. Runs must not overlap between source and
-// destination (they live in different tensors or pools).
+// Copies every run: with `stream`, runs of at least kStreamingRunBytes with
+// streaming stores (streaming_copy.h: the destination is a pool another
+// process or a device reads next), shorter ones and all of them without
+// `stream` with memcpy; every store is ordered before the function returns.
+// Runs must not overlap between source and destination (they live in
+// different tensors or pools).
 inline constexpr uint64_t kStreamingRunBytes = 1024;
-void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<const CopyRun> runs);
+void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<const CopyRun> runs,
+                    bool stream = true);
 
 // Total bytes of a set of runs.
 uint64_t run_bytes(std::span<const CopyRun> runs);

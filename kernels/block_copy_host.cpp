@@ -5,10 +5,11 @@
 
 namespace kvrelay::kernels {
 
-void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<const CopyRun> runs) {
+void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<const CopyRun> runs,
+                    bool stream) {
   bool streamed = false;
   for (const CopyRun& r : runs) {
-    if (r.bytes >= kStreamingRunBytes) {
+    if (stream && r.bytes >= kStreamingRunBytes) {
       streaming_copy(dst_base + r.dst_offset, src_base + r.src_offset, r.bytes);
       streamed = true;
     } else {

@@ -40,6 +40,10 @@ struct TensorCopy {
   std::span<const CopyRun> runs;
   MemoryKind src_kind = MemoryKind::kHost;
   MemoryKind dst_kind = MemoryKind::kHost;
+  // The destination is read next by this host's CPUs (a swap load into a
+  // host-memory device pool, which the engine reads at once): the host
+  // engine keeps it in the cache instead of streaming past it.
+  bool read_soon = false;
 };
 
 using CopyTicket = uint64_t;

@@ -14,7 +14,7 @@ class HostCopyEngine final : public CopyEngine {
   bool reaches(MemoryKind kind) const override { return kind == MemoryKind::kHost; }
   Result<CopyTicket> submit(std::span<const TensorCopy> batch) override {
     for (const TensorCopy& c : batch)
-      copy_runs_host(c.src, c.dst, c.runs);
+      copy_runs_host(c.src, c.dst, c.runs, /*stream=*/!c.read_soon);
     return ++submitted_;
   }
   bool done(CopyTicket) override { return true; }

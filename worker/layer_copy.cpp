@@ -29,8 +29,8 @@ Status share_fits(const HeadShare& share, const LocalPool& from, const LocalPool
 
 Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const LocalPool& from,
                                           std::span<const CopyTarget> targets, uint32_t layer,
-                                          std::span<const BlockRun> runs,
-                                          LayerCopyScratch& scratch) {
+                                          std::span<const BlockRun> runs, LayerCopyScratch& scratch,
+                                          bool read_soon) {
   if (Status s = reachable(engine, from); !s) return s.error();
   const PoolGeometry& g = from.geometry();
   const uint32_t tensors = g.tensors_per_layer();
@@ -59,7 +59,7 @@ Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const Loc
       }
       bytes += kernels::run_bytes(out);
       scratch.batch.push_back(
-          kernels::TensorCopy{src, dst, out, from.memory_kind(), to.memory_kind()});
+          kernels::TensorCopy{src, dst, out, from.memory_kind(), to.memory_kind(), read_soon});
     }
   }
   Result<kernels::CopyTicket> ticket = engine.submit(scratch.batch);
@@ -69,11 +69,11 @@ Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const Loc
 
 Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const LocalPool& from,
                                           const LocalPool& to, uint32_t layer,
-                                          std::span<const BlockRun> runs,
-                                          LayerCopyScratch& scratch) {
+                                          std::span<const BlockRun> runs, LayerCopyScratch& scratch,
+                                          bool read_soon) {
   const CopyTarget target{&to, nullptr};
   return start_layer_copy(engine, from, std::span<const CopyTarget>(&target, 1), layer, runs,
-                          scratch);
+                          scratch, read_soon);
 }
 
 Status check_both_intact(const LocalPool& from, const LocalPool& to) {

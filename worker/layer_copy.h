@@ -39,13 +39,14 @@ struct StartedLayerCopy {
 // pool; block ids must have been checked (plan_block_runs).
 Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const LocalPool& from,
                                           std::span<const CopyTarget> targets, uint32_t layer,
-                                          std::span<const BlockRun> runs,
-                                          LayerCopyScratch& scratch);
-// The same into one pool, whole blocks.
+                                          std::span<const BlockRun> runs, LayerCopyScratch& scratch,
+                                          bool read_soon = false);
+// The same into one pool, whole blocks. `read_soon`: this host's CPUs read
+// the destination next (kernels::TensorCopy::read_soon).
 Result<StartedLayerCopy> start_layer_copy(kernels::CopyEngine& engine, const LocalPool& from,
                                           const LocalPool& to, uint32_t layer,
-                                          std::span<const BlockRun> runs,
-                                          LayerCopyScratch& scratch);
+                                          std::span<const BlockRun> runs, LayerCopyScratch& scratch,
+                                          bool read_soon = false);
 
 // After a copy is done: ok, or why its bytes cannot be trusted.
 Status check_both_intact(const LocalPool& from, const LocalPool& to);

@@ -155,7 +155,10 @@ std::string SwapEngine::queue_layer(Op& op) {
   if (!runs) return runs.error().message;
   if (op.first_copy_ns == 0) op.first_copy_ns = mono_now_ns();
   Queued& slot = window_[op.queued % kLayersInFlight];
-  Result<StartedLayerCopy> copy = start_layer_copy(*engine_, from, to, layer, *runs, slot.scratch);
+  // A load's layer is read by the engine as soon as it is published: kept
+  // in the cache (an eviction's goes to the host tier, read much later).
+  Result<StartedLayerCopy> copy =
+      start_layer_copy(*engine_, from, to, layer, *runs, slot.scratch, /*read_soon=*/op.load);
   if (!copy) return copy.error().message;
   slot.ticket = copy->ticket;
   slot.bytes = copy->bytes;
