@@ -16,10 +16,10 @@ struct CopyRun {
   uint64_t bytes;
 };
 
-// Copies every run: with `stream`, runs of at least kStreamingRunBytes with
-// streaming stores (streaming_copy.h: the destination is a pool another
-// process or a device reads next), shorter ones and all of them without
-// `stream` with memcpy; every store is ordered before the function returns.
+// Copies every run. With `stream`, runs of at least kStreamingRunBytes go
+// through streaming stores (streaming_copy.h: for a destination another
+// process or a device reads next); every other run is a memcpy. Every store
+// is ordered before the function returns.
 // Runs must not overlap between source and destination (they live in
 // different tensors or pools).
 inline constexpr uint64_t kStreamingRunBytes = 1024;

@@ -5,7 +5,7 @@
 // Submit-then-complete: submit() starts every copy of a batch and returns a
 // ticket at once; done() says whether the batch has landed, wait() blocks
 // until it has. Tickets complete in submission order. The host engine
-// copies inside submit() with memcpy, so its tickets are done on return; the
+// copies inside submit() (copy_runs_host), so its tickets are done on return; the
 // CUDA engine (kernels/cuda/) queues the batch on its stream and answers
 // done() from an event.
 //
@@ -64,7 +64,7 @@ class CopyEngine {
   virtual Status failure() const = 0;
 };
 
-// memcpy on the calling thread: every ticket is done when submit() returns.
+// copy_runs_host on the calling thread: every ticket is done when submit() returns.
 std::unique_ptr<CopyEngine> make_host_copy_engine();
 
 // The CUDA engine's settings.
@@ -87,7 +87,7 @@ Status cuda_device_usable(int device);
 // A CUDA engine on its own non-blocking stream of `options.device`.
 Result<std::unique_ptr<CopyEngine>> make_cuda_copy_engine(const CudaCopyOptions& options);
 
-// The engine for copies from `src` memory to `dst` memory: memcpy when both
+// The engine for copies from `src` memory to `dst` memory: the host copy when both
 // are host memory, else the CUDA engine (kUnsupported where there is none).
 Result<std::unique_ptr<CopyEngine>> make_copy_engine(MemoryKind src, MemoryKind dst,
                                                      const CudaCopyOptions& options);
