@@ -609,6 +609,11 @@ struct IpcLanded {
   writerInstance @7 :Text;
   # The writing (prefill) instance: checked against
   # ExpectArrival.fromInstance.
+  landedNs @8 :UInt64;
+  # When the writer saw these copies land (CLOCK_MONOTONIC, ns; both ends
+  # share the host's clock), or 0. Timing only (the decode worker's
+  # hop_landed_to_read and tail_last_landed_to_report): a stamp of 0 or from
+  # the future is not timed, and no stamp changes what the record does.
 }
 
 struct NetChallenge {

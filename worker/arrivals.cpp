@@ -296,6 +296,7 @@ void Arrivals::landed(const LandedWrite& f) {
     return;
   }
   mark(e, span);
+  e.last_landed_ns = std::max(e.last_landed_ns, f.landed_ns);
   if (e.missing == 0) finish(f.request_key, ArrivalEvent::kArrived, "");
 }
 
@@ -321,7 +322,8 @@ void Arrivals::finish(uint64_t key, ArrivalEvent::Kind kind, const std::string& 
   Expected& e = it->second;
   for (uint32_t b : e.blocks)
     if (owner_[b] == key) owner_[b] = 0;
-  events_.push_back(ArrivalEvent{e.handle, kind, e.bytes, message});
+  events_.push_back(ArrivalEvent{e.handle, kind, e.bytes, message,
+                                 kind == ArrivalEvent::kArrived ? e.last_landed_ns : 0});
   by_handle_.erase(e.handle);
   remember_gone(key, e.id);
   expected_.erase(it);

@@ -58,6 +58,9 @@ struct LandedWrite {
   // The writing instance: a connection's authenticated hello, or an ipc
   // writer's record. Must outlive the call.
   std::string_view sender;
+  // When the writer saw it land, on this host's monotonic clock (an ipc
+  // writer's stamp, unchecked); 0: not known (tcp, rdma). Timing only.
+  uint64_t landed_ns = 0;
 };
 
 struct ArrivalEvent {
@@ -65,6 +68,9 @@ struct ArrivalEvent {
   enum Kind { kArrived, kFailed, kWithdrawn } kind;
   uint64_t bytes;
   std::string message;
+  // kArrived: the latest landed_ns of the writes that counted (0: none had
+  // one), for timing the tail; unchecked, as the stamps are.
+  uint64_t last_landed_ns = 0;
 };
 
 class Arrivals {
@@ -114,6 +120,7 @@ class Arrivals {
     uint32_t writing = 0;  // admitted writes whose bytes are being written
     bool withdrawn = false;
     std::string failure;  // why it failed (a write broke a rule), once writes in progress end
+    uint64_t last_landed_ns = 0;  // the latest LandedWrite::landed_ns that counted
   };
   // Blocks [first, last] of (layer, tensor), or heads [first_head, +heads)
   // of block `first` (heads 0: whole blocks).

@@ -79,6 +79,9 @@ Status DataPlane::serve_device_pool() {
       std::make_unique<SendScheduler>(rank_, device_pool_->geometry(), *transports_, hooks_.report);
   scheduler_->set_latency_observer(hooks_.latency);
   scheduler_->set_hop_observer(hooks_.hop);
+  if (hooks_.hop)
+    transports_->set_landed_hop_observer(
+        [hop = hooks_.hop](uint64_t ns) { hop(kLandedToReadNs, ns); });
   return {};
 }
 

@@ -176,6 +176,10 @@ bool Transports::tick() {
   return busy;
 }
 
+void Transports::set_landed_hop_observer(std::function<void(uint64_t ns)> observer) {
+  if (ipc_receiver_) ipc_receiver_->set_hop_observer(std::move(observer));
+}
+
 bool Transports::has_arrivals() const {
   if (!arrivals_) return false;
   if (arrivals_->any() || (ipc_receiver_ && ipc_receiver_->readable())) return true;

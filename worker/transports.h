@@ -15,6 +15,7 @@
 // writes into the KV cache must authenticate.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -68,6 +69,9 @@ class Transports final : public Transport {
   // transport's own. True when something was done.
   bool tick() override;
   bool has_arrivals() const;
+  // How long each ipc landed record waited to be read (IpcReceiver's hop);
+  // nothing on a rank without an ipc receiver.
+  void set_landed_hop_observer(std::function<void(uint64_t ns)> observer);
   std::vector<ArrivalEvent> take_arrivals();
   // Copies what the network transports counted (worker_counters.h) into
   // the rank's counters block; the worker's thread, every turn it mirrors.

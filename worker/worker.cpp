@@ -266,13 +266,24 @@ class Worker {
     if (!data_->serving() || !data_->transports().has_arrivals()) return;
     for (const ArrivalEvent& e : data_->transports().take_arrivals()) {
       switch (e.kind) {
-        case ArrivalEvent::kArrived: report(e.handle, ReportKind::kFinished, e.bytes, ""); break;
+        case ArrivalEvent::kArrived:
+          time_arrival_tail(e);
+          report(e.handle, ReportKind::kFinished, e.bytes, "");
+          break;
         case ArrivalEvent::kFailed:
           report(e.handle, ReportKind::kFailed, e.bytes, e.message);
           break;
         case ArrivalEvent::kWithdrawn: report(e.handle, ReportKind::kCancelled, e.bytes, ""); break;
       }
     }
+  }
+
+  // The last landed record that counted for an arrived request -> its
+  // report, timed as the report is written (as the send side's tail is).
+  // The stamp is an ipc writer's: timed only when it is sane.
+  void time_arrival_tail(const ArrivalEvent& e) {
+    if (const uint64_t now = mono_now_ns(); e.last_landed_ns != 0 && e.last_landed_ns <= now)
+      CounterWriter(counters_).record(kLastLandedToReportNs, now - e.last_landed_ns);
   }
 
   // Signal records, and the layers the GPU signalled: records after a step

@@ -57,6 +57,11 @@ enum WorkerHistogram : uint32_t {
   // The tail: the engine pushed the signal that let a request's last layer
   // go -> this rank's finished report written (wake-up, copy and report).
   kLastSignalToReportNs,
+  // The decode side over ipc: a prefill worker's landed record (its copies
+  // into this rank's pool done) -> this rank read it; and a request's tail,
+  // the last landed record that counted -> this rank's arrived report.
+  kLandedToReadNs,
+  kLastLandedToReportNs,
   kWorkerHistogramCount,
 };
 
@@ -72,6 +77,8 @@ inline constexpr std::pair<const char*, const char*> kWorkerHistogramLabels[] = 
     {"hop_copy_done_to_report", "ns"},
     {"hop_signal_written_to_read", "ns"},
     {"tail_last_signal_to_report", "ns"},
+    {"hop_landed_to_read", "ns"},
+    {"tail_last_landed_to_report", "ns"},
     // clang-format on
 };
 static_assert(sizeof(kWorkerHistogramLabels) / sizeof(kWorkerHistogramLabels[0]) ==
@@ -153,6 +160,10 @@ inline constexpr const char* kWorkerHistogramHelp[] = {
     "Completion hop: the engine pushed a layer signal -> this rank read it (the worker's wake-up)",
     "Completion tail: the engine pushed the signal that let a request's last layer go -> this "
     "rank's finished report written",
+    "Decode hop (ipc): a prefill worker's copies into this rank's pool landed -> this rank read "
+    "its record of them",
+    "Decode tail (ipc): the last landed write that counted for an expected request -> this "
+    "rank's arrived report written",
 };
 static_assert(sizeof(kWorkerHistogramHelp) / sizeof(kWorkerHistogramHelp[0]) ==
               kWorkerHistogramCount);

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "instance/control_segment.h"
+#include "integration/dump_json.h"
 #include "integration/request_driver.h"
 #include "integration/tcp_hosts.h"
 #include "shm/claim_table.h"
@@ -118,6 +119,37 @@ TEST_P(ExpectedArrivals, TheDecodeEngineLearnsItsKvArrivedExactlyOnce) {
   EXPECT_EQ(env->wrong_words(r), 0u);
   EXPECT_FALSE(decode_completion(300ms)) << "exactly one completion";
   EXPECT_EQ(driver->stray_writes({r}), 0u);
+}
+
+// The decode side's tail is timed hop by hop (docs/latency.md) where the
+// writer shares the host's clock: over ipc each decode rank times every
+// landed record's read and its arrived report after the last one; tcp's
+// frames carry no stamp from another host's clock, and nothing is timed.
+TEST_P(ExpectedArrivals, TheDecodeSidesTailIsTimedWhereTheWriterSharesTheClock) {
+  sim::RequestBlocks r = driver->blocks(4);
+  Status s = decode_engine().submit(expect("timed", r.dst, 20'000), Deadline::after(5s));
+  ASSERT_TRUE(s) << s.error().message;
+  driver->submit("timed", r, 0);
+  driver->layers_done(0, RequestDriver::kLayers);
+  EXPECT_EQ(env->wait_for("timed").status, CompletionStatus::kFinished);
+  std::optional<Completion> here = decode_completion();
+  ASSERT_TRUE(here) << "no arrived completion";
+  ASSERT_EQ(here->status, CompletionStatus::kFinished) << here->message;
+  const nlohmann::json j = dump_json(env->decode().name());
+  ASSERT_TRUE(j.is_object());
+  const bool ipc = GetParam() == Protocol::kIpc;
+  ASSERT_EQ(j["workers"].size(), env->tp());
+  for (const auto& w : j["workers"]) {
+    const auto& h = w["histograms"];
+    EXPECT_EQ(h["tail_last_landed_to_report"]["count"], ipc ? 1 : 0) << w.dump();
+    if (ipc)
+      EXPECT_GE(h["hop_landed_to_read"]["count"].get<uint64_t>(), RequestDriver::kLayers)
+          << "a record per layer at least";
+    else
+      EXPECT_EQ(h["hop_landed_to_read"]["count"], 0);
+  }
+  EXPECT_EQ(j["coordinator"]["histograms"]["tail_last_report_written_to_read"]["count"], 1)
+      << "the arrived report that completed it";
 }
 
 TEST_P(ExpectedArrivals, ManyExpectedRequestsEachArriveOnceWithTheirOwnBytes) {

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "schemas/codec.h"
+#include "shm/clock.h"
 #include "support/processes.h"
 #include "worker/ipc/ipc_pool_writer.h"
 #include "worker/request_key.h"
@@ -149,6 +151,66 @@ TEST_F(IpcReceiverTest, RecordsThatFindTheRingFullWaitAtTheWriterAndHoldUpAWithd
     writer_->flush();
   }
   EXPECT_TRUE(ipc_receiver_->settled(1)) << "every record went out; nothing is announced any more";
+}
+
+// A landed record carries its writer's stamp: the rank times how long the
+// record waited (hop_landed_to_read) and an arrived request's latest stamp
+// (the tail). A stamp from another process may be anything: 0 and one from
+// the future are not timed, and none changes what the record does.
+TEST_F(IpcReceiverTest, ALandedRecordsStampIsTimedOnlyWhenItIsFromThePast) {
+  std::vector<uint64_t> hops;
+  ipc_receiver_->set_hop_observer([&](uint64_t ns) { hops.push_back(ns); });
+  expect(1, "unstamped", {7});
+  expect(2, "stamped", {8});
+  Result<MpscProducer> producer = control_->landed_ring(0)->lease_producer();
+  ASSERT_TRUE(producer) << producer.error().message;
+  auto push = [&](const std::string& id, uint32_t layer, uint32_t block, uint64_t stamp) {
+    capnp::MallocMessageBuilder message;
+    auto landed = message.initRoot<schema::IpcLanded>();
+    landed.setRequestKey(request_key(id));
+    landed.setLayer(layer);
+    landed.initFirstBlocks(1).set(0, block);
+    landed.initBlockCounts(1).set(0, 1);
+    landed.setLandedNs(stamp);
+    std::vector<std::byte> bytes(messages::encoded_bytes(message));
+    messages::encode_into(message, bytes);
+    ASSERT_TRUE(producer->try_write(static_cast<int32_t>(schema::MessageType::IPC_LANDED), bytes));
+  };
+  const uint64_t now = mono_now_ns();
+  const uint64_t hour_ahead = now + uint64_t{3600} * 1000 * 1000 * 1000;
+  const uint64_t five_ms_ago = now - uint64_t{5'000'000};
+  push("unstamped", 0, 7, 0);
+  push("unstamped", 1, 7, hour_ahead);
+  push("stamped", 0, 8, five_ms_ago - 1000);
+  push("stamped", 1, 8, five_ms_ago);
+  EXPECT_EQ(ipc_receiver_->drain(), 4u);
+  ASSERT_EQ(hops.size(), 2u) << "neither the missing stamp nor the one from the future";
+  for (uint64_t ns : hops)
+    EXPECT_GE(ns, 5'000'000u);
+  auto events = arrivals_->take();
+  ASSERT_EQ(events.size(), 2u) << "both arrived: a stamp changes nothing";
+  for (const ArrivalEvent& e : events) {
+    EXPECT_EQ(e.kind, ArrivalEvent::kArrived);
+    // The latest stamp, as sent: the worker checks it before timing.
+    EXPECT_EQ(e.last_landed_ns, e.handle == 1 ? hour_ahead : five_ms_ago) << e.handle;
+  }
+}
+
+// The writer stamps every record when it says what landed.
+TEST_F(IpcReceiverTest, TheWriterStampsWhatLanded) {
+  std::vector<uint64_t> hops;
+  ipc_receiver_->set_hop_observer([&](uint64_t ns) { hops.push_back(ns); });
+  expect(1, "r", {4});
+  const uint64_t before = mono_now_ns();
+  for (uint32_t l = 0; l < 2; ++l)
+    ASSERT_TRUE(write("r", l, {{0, 4, 1}}));
+  const uint64_t after = mono_now_ns();
+  EXPECT_EQ(ipc_receiver_->drain(), 2u);
+  EXPECT_EQ(hops.size(), 2u);
+  auto events = arrivals_->take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_GE(events[0].last_landed_ns, before);
+  EXPECT_LE(events[0].last_landed_ns, after);
 }
 
 }  // namespace

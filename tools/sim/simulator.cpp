@@ -198,6 +198,17 @@ class Simulation {
       report_.tail_to_report = worker_quantiles(*c, worker::kLastSignalToReportNs);
       report_.tail_report_hop = coordinator_quantiles(*c, coordinator::kLastReportWrittenToReadNs);
     }
+    if (Result<ControlSegment> c = ControlSegment::attach(
+            decode_instance_,
+            AttachOptions{.access = SegmentAccess::kReadOnly, .allow_stale = true});
+        c && o_.expect_arrivals) {
+      report_.landed_wake = worker_quantiles(*c, worker::kLandedToReadNs);
+      report_.arrival_tail_to_report = worker_quantiles(*c, worker::kLastLandedToReportNs);
+      report_.arrival_tail_report_hop =
+          coordinator_quantiles(*c, coordinator::kLastReportWrittenToReadNs);
+      report_.arrival_publish_hop =
+          coordinator_quantiles(*c, coordinator::kReportReadToCompletionNs);
+    }
     if (o_.progress) fmt::print(stderr, "\n");
     return report_;
   }
@@ -817,6 +828,14 @@ std::string SimReport::summary() const {
       "each rank's finished report, the report that finished it -> coordinator read, -> "
       "completion written\n",
       tail_to_report.p50 / 1e3, tail_report_hop.p50 / 1e3, publish_hop.p50 / 1e3);
+  if (expect_arrivals && arrival_tail_to_report.p50 > 0)  // over ipc: tcp's writes carry no stamp
+    s += fmt::format(
+        "decode tail hops  p50 {:.1f} / {:.1f} / {:.1f} us: a request's last landed write -> "
+        "each decode rank's arrived report, the report that completed it -> decode coordinator "
+        "read, -> `arrived` written (a landed record's read by its decode rank, every record: "
+        "p50 {:.1f} us)\n",
+        arrival_tail_to_report.p50 / 1e3, arrival_tail_report_hop.p50 / 1e3,
+        arrival_publish_hop.p50 / 1e3, landed_wake.p50 / 1e3);
   s +=
       fmt::format("verification      {} wrong words, {} blocks written outside their request: {}\n",
                   wrong_words, stray_blocks,

@@ -98,6 +98,15 @@ struct SimReport {
   // that finished it written -> the coordinator's read.
   Quantiles tail_to_report;
   Quantiles tail_report_hop;
+  // expect_arrivals over ipc, the decode side's tail: a prefill worker's
+  // landed record -> the decode rank's read (every record), the last landed
+  // write of a request -> each decode rank's arrived report, the report that
+  // completed it -> the decode coordinator's read, that read -> `arrived`
+  // written. 0 where the decode instance was not readable, or over tcp.
+  Quantiles landed_wake;
+  Quantiles arrival_tail_to_report;
+  Quantiles arrival_tail_report_hop;
+  Quantiles arrival_publish_hop;
   // Exact, from the engine's side: last layer computed -> completion read
   // (decode half on time).
   Quantiles exposed;

@@ -147,6 +147,7 @@ void IpcPoolWriter::queue(uint64_t key, uint32_t layer, std::span<const BlockRun
     landed.setWriterInstance(writer_);
     landed.setLayer(layer);
     landed.setRefused(refused);
+    landed.setLandedNs(mono_now_ns());
     if (share != nullptr) {
       landed.setFirstHead(share->dst_head);
       landed.setHeads(share->heads);

@@ -9,9 +9,11 @@
 namespace kvrelay::worker {
 
 Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& pool,
-                     Arrivals& arrivals) {
+                     Arrivals& arrivals, uint64_t* landed_ns) {
   return messages::with_message<schema::IpcLanded>(
       payload, [&](schema::IpcLanded::Reader landed) -> Status {
+        const uint64_t stamp = landed.getLandedNs();
+        if (landed_ns != nullptr) *landed_ns = stamp;
         const auto firsts = landed.getFirstBlocks();
         const auto counts = landed.getBlockCounts();
         const uint32_t layer = landed.getLayer();
@@ -56,13 +58,13 @@ Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& poo
             const uint64_t block = pool.block_bytes(tensor);
             if (heads == 0 || landed.getRefused()) {
               apply(LandedWrite{landed.getRequestKey(), layer, t, firsts[i] * block,
-                                counts[i] * block, sender});
+                                counts[i] * block, sender, stamp});
               continue;
             }
             const uint64_t head = block / pool.kv_heads;
             for (uint64_t b = firsts[i]; b < uint64_t{firsts[i]} + counts[i]; ++b)
               apply(LandedWrite{landed.getRequestKey(), layer, t, b * block + first_head * head,
-                                heads * head, sender});
+                                heads * head, sender, stamp});
           }
         }
         return {};
@@ -124,8 +126,13 @@ size_t IpcReceiver::drain(size_t max_records) {
                         rec.type, rec.defect != nullptr ? fmt::format(", {}", rec.defect) : "");
           return;
         }
-        if (Status s = replay_landed(rec.payload, pool_, *arrivals_); !s)
+        const uint64_t read_ns = mono_now_ns();
+        uint64_t stamp = 0;
+        if (Status s = replay_landed(rec.payload, pool_, *arrivals_, &stamp); !s)
           spdlog::warn("rank {}: dropped an ipc landed record: {}", rank_, s.error().message);
+        // The writer's stamp: timed only when it is sane, like every stamp
+        // from another process.
+        if (hop_observer_ && stamp != 0 && stamp <= read_ns) hop_observer_(read_ns - stamp);
       },
       max_records);
   if (auto what = ring_.take_corruption()) spdlog::error("rank {}: landed ring: {}", rank_, *what);

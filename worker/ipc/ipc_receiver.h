@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -37,9 +38,9 @@ namespace kvrelay::worker {
 
 // Checks one IpcLanded record (its payload, read in place) against `pool`
 // and counts what it says landed into `arrivals`: ok, or why the record was
-// dropped whole.
+// dropped whole. `landed_ns`, if given, gets the record's stamp (unchecked).
 Status replay_landed(std::span<const std::byte> payload, const PoolGeometry& pool,
-                     Arrivals& arrivals);
+                     Arrivals& arrivals, uint64_t* landed_ns = nullptr);
 
 class IpcReceiver {
  public:
@@ -61,6 +62,11 @@ class IpcReceiver {
 
   // Replays what writers said landed into the Arrivals. Returns the records read.
   size_t drain(size_t max_records = 64);
+  // Called with how long each record waited, from its writer's stamp to its
+  // read (hop_landed_to_read); a stamp of 0 or from the future is not timed.
+  void set_hop_observer(std::function<void(uint64_t ns)> observer) {
+    hop_observer_ = std::move(observer);
+  }
   bool readable() const { return ring_.readable(); }
 
  private:
@@ -74,6 +80,7 @@ class IpcReceiver {
   std::shared_ptr<Arrivals> arrivals_;
   std::unordered_map<uint64_t, uint64_t> keys_;          // handle -> key, claim open
   std::unordered_map<uint64_t, uint64_t> close_epochs_;  // handle -> epoch, closed unsettled
+  std::function<void(uint64_t ns)> hop_observer_;
 };
 
 }  // namespace kvrelay::worker
