@@ -436,9 +436,9 @@ Result<std::optional<Completion>> Client::poll() {
                   return {};
                 }
                 const uint64_t read_ns = mono_now_ns();
-                if (c.getCompletedNs() != 0 && c.getCompletedNs() <= read_ns)
+                if (const auto waited = stamp_age(c.getCompletedNs(), read_ns))
                   record_shared(impl_->control.counters(kClientCounters),
-                                kCompletionWrittenToEngineReadNs, read_ns - c.getCompletedNs());
+                                kCompletionWrittenToEngineReadNs, *waited);
                 Completion x;
                 x.request_id = std::string(c.getRequestId().cStr(), c.getRequestId().size());
                 x.kind = static_cast<CompletionKind>(c.getKind());

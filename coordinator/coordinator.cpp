@@ -263,12 +263,10 @@ class Coordinator : public Sink, public RankHealth::Listener {
         report.rank = r;  // trust the ring, not the record, for the rank
         // The stamp is the worker's: timed only when it is sane. A fresh
         // clock: the report may have been written after this drain began.
-        const uint64_t read_ns = mono_now_ns();
-        const bool sane = report.reported_ns != 0 && report.reported_ns <= read_ns;
-        if (sane)
-          CounterWriter(counters_).record(kReportWrittenToReadNs, read_ns - report.reported_ns);
-        if (table_->on_report(report, now) && sane)
-          CounterWriter(counters_).record(kLastReportWrittenToReadNs, read_ns - report.reported_ns);
+        const std::optional<uint64_t> waited = stamp_age(report.reported_ns, mono_now_ns());
+        if (waited) CounterWriter(counters_).record(kReportWrittenToReadNs, *waited);
+        if (table_->on_report(report, now) && waited)
+          CounterWriter(counters_).record(kLastReportWrittenToReadNs, *waited);
         any = true;
       }
     }

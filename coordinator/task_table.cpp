@@ -771,8 +771,8 @@ bool TaskTable::send_to_ranks(Request& r, Fill&& fill, uint64_t now_ns) {
 
 // The stamp is the engine's: timed only when it is sane.
 void TaskTable::time_submission(uint64_t client_submit_ns, uint64_t now_ns) {
-  if (client_submit_ns != 0 && client_submit_ns <= now_ns)
-    sink_.observe_hop(kSubmitToReadNs, now_ns - client_submit_ns);
+  if (const auto waited = stamp_age(client_submit_ns, now_ns))
+    sink_.observe_hop(kSubmitToReadNs, *waited);
 }
 
 void TaskTable::send_cancel(Request& r) {

@@ -604,8 +604,8 @@ void SendScheduler::end(Request& r, ReportKind kind, const std::string& message)
     const uint64_t now = mono_now_ns();
     if (r.done_ns != 0) hop_(kCopyDoneToReportNs, now - r.done_ns);
     // The engine's stamp: timed only when it is sane.
-    if (const uint64_t pushed = r.released_by_push_ns; pushed != 0 && pushed <= now)
-      hop_(kLastSignalToReportNs, now - pushed);
+    if (const auto waited = stamp_age(r.released_by_push_ns, now))
+      hop_(kLastSignalToReportNs, *waited);
   }
   report_(r.handle, kind, r.bytes, message, r.first_copy_ns);
   requests_.erase(r.handle);  // destroys r

@@ -233,9 +233,8 @@ class Worker {
           Status s = messages::with_message<schema::WorkerTask>(
               rec.payload, [&](schema::WorkerTask::Reader t) -> Status {
                 // The stamp is another process's: a hop is timed only when it is sane.
-                const uint64_t written = t.getWrittenNs();
-                if (written != 0 && written <= read_ns)
-                  CounterWriter(counters_).record(kTaskWrittenToReadNs, read_ns - written);
+                if (const auto waited = stamp_age(t.getWrittenNs(), read_ns))
+                  CounterWriter(counters_).record(kTaskWrittenToReadNs, *waited);
                 return handle(t, read_ns);
               });
           if (!s) spdlog::error("rank {}: task refused: {}", rank_, s.error().message);
@@ -282,8 +281,8 @@ class Worker {
   // report, timed as the report is written (as the send side's tail is).
   // The stamp is an ipc writer's: timed only when it is sane.
   void time_arrival_tail(const ArrivalEvent& e) {
-    if (const uint64_t now = mono_now_ns(); e.last_landed_ns != 0 && e.last_landed_ns <= now)
-      CounterWriter(counters_).record(kLastLandedToReportNs, now - e.last_landed_ns);
+    if (const auto waited = stamp_age(e.last_landed_ns, mono_now_ns()))
+      CounterWriter(counters_).record(kLastLandedToReportNs, *waited);
   }
 
   // Signal records, and the layers the GPU signalled: records after a step
@@ -313,9 +312,8 @@ class Worker {
   // is sane, like every stamp from another process.
   void time_signal_hop(const LayerSignal& s) {
     if (!records::carries_push_stamp(s.kind)) return;
-    const uint64_t pushed = s.pushed_ns;
-    if (const uint64_t read = mono_now_ns(); pushed != 0 && pushed <= read)
-      CounterWriter(counters_).record(kSignalWrittenToReadNs, read - pushed);
+    if (const auto waited = stamp_age(s.pushed_ns, mono_now_ns()))
+      CounterWriter(counters_).record(kSignalWrittenToReadNs, *waited);
   }
   size_t poll_device_signals() {
     return device_signals_.poll(

@@ -132,7 +132,8 @@ size_t IpcReceiver::drain(size_t max_records) {
           spdlog::warn("rank {}: dropped an ipc landed record: {}", rank_, s.error().message);
         // The writer's stamp: timed only when it is sane, like every stamp
         // from another process.
-        if (hop_observer_ && stamp != 0 && stamp <= read_ns) hop_observer_(read_ns - stamp);
+        if (const auto waited = stamp_age(stamp, read_ns); hop_observer_ && waited)
+          hop_observer_(*waited);
       },
       max_records);
   if (auto what = ring_.take_corruption()) spdlog::error("rank {}: landed ring: {}", rank_, *what);
