@@ -170,8 +170,10 @@ int main(int argc, char** argv) {
   uint64_t layer_mib = 256;
   int trials = 7;
   app.add_option("--layer-mib", layer_mib, "bytes moved per layer copy (K+V), MiB")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{64} * 1024))
       ->capture_default_str();
   app.add_option("--trials", trials, "trials per case; the median is reported")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   kvrelay::add_version_flag(app, "kvrelay-bench-copy");
   KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
