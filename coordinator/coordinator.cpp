@@ -261,12 +261,9 @@ class Coordinator : public Sink, public RankHealth::Listener {
     for (uint32_t r = 0; r < reports_.size(); ++r) {
       for (int i = 0; i < 256 && reports_[r].try_pop(report); ++i) {
         report.rank = r;  // trust the ring, not the record, for the rank
-        // The stamp is the worker's: timed only when it is sane. A fresh
-        // clock: the report may have been written after this drain began.
-        const std::optional<uint64_t> waited = stamp_age(report.reported_ns, mono_now_ns());
-        if (waited) CounterWriter(counters_).record(kReportWrittenToReadNs, *waited);
-        if (table_->on_report(report, now) && waited)
-          CounterWriter(counters_).record(kLastReportWrittenToReadNs, *waited);
+        // A fresh clock: the report may have been written after this drain
+        // began, and the table times it from its stamp.
+        table_->on_report(report, std::max(now, mono_now_ns()));
         any = true;
       }
     }

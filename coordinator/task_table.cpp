@@ -570,17 +570,20 @@ void TaskTable::on_malformed(const std::string& what, const std::string& error, 
                    fmt::format("{} record refused: {}", what, error), now_ns, session);
 }
 
-bool TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) {
+void TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) {
+  // The stamp is the worker's: timed only when it is sane.
+  const std::optional<uint64_t> waited = stamp_age(report.reported_ns, now_ns);
+  if (waited) sink_.observe_hop(kReportWrittenToReadNs, *waited);
   auto it = by_handle_.find(report.handle);
   if (it == by_handle_.end() || report.rank >= limits_.tp_size) {
     ++counters_.stray_reports;
-    return false;
+    return;
   }
   Request& r = *it->second;
   RankState& state = r.ranks[report.rank];
   if (state != RankState::kPending) {
     ++counters_.stray_reports;
-    return false;
+    return;
   }
   if (report.first_copy_ns != 0 && (r.first_copy_ns == 0 || report.first_copy_ns < r.first_copy_ns))
     r.first_copy_ns = report.first_copy_ns;
@@ -588,7 +591,7 @@ bool TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
     state = RankState::kCancelled;
     if (writers_settled(r)) emit(r, now_ns);
     reap();
-    return false;
+    return;
   }
   using records::ReportKind;
   switch (static_cast<ReportKind>(report.kind)) {
@@ -607,9 +610,9 @@ bool TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
                                           printable(report.message_text(), kMaxEchoedTextBytes));
       finish(r, CompletionStatus::ERROR, static_cast<int32_t>(report.rank), why, now_ns);
       reap();
-      return false;
+      return;
     }
-    default: ++counters_.stray_reports; return false;
+    default: ++counters_.stray_reports; return;
   }
   bool all_finished = true;
   bool all_settled = true;
@@ -617,14 +620,16 @@ bool TaskTable::on_report(const records::WorkerReport& report, uint64_t now_ns) 
     if (s == RankState::kPending) all_settled = false;
     if (s == RankState::kPending || s == RankState::kCancelled) all_finished = false;
   }
-  if (!all_settled) return false;
+  if (!all_settled) return;
   if (all_finished) {
+    // Timed before the completion is written: once it is, the engine may
+    // read it and the tail's histogram at once.
+    if (waited) sink_.observe_hop(kLastReportWrittenToReadNs, *waited);
     finish(r, CompletionStatus::FINISHED, -1, "", now_ns);
   } else {
     finish(r, CompletionStatus::CANCELLED, -1, "cancelled", now_ns);
   }
   reap();
-  return all_finished;
 }
 
 void TaskTable::on_rank_lost(uint32_t rank, const std::string& reason, uint64_t now_ns) {

@@ -168,9 +168,11 @@ class TaskTable {
                     uint32_t session = 0);
 
   // ---- from the workers ----
-  // True when the report was the last one a request waited for and the
-  // request finished.
-  bool on_report(const records::WorkerReport& report, uint64_t now_ns);
+  // `now_ns` is when the report was read: its hop from the worker's stamp
+  // is timed, and so is the tail when it is the report that finished the
+  // request (before the completion is written, so an engine that reads the
+  // completion finds the tail already counted).
+  void on_report(const records::WorkerReport& report, uint64_t now_ns);
   // Rank `rank` died (confirmed): every live request it held fails, naming
   // the rank; withdrawals it owed are settled.
   void on_rank_lost(uint32_t rank, const std::string& reason, uint64_t now_ns);

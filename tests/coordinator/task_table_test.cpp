@@ -62,7 +62,9 @@ class RecordingSink : public Sink {
                     c.getBytesMoved(), c.getFirstCopyNs(), c.getKind(), c.getBlocksReusable(),
                     c.getSession()});
     encoded_bytes.push_back(capnp::computeSerializedSizeInWords(msg) * 8);
+    hops_before_completion.push_back(hops.size());
   }
+  std::vector<size_t> hops_before_completion;  // per completion: hops observed by then
   std::vector<SentTask> tasks;
   std::vector<Done> done;
   std::vector<size_t> encoded_bytes;
@@ -185,6 +187,47 @@ TEST_F(TaskTableTest, DispatchHopsAreTimedFromSaneStampsOnlyAndTasksCarryOneWrit
   for (const auto& [hop, ns] : sink.hops)
     written_hops += hop == kReadToTaskWrittenNs ? 1 : 0;
   EXPECT_EQ(written_hops, 3u) << "one read -> task written per request";
+}
+
+// Every report is timed from its worker's stamp, and the one that finished
+// the request is timed as the tail before the completion is written: an
+// engine that reads the completion and then the histograms (a dump, a
+// benchmark) must find its tail there. Stamps of 0 or from the future are
+// not timed.
+TEST_F(TaskTableTest, TheFinishingReportsTailIsTimedBeforeTheCompletionIsWritten) {
+  auto report_stamped = [&](const std::string& id, uint32_t rank, uint64_t reported_ns) {
+    records::WorkerReport r{};
+    r.handle = handle_of(id);
+    r.rank = rank;
+    r.kind = static_cast<uint32_t>(ReportKind::kFinished);
+    r.reported_ns = reported_ns;
+    table->on_report(r, now);
+  };
+  auto count = [&](CoordinatorHistogram which, size_t upto) {
+    size_t n = 0;
+    for (size_t i = 0; i < upto; ++i)
+      n += sink.hops[i].first == which ? 1 : 0;
+    return n;
+  };
+  task("timed");
+  dest("timed");
+  task("unstamped");
+  dest("unstamped");
+  const size_t before = sink.hops.size();
+  report_stamped("timed", 0, now - 7000);
+  report_stamped("timed", 1, now - 3000);
+  report_stamped("unstamped", 0, 0);
+  report_stamped("unstamped", 1, now + kSecond);
+  ASSERT_EQ(sink.done.size(), 2u);
+  EXPECT_EQ(count(kReportWrittenToReadNs, sink.hops.size()), 2u) << "the two sane stamps";
+  EXPECT_EQ(count(kLastReportWrittenToReadNs, sink.hops.size()), 1u)
+      << "only the finishing report with a sane stamp";
+  EXPECT_EQ(count(kLastReportWrittenToReadNs, sink.hops_before_completion[0]), 1u)
+      << "the tail was observed before its completion was written";
+  for (size_t i = before; i < sink.hops.size(); ++i)
+    if (sink.hops[i].first == kLastReportWrittenToReadNs) {
+      EXPECT_EQ(sink.hops[i].second, 3000u) << "the finishing report's own wait";
+    }
 }
 
 TEST_F(TaskTableTest, CompletionCarriesTheEarliestRanksFirstCopy) {
