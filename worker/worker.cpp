@@ -17,14 +17,15 @@
 #include "shm/barrier.h"
 #include "shm/counters.h"
 #include "shm/cpu_affinity.h"
+#include "shm/fault_point.h"
 #include "shm/liveness.h"
 #include "shm/process_logging.h"
 #include "worker/data_plane.h"
-#include "worker/transport_options.h"
 #include "worker/device_signal_watch.h"
 #include "worker/report_outbox.h"
 #include "worker/stall_watch.h"
 #include "worker/task_dispatch.h"
+#include "worker/transport_options.h"
 #include "worker/worker_counters.h"
 
 namespace kvrelay::worker {
@@ -325,11 +326,18 @@ class Worker {
 
   void report(uint64_t handle, ReportKind kind, uint64_t bytes, const std::string& message,
               uint64_t first_copy_ns = 0) {
+    // Mirrored before the report goes out: once it does, the request may
+    // complete, and an engine that reads the completion and then runs
+    // kvrelay-dump must find it counted here too (as the coordinator does).
+    mirror_counters();
     reports_.report(handle, kind, bytes, message, first_copy_ns);
+    if (kind == ReportKind::kFinished) KVRELAY_FAULT_POINT("worker.finished_reported");
   }
 
   void mirror_counters() {
-    if (!data_->serving()) return;  // nothing moves, and nothing is counted, without a pool
+    // Nothing moves, and nothing is counted, without a pool (or before the
+    // data plane exists: a report may come while it is being built).
+    if (!data_ || !data_->serving()) return;
     const SchedulerCounters& c = data_->scheduler().counters();
     CounterWriter mirror(counters_);
     auto set = [&](uint32_t id, uint64_t v) { mirror.set(id, v); };

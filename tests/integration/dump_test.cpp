@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -208,6 +209,51 @@ TEST_F(DumpTest, PeekDecodesACacheTaskWaitingInTheSubmitRing) {
   ASSERT_TRUE(env_->submit_dest("peek-me", r).ok());
   env_->prefill_step(1, {{3, 0, 20, Client::request_tag("peek-me")}}, 3);
   EXPECT_EQ(env_->wait_for("peek-me").status, CompletionStatus::kFinished);
+}
+
+// Whether `pid` is stopped (SIGSTOP), from /proc/PID/stat's state letter.
+bool is_stopped(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+}
+
+// An engine that reads a completion and then runs kvrelay-dump finds the
+// request counted by every rank, however late a rank's loop would have got
+// to its counters: here each worker is stopped the moment its finished
+// report is in the ring, so only what it mirrored before can be seen.
+TEST(DumpProcesses, AWorkersCountsAreMirroredBeforeItsReportCanFinishTheRequest) {
+  InstanceArgs a;
+  a.tp = 2;
+  a.layers = 3;
+  Placement where;
+  where.prefill_prefix = {"/usr/bin/env", "KVRELAY_FAULT=worker.finished_reported=stop"};
+  TwoInstances env("mirrored", a, where);
+  sim::RequestBlocks r{1, {0, 1}, {0, 1}};
+  env.fill(r);
+  ASSERT_TRUE(env.submit_task("counted", r, 2 * 16, 0).ok());
+  ASSERT_TRUE(env.submit_dest("counted", r).ok());
+  env.prefill_step(1, {{0, 0, 32, Client::request_tag("counted")}}, 3);
+  ASSERT_EQ(env.wait_for("counted").status, CompletionStatus::kFinished);
+  const nlohmann::json j = dump_json(env.prefill().name());
+  std::vector<pid_t> workers;
+  for (uint32_t rank = 0; rank < env.tp(); ++rank)
+    workers.push_back(static_cast<pid_t>(worker_pid(env.prefill().name(), rank)));
+  for (const pid_t pid : workers)
+    EXPECT_TRUE(is_stopped(pid)) << "worker " << pid << " is held just after its report";
+  ASSERT_TRUE(j.is_object());
+  ASSERT_EQ(j["workers"].size(), 2u);
+  const PoolGeometry& g = env.src_pool(0).geometry();
+  for (const auto& w : j["workers"]) {
+    EXPECT_EQ(w["counters"]["requests_finished"], 1) << w.dump();
+    EXPECT_EQ(w["counters"]["bytes_copied"],
+              2 /*blocks*/ * 3 /*layers*/ * 2 /*K,V*/ * g.block_bytes(PoolTensor::kKey));
+  }
+  for (const pid_t pid : workers)
+    kill(pid, SIGCONT);
+  env.stop_and_check_clean();
 }
 
 TEST(DumpProcesses, SegmentOfASigkilledCoordinatorShowsAsStale) {
