@@ -70,6 +70,13 @@ uint64_t IdleQueue::priority_raises() const {
   return priority_raises_;
 }
 
+int IdleQueue::thread_policy() {
+  std::lock_guard lock(m_);  // not between a job's end and the drop back
+  int policy = -1;
+  sched_param param{};
+  return pthread_getschedparam(thread_.native_handle(), &policy, &param) == 0 ? policy : -1;
+}
+
 void IdleQueue::raise_priority_locked() {
   if (!running_ || !idle_priority_ || raised_) return;
   sched_param none{};

@@ -63,6 +63,10 @@ class IdleQueue {
   bool idle_priority() const;
   // How often a waiter raised the thread's priority to finish a started job.
   uint64_t priority_raises() const;
+  // The thread's scheduling policy now (SCHED_IDLE between jobs where
+  // idle_priority(): a raised thread drops back before its job counts as
+  // done); -1 if it cannot be read.
+  int thread_policy();
 
  private:
   void run();
