@@ -14,8 +14,9 @@
 // Streaming stores are weakly ordered: whoever publishes the copy as done
 // must call streaming_copy_fence() first (copy_runs_host does).
 //
-// Elsewhere than x86-64, and under ASan or TSan (which check memcpy but not
-// these stores), it is memcpy.
+// The stores are AVX2's where the CPU has it (checked once, at the first
+// copy), SSE2's otherwise (every x86-64 has it). Elsewhere than x86-64, and
+// under ASan or TSan (which check memcpy but not these stores), it is memcpy.
 #pragma once
 
 #include <cstddef>
@@ -26,5 +27,15 @@ namespace kvrelay::kernels {
 void streaming_copy(std::byte* dst, const std::byte* src, size_t bytes);
 // Orders every streaming store before it ahead of every store after it.
 void streaming_copy_fence();
+
+// The kinds of stores, for tests and benchmarks that try each.
+enum class StreamingStores { kNone, kSse2, kAvx2 };
+// What streaming_copy() uses in this process.
+StreamingStores streaming_stores();
+// Whether this build and CPU can run `kind` (kNone, plain memcpy, always).
+bool streaming_stores_available(StreamingStores kind);
+// streaming_copy() with the given stores; `kind` must be available.
+void streaming_copy_with(StreamingStores kind, std::byte* dst, const std::byte* src, size_t bytes);
+const char* streaming_stores_name(StreamingStores kind);
 
 }  // namespace kvrelay::kernels

@@ -34,9 +34,11 @@
 
 #include "bench_support.h"
 #include "instance/pool_segment.h"
+#include "kernels/block_copy.h"
+#include "kernels/streaming_copy.h"
+#include "shm/command_line.h"
 #include "worker/copy_plan.h"
 #include "worker/ipc/ipc_transport.h"
-#include "shm/command_line.h"
 
 using namespace kvrelay;
 using namespace kvrelay::bench;
@@ -179,6 +181,9 @@ int main(int argc, char** argv) {
   KVRELAY_PARSE_COMMAND_LINE(app, argc, argv);
 
   print_header("Layer copy bandwidth (GB/s), worker path vs memcpy of the same bytes", "memcpy");
+  print_note(fmt::format("the worker path streams runs of >= {} bytes with {} stores",
+                         kernels::kStreamingRunBytes,
+                         kernels::streaming_stores_name(kernels::streaming_stores())));
   double worst = 1e9;
   for (uint64_t kib : {16, 64, 256, 1024}) {
     for (bool scattered : {false, true}) {
