@@ -26,6 +26,21 @@ inline constexpr uint64_t kStreamingRunBytes = 1024;
 void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<const CopyRun> runs,
                     bool stream = true);
 
+// One destination's runs out of a source both share.
+struct RunsBetween {
+  const std::byte* src_base;
+  std::byte* dst_base;
+  std::span<const CopyRun> runs;
+};
+// copy_runs_host for several destinations that read one source tensor (a
+// layer split by heads across decode ranks, or sent to each of them whole):
+// run i of every list in turn, then run i + 1. The lists are cut from the
+// same block runs in the same order, so this reads the source front to
+// back once instead of once per destination, skipping what the others take
+// (measured on an AMD host with 16 KiB slices: 15.0 GB/s against 10.1 for
+// one destination after the other, and the same as one long run).
+void copy_runs_host_interleaved(std::span<const RunsBetween> lists, bool stream = true);
+
 // Total bytes of a set of runs.
 uint64_t run_bytes(std::span<const CopyRun> runs);
 

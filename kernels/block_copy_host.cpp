@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/block_copy.h"
@@ -18,6 +19,26 @@ void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<co
   }
   // The caller reports the copy done next (a release store at most): it
   // must not become visible before the streamed bytes.
+  if (streamed) streaming_copy_fence();
+}
+
+void copy_runs_host_interleaved(std::span<const RunsBetween> lists, bool stream) {
+  bool streamed = false;
+  size_t longest = 0;
+  for (const RunsBetween& l : lists)
+    longest = std::max(longest, l.runs.size());
+  for (size_t i = 0; i < longest; ++i) {
+    for (const RunsBetween& l : lists) {
+      if (i >= l.runs.size()) continue;
+      const CopyRun& r = l.runs[i];
+      if (stream && r.bytes >= kStreamingRunBytes) {
+        streaming_copy(l.dst_base + r.dst_offset, l.src_base + r.src_offset, r.bytes);
+        streamed = true;
+      } else {
+        std::memcpy(l.dst_base + r.dst_offset, l.src_base + r.src_offset, r.bytes);
+      }
+    }
+  }
   if (streamed) streaming_copy_fence();
 }
 

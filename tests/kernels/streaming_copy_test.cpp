@@ -12,16 +12,12 @@
 #include <vector>
 
 #include "kernels/block_copy.h"
+#include "support/byte_pattern.h"
 
 namespace kvrelay::kernels {
 namespace {
 
-std::vector<std::byte> pattern(size_t n, uint8_t seed) {
-  std::vector<std::byte> v(n);
-  for (size_t i = 0; i < n; ++i)
-    v[i] = static_cast<std::byte>((i * 131 + seed) & 0xFF);
-  return v;
-}
+using testing::byte_pattern;
 
 std::vector<StreamingStores> available_kinds() {
   std::vector<StreamingStores> kinds;
@@ -36,7 +32,7 @@ TEST(StreamingCopy, EveryAlignmentAndLengthLandsExactlyAndTouchesNothingElse) {
   // Untouched bytes around every copy: two lines before, at least one after.
   constexpr size_t kBefore = 128;
   constexpr size_t kLongest = 700;
-  const std::vector<std::byte> src = pattern(1024, 7);
+  const std::vector<std::byte> src = byte_pattern(1024, 7);
   for (StreamingStores kind : available_kinds())
     for (size_t src_at = 0; src_at < 64; src_at += 5)
       for (size_t dst_at = 0; dst_at < 64; ++dst_at)
@@ -67,7 +63,7 @@ TEST(StreamingCopy, ThisProcessUsesTheWidestStoresItCanRun) {
     EXPECT_EQ(used, StreamingStores::kAvx2);
   }
   // streaming_copy() goes through it: a copy of a few lines lands.
-  const std::vector<std::byte> src = pattern(4096 + 17, 9);
+  const std::vector<std::byte> src = byte_pattern(4096 + 17, 9);
   std::vector<std::byte> dst(src.size() + 3, std::byte{0});
   streaming_copy(dst.data() + 3, src.data(), src.size());
   streaming_copy_fence();
@@ -77,7 +73,7 @@ TEST(StreamingCopy, ThisProcessUsesTheWidestStoresItCanRun) {
 TEST(StreamingCopy, RunsLongAndShortAllLand) {
   // A layer's worth of blocks: runs of 16 KiB and 1 MiB (streamed) beside
   // runs of a few head slices (memcpy), scattered over the destination.
-  const std::vector<std::byte> src = pattern(4 << 20, 3);
+  const std::vector<std::byte> src = byte_pattern(4 << 20, 3);
   std::vector<std::byte> dst(8 << 20, std::byte{0});
   const std::vector<CopyRun> runs = {{0, 5 << 20, 16 << 10},
                                      {16 << 10, 64, 1 << 20},
