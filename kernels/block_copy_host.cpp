@@ -8,18 +8,8 @@ namespace kvrelay::kernels {
 
 void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<const CopyRun> runs,
                     bool stream) {
-  bool streamed = false;
-  for (const CopyRun& r : runs) {
-    if (stream && r.bytes >= kStreamingRunBytes) {
-      streaming_copy(dst_base + r.dst_offset, src_base + r.src_offset, r.bytes);
-      streamed = true;
-    } else {
-      std::memcpy(dst_base + r.dst_offset, src_base + r.src_offset, r.bytes);
-    }
-  }
-  // The caller reports the copy done next (a release store at most): it
-  // must not become visible before the streamed bytes.
-  if (streamed) streaming_copy_fence();
+  const RunsBetween one{src_base, dst_base, runs};
+  copy_runs_host_interleaved(std::span<const RunsBetween>(&one, 1), stream);
 }
 
 void copy_runs_host_interleaved(std::span<const RunsBetween> lists, bool stream) {
@@ -39,6 +29,8 @@ void copy_runs_host_interleaved(std::span<const RunsBetween> lists, bool stream)
       }
     }
   }
+  // The caller reports the copy done next (a release store at most): it
+  // must not become visible before the streamed bytes.
   if (streamed) streaming_copy_fence();
 }
 
