@@ -77,22 +77,12 @@ bool cpu_has_avx2() {
 
 }  // namespace
 
-void streaming_copy(std::byte* dst, const std::byte* src, size_t bytes) {
-  streaming_copy_with(cpu_has_avx2() ? StreamingStores::kAvx2 : StreamingStores::kSse2, dst, src,
-                      bytes);
-}
-
 StreamingStores streaming_stores() {
   return cpu_has_avx2() ? StreamingStores::kAvx2 : StreamingStores::kSse2;
 }
 
 bool streaming_stores_available(StreamingStores kind) {
-  switch (kind) {
-    case StreamingStores::kNone:
-    case StreamingStores::kSse2: return true;
-    case StreamingStores::kAvx2: return cpu_has_avx2();
-  }
-  return false;
+  return kind != StreamingStores::kAvx2 || cpu_has_avx2();
 }
 
 void streaming_copy_with(StreamingStores kind, std::byte* dst, const std::byte* src, size_t bytes) {
@@ -109,10 +99,6 @@ void streaming_copy_fence() {
 
 #else
 
-void streaming_copy(std::byte* dst, const std::byte* src, size_t bytes) {
-  std::memcpy(dst, src, bytes);
-}
-
 StreamingStores streaming_stores() {
   return StreamingStores::kNone;
 }
@@ -128,6 +114,10 @@ void streaming_copy_with(StreamingStores, std::byte* dst, const std::byte* src, 
 void streaming_copy_fence() {}
 
 #endif
+
+void streaming_copy(std::byte* dst, const std::byte* src, size_t bytes) {
+  streaming_copy_with(streaming_stores(), dst, src, bytes);
+}
 
 const char* streaming_stores_name(StreamingStores kind) {
   switch (kind) {
