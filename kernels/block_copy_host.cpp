@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "kernels/block_copy.h"
+#include "kernels/run_order.h"
 #include "kernels/streaming_copy.h"
 
 namespace kvrelay::kernels {
@@ -13,11 +14,13 @@ void copy_runs_host(const std::byte* src_base, std::byte* dst_base, std::span<co
 }
 
 void copy_runs_host_interleaved(std::span<const RunsBetween> lists, bool stream) {
+  const std::span<const uint32_t> order = source_order(lists);
   bool streamed = false;
   size_t longest = 0;
   for (const RunsBetween& l : lists)
     longest = std::max(longest, l.runs.size());
-  for (size_t i = 0; i < longest; ++i) {
+  for (size_t step = 0; step < longest; ++step) {
+    const size_t i = order.empty() ? step : order[step];
     for (const RunsBetween& l : lists) {
       if (i >= l.runs.size()) continue;
       const CopyRun& r = l.runs[i];
