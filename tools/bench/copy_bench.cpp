@@ -221,14 +221,22 @@ int main(int argc, char** argv) {
   // apart. The same request (at most 32 MiB, a long prompt's layer)
   // picked from pools 4x and 20x its size.
   print_header("A request's share of its pools, 16 KiB blocks, scattered ids (GB/s)", "memcpy");
+  // The target holds here too: memcpy of the same bytes is the bound, though
+  // runs far apart cost a TLB miss and a prefetcher start each that it does
+  // not pay (README, row 4).
   const uint64_t request_mib = std::min<uint64_t>(layer_mib, 32);
+  double worst_share = 1e9;
   for (double coverage : {1.0, 0.25, 0.05}) {
     const Measured m = measure({16 * 1024, true, coverage}, request_mib << 20, trials);
-    print_row({fmt::format("{} MiB request, {:.0f}% of each pool", request_mib, coverage * 100),
-               "GB/s", m.ours, m.memcpy});
+    const Row row{fmt::format("{} MiB request, {:.0f}% of each pool", request_mib, coverage * 100),
+                  "GB/s", m.ours, m.memcpy};
+    print_row(row);
     record_point("kvrelay, scattered 16 KiB blocks", "% of the pool", coverage * 100, "GB/s",
                  m.ours, true);
+    worst_share = std::min(worst_share, row.ratio());
   }
+  print_target(">= 90% of memcpy, a request in a larger pool", worst_share >= 0.9,
+               fmt::format("worst case {:.0f}%", worst_share * 100));
 
   // What the streaming costs its reader: 16 KiB blocks with scattered ids
   // (a paged cache's layer), from a layer that stays in the cache after
