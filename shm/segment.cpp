@@ -126,6 +126,9 @@ Status SharedSegment::map(SegmentAccess access) {
     return from_boost(fmt::format("map /{}", name_), e);
   }
   guard_.handle = TruncationGuard::watch(region_.get_address(), region_.get_size());
+  // Before the first touch, so that pages the kernel gives huge are
+  // allocated huge (huge_pages.h: only where /dev/shm is mounted for it).
+  advise_huge_pages(region_.get_address(), region_.get_size());
   populate(access);
   if (truncated())
     return make_error(Errc::kSizeMismatch,

@@ -4,7 +4,8 @@
 // Rules (DESIGN.md section 3): creation is exclusive (O_EXCL); the mode is
 // 0600 unless group access is asked for explicitly; opening a segment owned
 // by another uid is refused before a single byte of it is read. Every page is
-// mapped when the segment is (see populate()): copies never fault.
+// mapped when the segment is (see populate()): copies never fault. Segments
+// of 2 MiB or more ask for huge pages (huge_pages.h).
 #pragma once
 
 #include <sys/types.h>
@@ -15,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "shm/huge_pages.h"
 #include "shm/result.h"
 #include "shm/truncation_guard.h"
 
@@ -54,6 +56,8 @@ class SharedSegment {
   // Whether another process truncated the segment under our mapping (the
   // mapping then reads zeros; see truncation_guard.h).
   bool truncated() const { return TruncationGuard::truncated(guard_.handle); }
+  // Bytes of this mapping on huge pages (0 where /dev/shm gives none).
+  uint64_t huge_page_bytes() const { return huge_page_mapped_bytes(data()); }
 
  private:
   SharedSegment() = default;

@@ -4,8 +4,32 @@
 #include <spdlog/spdlog.h>
 
 #include "instance/names.h"
+#include "shm/huge_pages.h"
 
 namespace kvrelay::worker {
+
+namespace {
+
+// Which pages back the pool, from the /dev/shm mount (huge_pages.h): one
+// line an operator can act on. The mount, not the mapping, is read: walking
+// a large pool's page tables through /proc/self/smaps would cost a start-up
+// second per few hundred GiB.
+void log_pool_pages(uint32_t rank, const char* kind, uint64_t bytes) {
+  if (bytes < kHugePageBytes) return;
+  const std::string huge = tmpfs_huge_option();
+  if (huge == "advise" || huge == "always" || huge == "within_size") {
+    spdlog::info("rank {}: {} pool on huge pages where the kernel has them (/dev/shm huge={})",
+                 rank, kind, huge);
+  } else {
+    spdlog::info(
+        "rank {}: {} pool on 4 KiB pages (/dev/shm huge={}); block copies ran 1.1-1.8x "
+        "faster on huge pages in kvrelay's benchmarks: mount /dev/shm with huge=advise "
+        "(docs/operating.md)",
+        rank, kind, huge.empty() ? "not a tmpfs" : huge);
+  }
+}
+
+}  // namespace
 
 Result<std::unique_ptr<LocalPool>> open_or_create_pool(const ControlSegment& control, uint32_t rank,
                                                        PoolTier tier) {
@@ -33,6 +57,7 @@ Result<std::unique_ptr<LocalPool>> open_or_create_pool(const ControlSegment& con
     if (!pool) return pool.error();
     spdlog::info("rank {}: created {} pool /{} ({} MiB)", rank, kind, name, pool->bytes() >> 20);
   }
+  log_pool_pages(rank, kind, pool->bytes());
   publish_pool(control, rank, tier, name, pool->bytes(), true);
   return std::unique_ptr<LocalPool>(std::make_unique<HostSegmentPool>(std::move(pool).value()));
 }
