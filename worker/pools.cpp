@@ -11,9 +11,9 @@ namespace kvrelay::worker {
 namespace {
 
 // Which pages back the pool, from the /dev/shm mount (huge_pages.h): one
-// line an operator can act on. The mount, not the mapping, is read: walking
-// a large pool's page tables through /proc/self/smaps would cost a start-up
-// second per few hundred GiB.
+// line an operator can act on. The mount, not the mapping, is read: the
+// mapping's figures (/proc/self/smaps) come from a walk of every page table
+// entry of a pool of many GiB, at every worker start.
 void log_pool_pages(uint32_t rank, const char* kind, uint64_t bytes) {
   if (bytes < kHugePageBytes) return;
   const std::string huge = tmpfs_huge_option();
