@@ -16,9 +16,10 @@
 //   a tenth or a twentieth                +0-1%       -13-+1%       -3-6%
 //
 // So runs are sorted only from a quarter of the span up. Any order copies
-// the same bytes: runs never overlap in the destination of a well-formed
-// request (a destination block named twice gets one of its sources, which
-// one unspecified, as over the network's lanes).
+// the same bytes: runs never overlap in the destination (the coordinator
+// refuses a request that names a destination block twice; a caller of the
+// kernels that does so gets one of the sources there, which one
+// unspecified, as over the network's lanes).
 #pragma once
 
 #include <cstddef>

@@ -129,7 +129,12 @@ Status SharedSegment::map(SegmentAccess access) {
   // Before the first touch, so that pages the kernel gives huge are
   // allocated huge (huge_pages.h: only where /dev/shm is mounted for it).
   advise_huge_pages(region_.get_address(), region_.get_size());
-  populate(access);
+  // Writers (a pool's worker, an instance's processes) copy into the
+  // segment: it is populated now. A read-only mapping is an observer's
+  // (kvrelay-dump, a creator checking a leftover segment) that reads a
+  // header or a ring: populating would walk, and for a segment its creator
+  // never filled allocate, every page of pools of many GiB.
+  if (access == SegmentAccess::kReadWrite) populate();
   if (truncated())
     return make_error(Errc::kSizeMismatch,
                       fmt::format("segment /{} was truncated while it was being mapped", name_));
@@ -142,22 +147,16 @@ Status SharedSegment::map(SegmentAccess access) {
 // hypervisor also maps pages lazily per process, behind the guest's page
 // tables, so MADV_POPULATE_WRITE alone still left 562 us: each page is also
 // touched once, by an atomic add of zero (a write access that cannot lose a
-// concurrent writer's data), or by a read on a read-only mapping.
-void SharedSegment::populate(SegmentAccess access) {
+// concurrent writer's data).
+void SharedSegment::populate() {
   auto* base = static_cast<std::byte*>(region_.get_address());
   const size_t size = region_.get_size();
 #ifdef MADV_POPULATE_WRITE
-  (void)madvise(base, size,
-                access == SegmentAccess::kReadOnly ? MADV_POPULATE_READ : MADV_POPULATE_WRITE);
+  (void)madvise(base, size, MADV_POPULATE_WRITE);
 #endif
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  if (access == SegmentAccess::kReadOnly) {
-    for (size_t off = 0; off < size; off += page)
-      (void)*reinterpret_cast<const volatile uint64_t*>(base + off);
-  } else {
-    for (size_t off = 0; off < size; off += page)
-      __atomic_fetch_add(reinterpret_cast<uint64_t*>(base + off), 0, __ATOMIC_RELAXED);
-  }
+  for (size_t off = 0; off < size; off += page)
+    __atomic_fetch_add(reinterpret_cast<uint64_t*>(base + off), 0, __ATOMIC_RELAXED);
 }
 
 Status SharedSegment::unlink(const std::string& name) {

@@ -3,9 +3,10 @@
 //
 // Rules (DESIGN.md section 3): creation is exclusive (O_EXCL); the mode is
 // 0600 unless group access is asked for explicitly; opening a segment owned
-// by another uid is refused before a single byte of it is read. Every page is
-// mapped when the segment is (see populate()): copies never fault. Segments
-// of 2 MiB or more ask for huge pages (huge_pages.h).
+// by another uid is refused before a single byte of it is read. Every page of
+// a read-write mapping is mapped when the segment is (see populate()): copies
+// never fault. A read-only mapping (an observer's) faults in what it reads.
+// Segments of 2 MiB or more ask for huge pages (huge_pages.h).
 #pragma once
 
 #include <sys/types.h>
@@ -62,7 +63,7 @@ class SharedSegment {
  private:
   SharedSegment() = default;
   Status map(SegmentAccess access);
-  void populate(SegmentAccess access);
+  void populate();
 
   // Unregisters the mapping before it is unmapped (it is declared after
   // region_, so it is destroyed first).
