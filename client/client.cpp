@@ -87,9 +87,15 @@ Result<Client> Client::attach(std::string_view instance, Deadline ready_by) {
   Result<MpscRing> submit = control->submit_ring();
   if (!submit) return submit.error();
   Result<MpscProducer> producer = submit->lease_producer();
-  if (!producer)
-    return make_error(producer.code(), fmt::format("instance '{}': cannot open a session: {}",
-                                                   instance, producer.error().message));
+  if (!producer) {
+    // Every slot taken: one per attached client, so say what frees one.
+    const char* remedy = producer.code() == Errc::kBusy
+                             ? " (each attached client holds one until it is destroyed or its "
+                               "process exits; kvrelay-dump lists the sessions)"
+                             : "";
+    return make_error(producer.code(), fmt::format("instance '{}': cannot open a session: {}{}",
+                                                   instance, producer.error().message, remedy));
+  }
   auto impl = std::make_unique<Impl>(std::move(control).value(), std::move(submit).value(),
                                      std::move(producer).value());
   const ControlSegment& c = impl->control;

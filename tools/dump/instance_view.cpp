@@ -8,6 +8,7 @@
 #include "schemas/records.h"
 #include "shm/barrier.h"
 #include "shm/liveness.h"
+#include "shm/mpsc_ring.h"
 
 namespace kvrelay::dump {
 
@@ -55,6 +56,15 @@ RingView view_mpsc(const std::string& name, const MpscRing& ring) {
     v.reader_pid = reader->pid;
     v.reader_session = reader->tag;
   }
+  v.producer_slots = kMpscProducerSlots;
+  for (uint32_t i = 0; i < kMpscProducerSlots; ++i) {
+    const MpscProducerSlot& s = h.producers[i];
+    // Judged by the slot's lock, as the ring itself does: a leaser that died
+    // without releasing is not counted.
+    if (ring.session_state(i, s.generation.load(std::memory_order_acquire)) ==
+        ProducerSession::kAlive)
+      v.producer_pids.push_back(s.pid.load(std::memory_order_relaxed));
+  }
   return v;
 }
 
@@ -96,6 +106,11 @@ void judge_health(InstanceView& v) {
   const double stall_limit = v.config.stall_timeout_ms;
   for (const RingView& r : v.rings) {
     if (r.state != "ok") v.problems.push_back(fmt::format("ring {}: {}", r.name, r.state));
+    if (r.name == "submit" && r.producer_slots != 0 && r.producer_pids.size() >= r.producer_slots)
+      v.problems.push_back(fmt::format(
+          "every engine session is taken ({} of {}): the next client cannot attach until one "
+          "detaches or its process exits",
+          r.producer_pids.size(), r.producer_slots));
     if (r.stalled_ms > stall_limit)
       v.problems.push_back(fmt::format(
           "ring {}: blocked for {:.0f} ms by an uncommitted record{}", r.name, r.stalled_ms,

@@ -84,6 +84,10 @@ struct RingView {
   // reader's pid and session; 0 when none holds it.
   uint32_t reader_pid = 0;
   uint32_t reader_session = 0;
+  // mpsc: the pid behind each producer slot held by a live process (on the
+  // submit ring, one per attached engine client), and how many slots there are.
+  std::vector<uint32_t> producer_pids;
+  uint32_t producer_slots = 0;
 };
 
 struct BarrierView {

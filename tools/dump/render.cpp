@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <initializer_list>
+#include <map>
 
 #include "instance/head_layout.h"
 
@@ -38,6 +39,8 @@ const char* const kColumnHelp = R"(Columns:
                 times its shared state was found overwritten by another process; the state column
                 says whether it is still unusable), parked (processes sleeping on the ring); the
                 completion ring names its one reader (pid and engine session) while it lives
+  sessions      engine clients attached now, of the most that may be (each holds one of the submit
+                ring's producer slots until it is destroyed or its process exits), and their processes
   barrier       generation (advances by 1 per round, completed or poisoned), parties,
                 arrived in the current round, rounds completed, rounds poisoned, waits that timed out
   woken         wake-up system calls (FUTEX_WAKE) made to wake the coordinator and each rank while
@@ -56,6 +59,20 @@ std::string bytes(uint64_t b) {
   if (b >= (1ULL << 20)) return fmt::format("{:.1f} MiB", b / 1048576.0);
   if (b >= (1ULL << 10)) return fmt::format("{:.1f} KiB", b / 1024.0);
   return fmt::format("{} B", b);
+}
+
+// The submit ring's live producers are the engine clients attached now: how
+// many of the slots they hold, and which processes (one pid may hold many).
+std::string engine_sessions_line(const RingView& submit) {
+  std::map<uint32_t, uint32_t> per_pid;
+  for (uint32_t pid : submit.producer_pids)
+    ++per_pid[pid];
+  std::string who;
+  for (const auto& [pid, n] : per_pid)
+    who += fmt::format("{}pid {}{}", who.empty() ? ": " : ", ", pid,
+                       n > 1 ? fmt::format(" (x{})", n) : std::string());
+  return fmt::format("\nsessions {} of {} engine sessions open{}\n", submit.producer_pids.size(),
+                     submit.producer_slots, who);
 }
 
 std::string quantity(uint64_t v, const std::string& unit) {
@@ -208,6 +225,8 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
                                                     r.reader_pid, r.reader_session)
                                       : std::string()));
   }
+  for (const RingView& r : v.rings)
+    if (r.name == "submit") out += engine_sessions_line(r);
   out += fmt::format(
       "\nbarrier  generation {}  parties {}  arrived {}  completed {}  poisoned {}  timeouts {}\n",
       v.barrier.generation, v.barrier.parties, v.barrier.arrived, v.barrier.rounds_completed,
@@ -326,6 +345,8 @@ nlohmann::json render_json(const InstanceView& v) {
                           {"stalled_ms", r.stalled_ms},
                           {"reader_pid", r.reader_pid},
                           {"reader_session", r.reader_session},
+                          {"producer_pids", r.producer_pids},
+                          {"producer_slots", r.producer_slots},
                           {"parked_waiters", r.parked_waiters}});
   j["barrier"] = {{"generation", v.barrier.generation},
                   {"parties", v.barrier.parties},
