@@ -10,7 +10,7 @@ seconds=${1:-1200}
 cmake --preset fuzz > /dev/null
 cmake --build --preset fuzz > /dev/null  # the preset builds the fuzzers only
 status=0
-for target in decode_validate ring_consumer segment_header tcp_wire ipc_landed rdma_endpoint; do
+for target in decode_validate ring_consumer segment_header tcp_wire handshake ipc_landed rdma_endpoint; do
   work=$(mktemp -d)
   echo "== ${target}_fuzzer, ${seconds} s"
   if ./build/fuzz/bin/${target}_fuzzer -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
