@@ -106,17 +106,18 @@ void judge_health(InstanceView& v) {
   const double stall_limit = v.config.stall_timeout_ms;
   for (const RingView& r : v.rings) {
     if (r.state != "ok") v.problems.push_back(fmt::format("ring {}: {}", r.name, r.state));
-    if (r.name == "submit" && r.producer_slots != 0 && r.producer_pids.size() >= r.producer_slots)
-      v.problems.push_back(fmt::format(
-          "every engine session is taken ({} of {}): the next client cannot attach until one "
-          "detaches or its process exits",
-          r.producer_pids.size(), r.producer_slots));
     if (r.stalled_ms > stall_limit)
       v.problems.push_back(fmt::format(
           "ring {}: blocked for {:.0f} ms by an uncommitted record{}", r.name, r.stalled_ms,
           r.stalled_by >= 0 ? fmt::format(" of live producer slot {} (stopped?)", r.stalled_by)
                             : ""));
   }
+  if (const RingView* submit = submit_ring_of(v);
+      submit != nullptr && submit->producer_pids.size() >= submit->producer_slots)
+    v.problems.push_back(fmt::format(
+        "every engine session is taken ({} of {}): the next client cannot attach until one "
+        "detaches or its process exits",
+        submit->producer_pids.size(), submit->producer_slots));
   v.health = v.problems.empty() ? "healthy" : "unhealthy";
 }
 
@@ -126,6 +127,12 @@ uint64_t CountersView::value(const std::string& label) const {
   for (const auto& [l, v] : counters)
     if (l == label) return v;
   return 0;
+}
+
+const RingView* submit_ring_of(const InstanceView& v) {
+  for (const RingView& r : v.rings)
+    if (r.name == "submit") return &r;
+  return nullptr;
 }
 
 CountersView view_counters(const CountersBlock& block) {

@@ -122,5 +122,8 @@ struct InstanceView {
 
 CountersView view_counters(const CountersBlock& block);
 InstanceView snapshot(const ControlSegment& control);
+// The instance's submit ring, whose live producers are its attached engine
+// clients (nullptr if the view has none).
+const RingView* submit_ring_of(const InstanceView& v);
 
 }  // namespace kvrelay::dump

@@ -155,14 +155,13 @@ std::string render_prometheus(const ControlSegment& control, const InstanceView&
   for (const RingView& r : v.rings)
     w.sample("kvrelay_ring_full_events_total", fmt::format("{},ring=\"{}\"", base, escape(r.name)),
              r.full_events);
-  for (const RingView& r : v.rings) {
-    if (r.name != "submit") continue;
+  if (const RingView* submit = submit_ring_of(v)) {
     w.family("kvrelay_engine_sessions", "gauge",
              "engine clients attached now (each holds one of the submit ring's producer slots)");
-    w.sample("kvrelay_engine_sessions", base, static_cast<uint64_t>(r.producer_pids.size()));
+    w.sample("kvrelay_engine_sessions", base, static_cast<uint64_t>(submit->producer_pids.size()));
     w.family("kvrelay_engine_session_slots", "gauge",
              "the most engine clients that may be attached at once");
-    w.sample("kvrelay_engine_session_slots", base, static_cast<uint64_t>(r.producer_slots));
+    w.sample("kvrelay_engine_session_slots", base, static_cast<uint64_t>(submit->producer_slots));
   }
 
   w.family("kvrelay_doorbell_wakes_total", "counter",

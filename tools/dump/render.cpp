@@ -225,8 +225,7 @@ std::string render_text(const InstanceView& v, const std::vector<double>* rates)
                                                     r.reader_pid, r.reader_session)
                                       : std::string()));
   }
-  for (const RingView& r : v.rings)
-    if (r.name == "submit") out += engine_sessions_line(r);
+  if (const RingView* submit = submit_ring_of(v)) out += engine_sessions_line(*submit);
   out += fmt::format(
       "\nbarrier  generation {}  parties {}  arrived {}  completed {}  poisoned {}  timeouts {}\n",
       v.barrier.generation, v.barrier.parties, v.barrier.arrived, v.barrier.rounds_completed,
