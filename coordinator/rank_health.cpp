@@ -91,6 +91,12 @@ void RankHealth::supervise(uint64_t now_ns) {
         }
         lost(e.rank, reason, now_ns);
       }
+      // Which workers got as far as ready: only starts that fail before it
+      // count towards giving a rank up.
+      for (uint32_t r = 0; r < tp_; ++r) {
+        const SlotSnapshot s = read_slot(control_.worker_slot(r));
+        if (s.state == SlotState::kReady) supervisor_->note_ready(r, s.owner.pid);
+      }
     }
     for (uint32_t rank : supervisor_->restart_due(now_ns)) {
       lost_[rank] = false;

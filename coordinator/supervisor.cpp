@@ -64,6 +64,7 @@ Status Supervisor::spawn(uint32_t rank) {
   r.pid = static_cast<uint32_t>(*pid);
   r.started_ns = mono_now_ns();
   r.restart_at_ns = 0;
+  r.ready = false;
   if (Status s = watcher_.watch(r.pid); !s) return s;
   spdlog::info("started rank {} worker, pid {}", rank, *pid);
   return {};
@@ -90,17 +91,18 @@ std::vector<WorkerExit> Supervisor::poll_exits(Deadline deadline) {
     if (!stopping_) {
       const bool short_run = now - r.started_ns <= ns_of(kHealthyRun);
       r.consecutive_failures = short_run ? r.consecutive_failures + 1 : 1;
+      r.failed_starts = r.ready ? 0 : r.failed_starts + 1;
       const bool same = exit.reason == r.last_failure;
       r.last_failure = exit.reason;
-      if (exit.exit_code == kWorkerExitRefused ||
-          (same && short_run && r.consecutive_failures >= kGiveUpAfter)) {
+      if (exit.exit_code == kWorkerExitRefused || (same && r.failed_starts >= kGiveUpAfter)) {
         r.gave_up = true;
         exit.gave_up = true;
         spdlog::error("rank {} worker (pid {}) {}; not restarting it{}", rank, e.pid, exit.reason,
                       exit.exit_code == kWorkerExitRefused
                           ? ": it cannot start here (see why above)"
-                          : fmt::format(": it failed the same way {} times in a row",
-                                        r.consecutive_failures));
+                          : fmt::format(": it failed the same way {} times in a row "
+                                        "before it was ready",
+                                        r.failed_starts));
       } else {
         const Nanos backoff = std::min(
             kMaxBackoff, kFirstBackoff * (1U << std::min(r.consecutive_failures - 1, 10U)));
@@ -130,6 +132,11 @@ std::vector<uint32_t> Supervisor::restart_due(uint64_t now_ns) {
     started.push_back(rank);
   }
   return started;
+}
+
+void Supervisor::note_ready(uint32_t rank, uint32_t pid) {
+  Rank& r = ranks_[rank];
+  if (r.pid == pid && pid != 0) r.ready = true;
 }
 
 uint64_t Supervisor::next_restart_ns() const {

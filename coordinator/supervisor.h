@@ -6,8 +6,12 @@
 //
 // A worker that cannot start for a reason a restart will not cure (exit code
 // kWorkerExitRefused: another user's segment, a rank already served by
-// another process), or that fails the same way at every start, is given up:
-// it stays down, and the instance says why.
+// another process), or that fails the same way at every start before it is
+// ready, is given up: it stays down, and the instance says why. A worker
+// that became ready and then died (an OOM kill, a crash while serving) is
+// restarted however often that happens, with the backoff growing to 5 s:
+// whatever killed it may pass, and a rank given up takes the whole instance
+// out of service until someone restarts it.
 #pragma once
 
 #include <sys/types.h>
@@ -40,8 +44,8 @@ class Supervisor {
   // `worker_args` are appended to every worker's command line.
   Supervisor(std::string worker_binary, std::string instance, uint32_t tp_size, std::string log_dir,
              std::string log_level, std::vector<std::string> worker_args = {});
-  // Consecutive identical failures, each within a short run, after which a
-  // worker is given up.
+  // Consecutive identical failures, each before the worker was ready, after
+  // which it is given up.
   static constexpr uint32_t kGiveUpAfter = 5;
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
@@ -53,6 +57,9 @@ class Supervisor {
   std::vector<WorkerExit> poll_exits(Deadline deadline);
   // Starts the ranks whose restart backoff has passed. Returns ranks started.
   std::vector<uint32_t> restart_due(uint64_t now_ns);
+  // The rank's current worker (`pid`) said it is ready: its start did not
+  // fail, whatever ends it later. A stale pid (an earlier worker) is ignored.
+  void note_ready(uint32_t rank, uint32_t pid);
   // The next time restart_due() has something to do (UINT64_MAX: nothing).
   uint64_t next_restart_ns() const;
   // Stops restarting; waits for the workers to exit until `deadline`, then
@@ -68,7 +75,9 @@ class Supervisor {
     uint64_t started_ns = 0;
     uint64_t restart_at_ns = 0;  // 0: not waiting for a restart
     uint32_t restarts = 0;
-    uint32_t consecutive_failures = 0;
+    uint32_t consecutive_failures = 0;  // each within a short run: the backoff grows
+    uint32_t failed_starts = 0;         // in a row, each ended before its worker was ready
+    bool ready = false;                 // the current worker said it is ready
     std::string last_failure;  // how it last ended, to see a worker fail the same way
     bool gave_up = false;
   };

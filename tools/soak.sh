@@ -4,8 +4,9 @@
 # and prints the tally: requests, kills, completions by status, requests
 # without exactly one completion (must be 0), hangs (must be 0) and byte
 # errors in finished requests (must be 0). It fails too when fewer than one
-# request in twenty finishes: kills so close together that no transfer
-# survives them verify nothing.
+# request in twenty finishes (kills so close together that no transfer
+# survives them verify nothing), and when a worker is not serving again
+# once the kills stop (a supervisor that gave a killed worker up).
 #
 #   tools/soak.sh [--build-dir DIR] [--prefill NAME] [--decode NAME] [REQUESTS] [KILL_MS]
 #
@@ -21,7 +22,7 @@ while [ $# -gt 0 ]; do
     --build-dir) build_dir=$2; shift 2 ;;
     --prefill) prefill=$2; shift 2 ;;
     --decode) decode=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     --*) echo "soak.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) break ;;
   esac

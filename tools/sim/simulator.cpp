@@ -1,6 +1,7 @@
 #include "simulator.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -170,6 +171,7 @@ class Simulation {
     report_.timed_out =
         !report_.aborted && (finished_count_ < o_.requests || arrived_count_ < expected_arrivals());
     report_.soak = o_.kill_every_ms != 0;
+    if (report_.soak) report_.ranks_not_back = ranks_not_back(prefill_instance);
     report_.min_finished = o_.min_finished;
     report_.expect_arrivals = o_.expect_arrivals;
     drain_completions(Deadline::after(200ms));  // an extra completion would show up here
@@ -252,6 +254,31 @@ class Simulation {
       trace(fmt::format("killed worker pid {} (rank {} of '{}')", s.owner.pid, rank, instance),
             "-");
     }
+  }
+
+  // After a soak: every worker of both instances must be serving again. A
+  // killed worker is restarted (its backoff is at most 5 s); one given up
+  // would leave its instance failing every request from then on, and the
+  // rest of the soak would have tested nothing but that. Waits up to 30 s
+  // (a sanitizer build's worker starts slowly).
+  std::vector<std::string> ranks_not_back(const std::string& prefill_instance) {
+    std::vector<std::string> missing;
+    const Deadline until = Deadline::after(30s);
+    const std::string* instances[] = {&prefill_instance, &decode_instance_};
+    for (const std::string* instance : instances) {
+      auto c = ControlSegment::attach(*instance, AttachOptions{.access = SegmentAccess::kReadOnly});
+      if (!c) {
+        missing.push_back(fmt::format("'{}' ({})", *instance, c.error().message));
+        continue;
+      }
+      for (uint32_t r = 0; r < c->config().tp_size; ++r) {
+        while (read_slot(c->worker_slot(r)).state != SlotState::kReady && !until.passed())
+          std::this_thread::sleep_for(10ms);
+        if (read_slot(c->worker_slot(r)).state != SlotState::kReady)
+          missing.push_back(fmt::format("rank {} of '{}'", r, *instance));
+      }
+    }
+    return missing;
   }
 
   // As an engine does when a decode instance joins: every rank maps the
@@ -847,9 +874,14 @@ std::string SimReport::summary() const {
     s += fmt::format(
         "soak tally        requests {}, kills {}, finished {}, errors {} ({} naming the "
         "killed rank), timeouts {}, without exactly one completion {}, hangs {}, byte "
-        "errors in finished requests {}\n",
+        "errors in finished requests {}, ranks not serving again after the kills {}\n",
         requests, kills, finished, failed - timeouts, failed_naming_a_rank, timeouts,
-        missing_or_extra, timed_out ? 1 : 0, wrong_words);
+        missing_or_extra, timed_out ? 1 : 0, wrong_words, ranks_not_back.size());
+  if (soak && !ranks_not_back.empty())
+    s += fmt::format(
+        "soak              FAILED: not serving again 30 s after the last kill: {} (its "
+        "supervisor gave it up: see its coordinator's log)\n",
+        fmt::join(ranks_not_back, ", "));
   if (soak && finished < min_finished)
     s += fmt::format(
         "soak              FAILED: {} finished, fewer than --min-finished {} ({})\n", finished,

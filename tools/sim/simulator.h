@@ -17,10 +17,10 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
-
-#include "shm/counters.h"
+#include <vector>
 
 #include "kvrelay/client.h"
+#include "shm/counters.h"
 
 namespace kvrelay::sim {
 
@@ -77,6 +77,9 @@ struct SimReport {
       0;  // errors that name the rank that failed (expected under kills)
   uint32_t timeouts = 0;
   uint32_t kills = 0;
+  // Soak: ranks (either instance) whose worker was not ready again once the
+  // kills stopped, each "rank R of 'instance'": the supervisor gave it up.
+  std::vector<std::string> ranks_not_back;
   uint32_t missing_or_extra = 0;  // requests without exactly one completion (each side)
   uint32_t arrived = 0;           // expect_arrivals: `arrived` completions that finished
   uint64_t bytes = 0;
@@ -125,7 +128,7 @@ struct SimReport {
     // Under kills, requests in flight on a killed rank fail, naming it.
     if (soak)
       return clean && failed == failed_naming_a_rank && finished + failed == requests &&
-             finished >= min_finished;
+             finished >= min_finished && ranks_not_back.empty();
     return clean && finished == requests && failed == 0 &&
            (!expect_arrivals || arrived == requests);
   }
