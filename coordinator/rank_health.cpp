@@ -4,8 +4,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
-#include <cstring>
-
+#include "instance/exit_reason.h"
 #include "shm/liveness.h"
 
 namespace kvrelay::coordinator {
@@ -67,16 +66,6 @@ bool RankHealth::wait_ready(Deadline until, const std::function<bool()>& stop,
   }
 }
 
-std::string RankHealth::exit_reason_of(uint32_t rank) const {
-  char buf[kExitReasonBytes];
-  std::memcpy(buf, control_.status().exit_reason[rank], sizeof(buf));
-  buf[sizeof(buf) - 1] = '\0';
-  std::string out;
-  for (const char* p = buf; *p != '\0'; ++p)
-    out.push_back(*p >= 0x20 && *p < 0x7f ? *p : '?');
-  return out;
-}
-
 void RankHealth::supervise(uint64_t now_ns) {
   if (supervisor_) {
     // At most every millisecond: the pidfd poll is a system call, which
@@ -86,9 +75,11 @@ void RankHealth::supervise(uint64_t now_ns) {
       for (const WorkerExit& e : supervisor_->poll_exits(Deadline::now())) {
         std::string reason = e.reason;
         if (e.exit_code > 0) {
-          const std::string why = exit_reason_of(e.rank);
+          const std::string why = read_exit_reason(control_.status(), e.rank);
           if (!why.empty()) reason += fmt::format(": {}", why);
         }
+        // For kvrelay-dump: the rank stays down, and this is why.
+        if (e.gave_up) write_exit_reason(control_.status(), e.rank, "not restarted: " + reason);
         lost(e.rank, reason, now_ns);
       }
       // Which workers got as far as ready: only starts that fail before it
@@ -100,7 +91,7 @@ void RankHealth::supervise(uint64_t now_ns) {
     }
     for (uint32_t rank : supervisor_->restart_due(now_ns)) {
       lost_[rank] = false;
-      std::memset(control_.status().exit_reason[rank], 0, kExitReasonBytes);
+      clear_exit_reason(control_.status(), rank);
       listener_.rank_up(rank);
     }
   } else if (now_ns >= next_external_check_) {

@@ -61,7 +61,6 @@ class RankHealth {
  private:
   void lost(uint32_t rank, const std::string& reason, uint64_t now_ns);
   void update_ready_flags();
-  std::string exit_reason_of(uint32_t rank) const;
 
   const ControlSegment& control_;
   const CoordinatorOptions& options_;

@@ -5,12 +5,12 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
-#include <cstring>
 #include <deque>
 #include <memory>
 #include <thread>
 
 #include "instance/control_segment.h"
+#include "instance/exit_reason.h"
 #include "instance/pool_segment.h"
 #include "schemas/codec.h"
 #include "schemas/records.h"
@@ -50,9 +50,7 @@ void on_stop_signal(int) {
 // Leaves why we give up where the coordinator reads it, then returns `code`.
 int give_up(const ControlSegment& control, uint32_t rank, int code, const std::string& why) {
   spdlog::error("rank {}: {}", rank, why);
-  char* slot = control.status().exit_reason[rank];
-  std::memset(slot, 0, kExitReasonBytes);
-  std::memcpy(slot, why.data(), std::min(why.size(), kExitReasonBytes - 1));
+  write_exit_reason(control.status(), rank, why);
   return code;
 }
 

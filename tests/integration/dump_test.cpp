@@ -2,6 +2,7 @@
 // segment, corrupted headers, and decoding a waiting CacheTask.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -397,6 +398,50 @@ TEST(DumpProcesses, AStalledRequestIsListedPerRankWithWhatItWaitsFor) {
   EXPECT_EQ(j["workers"][0]["stalled"], 0) << j.dump(2);
   EXPECT_EQ(j["workers"][1]["stalled"], 0);
   env.stop_and_check_clean();
+}
+
+// A rank its coordinator gave up says why in the dump: its worker, killed
+// while serving, is restarted, but every start after that fails the same way
+// before it is ready (a stand-in for the worker that runs the real one only
+// the first time), so the rank is given up and stays down.
+TEST(DumpProcesses, ARankGivenUpSaysWhyItIsDown) {
+  char dir[] = "/tmp/kvrelay-dump-gaveup-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string wrapper = std::string(dir) + "/worker";
+  const std::string marker = std::string(dir) + "/started";
+  std::ofstream(wrapper) << "#!/bin/sh\n"
+                         << "[ -e " << marker << " ] && exit 1\n"
+                         << "touch " << marker << "\n"
+                         << "exec " << Instance::bin("kvrelay-worker") << " \"$@\"\n";
+  ASSERT_EQ(chmod(wrapper.c_str(), 0700), 0);
+  InstanceArgs a;
+  a.instance = unique_instance("dump-gaveup");
+  a.extra = {"--worker-binary", wrapper};
+  auto inst = Instance::start(a);
+  const uint32_t pid = worker_pid(a.instance, 0);
+  ASSERT_NE(pid, 0u);
+  ASSERT_EQ(kill(static_cast<pid_t>(pid), SIGKILL), 0);
+  // Restarts after 100, 200, 400, 800 and 1600 ms; the fifth failed start
+  // gives it up.
+  nlohmann::json j;
+  const Deadline until = Deadline::after(20s);
+  do {
+    std::this_thread::sleep_for(200ms);
+    j = dump_json(a.instance);
+    ASSERT_FALSE(j.is_discarded());
+  } while (j["workers"][0]["exit_reason"].get<std::string>().empty() && !until.passed());
+  EXPECT_EQ(j["workers"][0]["exit_reason"], "not restarted: exit code 1") << j.dump(2);
+  EXPECT_FALSE(j["workers"][0]["ready"].get<bool>());
+  int code = -1;
+  const std::string text = kvrelay_dump({a.instance}, &code);
+  EXPECT_EQ(code, 3) << text;
+  EXPECT_NE(text.find("rank 0 is not ready, absent (not restarted: exit code 1)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(inst->stop(), 0);
+  unlink(marker.c_str());
+  unlink(wrapper.c_str());
+  rmdir(dir);
 }
 
 TEST(DumpProcesses, HelpExplainsEveryColumn) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "instance/control_layout.h"
+#include "instance/exit_reason.h"
 #include "instance/pool_segment.h"
 #include "instance/request_stalls.h"
 #include "schemas/records.h"
@@ -94,8 +95,9 @@ void judge_health(InstanceView& v) {
   if (v.state != "ready") v.problems.push_back(fmt::format("instance is {}", v.state));
   for (const WorkerView& w : v.workers) {
     if (!w.ready || w.process.health != "healthy")
-      v.problems.push_back(fmt::format("rank {} is {}{}", w.rank,
-                                       w.ready ? "ready but " : "not ready, ", w.process.health));
+      v.problems.push_back(fmt::format(
+          "rank {} is {}{}{}", w.rank, w.ready ? "ready but " : "not ready, ", w.process.health,
+          w.exit_reason.empty() ? "" : fmt::format(" ({})", w.exit_reason)));
   }
   for (const WorkerView& w : v.workers)
     if (w.stalled != 0)
@@ -170,6 +172,7 @@ InstanceView snapshot(const ControlSegment& control) {
     w.rank = r;
     w.process = view_process(control.worker_slot(r), c, control.rank_liveness(r));
     w.ready = control.status().ready_flags[r].load(std::memory_order_acquire) == 1;
+    w.exit_reason = read_exit_reason(control.status(), r);
     // The board before the counters: the worker mirrors its stalled count
     // before it publishes a listing (worker.cpp), so a listing read here
     // always finds its count among the counters read after it.

@@ -56,6 +56,10 @@ struct WorkerView {
   uint32_t rank = 0;
   ProcessView process;
   bool ready = false;  // the ready flag (the original's cache_ready_signal)
+  // Why its worker is down, while it is ("" when none was left): its own
+  // last words, or that its coordinator gave the rank up and will not
+  // restart it (instance/exit_reason.h).
+  std::string exit_reason;
   CountersView counters;
   std::vector<PoolEntryView> pools;
   uint64_t device_signal_word = 0;  // layers the engine's GPU stream has signalled
