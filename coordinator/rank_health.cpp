@@ -78,8 +78,11 @@ void RankHealth::supervise(uint64_t now_ns) {
           const std::string why = read_exit_reason(control_.status(), e.rank);
           if (!why.empty()) reason += fmt::format(": {}", why);
         }
-        // For kvrelay-dump: the rank stays down, and this is why.
-        if (e.gave_up) write_exit_reason(control_.status(), e.rank, "not restarted: " + reason);
+        // For kvrelay-dump, until the next start: why the rank is down, and
+        // whether it comes back.
+        write_exit_reason(
+            control_.status(), e.rank,
+            fmt::format("{}: {}", e.gave_up ? "not restarted" : "restarting after", reason));
         lost(e.rank, reason, now_ns);
       }
       // Which workers got as far as ready: only starts that fail before it

@@ -1,7 +1,9 @@
 // Why a rank's worker is down, kept in the instance for whoever looks
 // (kvrelay-dump, the coordinator's log): the worker writes why it gives up
-// just before it exits with an error, the coordinator adds that it will not
-// restart it when it gives the rank up, and a new worker's start clears it.
+// just before it exits with an error; its supervising coordinator reads that,
+// and writes back how the worker ended with whether it will be restarted
+// ("restarting after: ..." or "not restarted: ..."); a new worker's start
+// clears it.
 // NUL-terminated, at most kExitReasonBytes - 1 bytes; only printable ASCII is
 // read back (it comes from another process).
 #pragma once

@@ -33,8 +33,7 @@ struct alignas(64) InstanceStatus {
   WaitEvent worker_doorbell[kMaxTpSize];
   // 1 when rank r is lined up and serving: the original's cache_ready_signal.
   std::atomic<int32_t> ready_flags[kMaxTpSize];
-  // Why rank r's worker last gave up, written by that worker just before it
-  // exits with an error (NUL-terminated; the coordinator logs it with the exit).
+  // Why rank r's worker is down, while it is (instance/exit_reason.h).
   char exit_reason[kMaxTpSize][kExitReasonBytes];
   // Rank r's device signal word: layers the engine's GPU stream has signalled
   // (kernels/stream_signals.h), written by the GPU through a pinned mapping,

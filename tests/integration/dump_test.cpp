@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "instance/control_segment.h"
@@ -422,15 +423,19 @@ TEST(DumpProcesses, ARankGivenUpSaysWhyItIsDown) {
   ASSERT_NE(pid, 0u);
   ASSERT_EQ(kill(static_cast<pid_t>(pid), SIGKILL), 0);
   // Restarts after 100, 200, 400, 800 and 1600 ms; the fifth failed start
-  // gives it up.
+  // gives it up. Meanwhile the dump says it is coming back.
+  std::set<std::string> reasons;
   nlohmann::json j;
   const Deadline until = Deadline::after(20s);
   do {
-    std::this_thread::sleep_for(200ms);
+    std::this_thread::sleep_for(50ms);
     j = dump_json(a.instance);
     ASSERT_FALSE(j.is_discarded());
-  } while (j["workers"][0]["exit_reason"].get<std::string>().empty() && !until.passed());
+    reasons.insert(j["workers"][0]["exit_reason"].get<std::string>());
+  } while (!reasons.contains("not restarted: exit code 1") && !until.passed());
   EXPECT_EQ(j["workers"][0]["exit_reason"], "not restarted: exit code 1") << j.dump(2);
+  EXPECT_TRUE(reasons.contains("restarting after: exit code 1"))
+      << "the 800 and 1600 ms backoffs were not seen";
   EXPECT_FALSE(j["workers"][0]["ready"].get<bool>());
   int code = -1;
   const std::string text = kvrelay_dump({a.instance}, &code);

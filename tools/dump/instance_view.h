@@ -56,9 +56,9 @@ struct WorkerView {
   uint32_t rank = 0;
   ProcessView process;
   bool ready = false;  // the ready flag (the original's cache_ready_signal)
-  // Why its worker is down, while it is ("" when none was left): its own
-  // last words, or that its coordinator gave the rank up and will not
-  // restart it (instance/exit_reason.h).
+  // Why its worker is down, while it is ("" once a worker runs again):
+  // "restarting after: " or "not restarted: " (its coordinator gave the rank
+  // up), then how it ended and its own last words (instance/exit_reason.h).
   std::string exit_reason;
   CountersView counters;
   std::vector<PoolEntryView> pools;

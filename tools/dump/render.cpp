@@ -14,9 +14,9 @@ const char* const kColumnHelp = R"(Columns:
                 (initialising, ready, draining, dead); "STALE" when the coordinator that created the
                 segment is gone (then nothing is serving it)
   health        healthy, or unhealthy followed by every problem that stops requests from flowing:
-                a stale or silent coordinator, a rank not ready (with why its worker is down,
-                when it left a reason or was given up: "not restarted: ..."), a ring whose shared
-                state is corrupt, a ring blocked by a producer that stopped mid-record
+                a stale or silent coordinator, a rank not ready (with why its worker is down:
+                "restarting after: ..." or "not restarted: ..."), a ring whose shared state is
+                corrupt, a ring blocked by a producer that stopped mid-record
   coordinator   pid, slot state, health (healthy: heartbeat fresh; silent: heartbeat older than
                 peer_timeout_ms but the process exists; dead: the process is gone) and heartbeat age
   config        TP size, role, pool geometry (layers + extra layers, blocks, tokens per block, KV heads,
