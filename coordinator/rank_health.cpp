@@ -72,6 +72,14 @@ void RankHealth::supervise(uint64_t now_ns) {
     // costs ~10 us on the VMs we measure on, and a busy loop turns often.
     if (now_ns >= next_exit_poll_) {
       next_exit_poll_ = now_ns + ns_of(std::chrono::milliseconds(1));
+      // Which workers got as far as ready: only starts that fail before it
+      // count towards giving a rank up. Read before the exits, so that a
+      // worker that got ready and died since the last poll counts as ready
+      // (its slot still names it; the pid match keeps out earlier workers).
+      for (uint32_t r = 0; r < tp_; ++r) {
+        const SlotSnapshot s = read_slot(control_.worker_slot(r));
+        if (s.state == SlotState::kReady) supervisor_->note_ready(r, s.owner.pid);
+      }
       for (const WorkerExit& e : supervisor_->poll_exits(Deadline::now())) {
         std::string reason = e.reason;
         if (e.exit_code > 0) {
@@ -84,12 +92,6 @@ void RankHealth::supervise(uint64_t now_ns) {
             control_.status(), e.rank,
             fmt::format("{}: {}", e.gave_up ? "not restarted" : "restarting after", reason));
         lost(e.rank, reason, now_ns);
-      }
-      // Which workers got as far as ready: only starts that fail before it
-      // count towards giving a rank up.
-      for (uint32_t r = 0; r < tp_; ++r) {
-        const SlotSnapshot s = read_slot(control_.worker_slot(r));
-        if (s.state == SlotState::kReady) supervisor_->note_ready(r, s.owner.pid);
       }
     }
     for (uint32_t rank : supervisor_->restart_due(now_ns)) {

@@ -2,7 +2,8 @@
 // real child processes: a worker that fails the same way at every start
 // before it is ready is given up; one that became ready and was then killed
 // is restarted however often that happens (an OOM kill, a soak's SIGKILL),
-// and a ready run clears the count of failed starts before it.
+// and a ready run clears the count of failed starts before it (a note from
+// another pid does not).
 #include "coordinator/supervisor.h"
 
 #include <gtest/gtest.h>
@@ -125,9 +126,19 @@ TEST_F(SupervisorTest, AReadyRunClearsTheFailedStartsBeforeIt) {
   }
   ASSERT_FALSE(kill_worker(true));
   restarted();
-  // A ready note for a pid that is not the current worker's counts for nothing.
-  supervisor_->note_ready(0, supervisor_->pid_of(0) + 1);
   EXPECT_FALSE(kill_worker(false)) << "the ready run did not clear the count";
+}
+
+TEST_F(SupervisorTest, AReadyNoteForAnotherPidCountsForNothing) {
+  start(script("stale", "exec sleep 60"));
+  for (uint32_t i = 1; i < Supervisor::kGiveUpAfter; ++i) {
+    ASSERT_FALSE(kill_worker(false));
+    restarted();
+  }
+  // An earlier worker's slot may still say ready: that is not this start's.
+  supervisor_->note_ready(0, supervisor_->pid_of(0) + 1);
+  supervisor_->note_ready(0, 0);
+  EXPECT_TRUE(kill_worker(false)) << "a stale ready note cleared the failed starts";
 }
 
 }  // namespace
