@@ -30,6 +30,7 @@
 #include "shm/cpu_affinity.h"
 #include "shm/liveness.h"
 #include "shm/process_logging.h"
+#include "shm/scheduler_slice.h"
 
 namespace kvrelay::coordinator {
 
@@ -385,6 +386,25 @@ class Coordinator : public Sink, public RankHealth::Listener {
   HelloGate hello_gate_;
 };
 
+// Before any thread or worker starts: threads inherit the slice (the
+// workers put the kernel's default back, worker.cpp).
+void take_wake_slice(Nanos slice) {
+  if (slice.count() == 0) return;
+  Result<Nanos> got = set_scheduler_slice(slice);
+  if (!got) {
+    spdlog::info("scheduler slice left as it is: {}", got.error().message);
+  } else if (got->count() == 0) {
+    spdlog::info(
+        "this kernel keeps no scheduler slice per task (Linux 6.12+ does): "
+        "--wake-slice-us has no effect");
+  } else {
+    spdlog::info(
+        "scheduler slice {} us: a report or a request that wakes the coordinator "
+        "preempts a running copy",
+        std::chrono::duration_cast<std::chrono::microseconds>(*got).count());
+  }
+}
+
 }  // namespace
 
 int run_coordinator(const CoordinatorOptions& o) {
@@ -404,6 +424,7 @@ int run_coordinator(const CoordinatorOptions& o) {
   if (o.idle != IdleStrategy::kPark || !o.cpus.empty())
     spdlog::info("idle strategy {}{}", idle_strategy_name(o.idle),
                  o.cpus.empty() ? "" : fmt::format(", pinned to CPU {}", o.cpus[0]));
+  take_wake_slice(o.wake_slice);
 
   Result<ControlSegment> control =
       ControlSegment::create(o.config, SegmentOptions{.group_access = o.group_access});

@@ -235,6 +235,16 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
                  "pin the coordinator to the first CPU of this list and rank r's worker to "
                  "entry r + 1 (round robin), e.g. 2-5");
 
+  int64_t wake_slice_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(o.wake_slice).count();
+  app.add_option(
+         "--wake-slice-us", wake_slice_us,
+         "the coordinator's scheduler slice (Linux 6.12+, which clamps it to 100-100000 us; "
+         "0: the kernel's default): a short one lets it preempt the copies when a report "
+         "or a request wakes it; the workers keep the default")
+      ->check(CLI::Range(int64_t{0}, int64_t{100'000}))
+      ->capture_default_str();
+
   add_version_flag(app, "kvrelay-coordinator");
   try {
     app.parse(argc, argv);
@@ -248,6 +258,7 @@ Result<CoordinatorOptions> parse_options(int argc, char** argv) {
   }
 
   parse_idle_strategy(idle, o.idle);  // checked by CLI above
+  o.wake_slice = std::chrono::microseconds(wake_slice_us);
   if (!cpu_list.empty()) {
     Result<std::vector<int>> cpus = parse_cpu_list(cpu_list);
     if (!cpus) return cpus.error();

@@ -9,6 +9,7 @@
 
 #include "instance/instance_config.h"
 #include "shm/result.h"
+#include "shm/scheduler_slice.h"
 #include "shm/wait_event.h"
 
 namespace kvrelay::coordinator {
@@ -29,6 +30,9 @@ struct CoordinatorOptions {
   // --idle-strategy and --cpu-list (also passed to every worker it starts).
   IdleStrategy idle = IdleStrategy::kPark;
   std::vector<int> cpus;
+  // --wake-slice-us: the coordinator's scheduler slice (shm/scheduler_slice.h);
+  // zero leaves the kernel's default.
+  Nanos wake_slice = kCoordinatorSlice;
 };
 
 // Parses argv. On --help or a bad flag, returns an error whose message is

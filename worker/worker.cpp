@@ -20,6 +20,7 @@
 #include "shm/fault_point.h"
 #include "shm/liveness.h"
 #include "shm/process_logging.h"
+#include "shm/scheduler_slice.h"
 #include "worker/data_plane.h"
 #include "worker/device_signal_watch.h"
 #include "worker/report_outbox.h"
@@ -395,6 +396,11 @@ int run_worker(const WorkerOptions& o) {
     spdlog::error("rank {}: {}", o.rank, s.error().message);
     return 2;
   }
+  // A coordinator that started us passed on its short scheduler slice
+  // (shm/scheduler_slice.h): the copies take the kernel's default, so that
+  // the coordinator's wake-ups preempt them and not the other way round.
+  if (Result<Nanos> s = set_scheduler_slice(Nanos(0)); !s && s.code() != Errc::kUnsupported)
+    spdlog::warn("rank {}: {}", o.rank, s.error().message);
   // A tcp peer that goes away is an error on its connection, never a signal
   // that takes the worker down (sends use MSG_NOSIGNAL too).
   signal(SIGPIPE, SIG_IGN);

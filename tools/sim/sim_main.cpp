@@ -126,6 +126,10 @@ int main(int argc, char** argv) {
   app.add_option("--idle-strategy", idle_strategy,
                  "with --start: the instances' --idle-strategy (default: theirs, park)")
       ->check(CLI::IsMember({"park", "backoff", "spin"}));
+  std::string wake_slice_us;
+  app.add_option("--wake-slice-us", wake_slice_us,
+                 "with --start: the coordinators' --wake-slice-us (default: theirs, 100; 0: the "
+                 "kernel's default slice)");
   int64_t timeout_s = o.timeout.count();
   app.add_flag("--expect-arrivals", o.expect_arrivals,
                "the decode engine declares every request to its instance first (ExpectSpec) and "
@@ -222,6 +226,10 @@ int main(int argc, char** argv) {
   if (start && !idle_strategy.empty()) {
     for (auto* flags : {&decode_flags, &prefill_flags})
       flags->insert(flags->end(), {"--idle-strategy", idle_strategy});
+  }
+  if (start && !wake_slice_us.empty()) {
+    for (auto* flags : {&decode_flags, &prefill_flags})
+      flags->insert(flags->end(), {"--wake-slice-us", wake_slice_us});
   }
 
   sim::ManagedInstance decode_instance, prefill_instance;
