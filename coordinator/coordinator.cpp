@@ -387,10 +387,11 @@ class Coordinator : public Sink, public RankHealth::Listener {
 };
 
 // Before any thread or worker starts: threads inherit the slice (the
-// workers put the kernel's default back, worker.cpp).
+// workers put the kernel's default back, worker.cpp). Zero also puts the
+// default back, whatever slice the process that started us had.
 void take_wake_slice(Nanos slice) {
-  if (slice.count() == 0) return;
   Result<Nanos> got = set_scheduler_slice(slice);
+  if (slice.count() == 0 && got) return;
   if (!got) {
     spdlog::info("scheduler slice left as it is: {}", got.error().message);
   } else if (got->count() == 0) {

@@ -11,8 +11,8 @@
 // request, works for microseconds, and parks again, while the workers (and
 // the engine) copy and compute for hundreds. With the kernel's default
 // slice, a coordinator woken by a rank's finished report waited for a core
-// behind them: 130-200 us of a request's exposed transfer on 2 cores, where
-// the wake-up itself is 20-30 us (docs/latency.md).
+// behind them: it read the report 130-180 us after it was written on 2
+// cores, where the wake-up itself is 20-30 us (docs/latency.md).
 #pragma once
 
 #include <sys/types.h>

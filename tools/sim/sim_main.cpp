@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <map>
+#include <optional>
 
 #include "instances.h"
 #include "kvrelay/client.h"
@@ -126,10 +127,11 @@ int main(int argc, char** argv) {
   app.add_option("--idle-strategy", idle_strategy,
                  "with --start: the instances' --idle-strategy (default: theirs, park)")
       ->check(CLI::IsMember({"park", "backoff", "spin"}));
-  std::string wake_slice_us;
+  std::optional<int64_t> wake_slice_us;
   app.add_option("--wake-slice-us", wake_slice_us,
                  "with --start: the coordinators' --wake-slice-us (default: theirs, 100; 0: the "
-                 "kernel's default slice)");
+                 "kernel's default slice)")
+      ->check(CLI::Range(int64_t{0}, int64_t{100'000}));
   int64_t timeout_s = o.timeout.count();
   app.add_flag("--expect-arrivals", o.expect_arrivals,
                "the decode engine declares every request to its instance first (ExpectSpec) and "
@@ -227,9 +229,9 @@ int main(int argc, char** argv) {
     for (auto* flags : {&decode_flags, &prefill_flags})
       flags->insert(flags->end(), {"--idle-strategy", idle_strategy});
   }
-  if (start && !wake_slice_us.empty()) {
+  if (start && wake_slice_us) {
     for (auto* flags : {&decode_flags, &prefill_flags})
-      flags->insert(flags->end(), {"--wake-slice-us", wake_slice_us});
+      flags->insert(flags->end(), {"--wake-slice-us", std::to_string(*wake_slice_us)});
   }
 
   sim::ManagedInstance decode_instance, prefill_instance;
