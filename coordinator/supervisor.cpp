@@ -66,6 +66,14 @@ Status Supervisor::spawn(uint32_t rank) {
   r.restart_at_ns = 0;
   r.ready = false;
   if (Status s = watcher_.watch(r.pid); !s) return s;
+  if (!told_polling_ && !watcher_.polling_reason().empty()) {
+    told_polling_ = true;
+    spdlog::warn(
+        "{} (a seccomp filter without it, or a kernel before 5.3): watching the workers by "
+        "polling their exits every {} ms instead",
+        watcher_.polling_reason(),
+        std::chrono::duration_cast<std::chrono::milliseconds>(PidfdWatcher::kPollEvery).count());
+  }
   spdlog::info("started rank {} worker, pid {}", rank, *pid);
   return {};
 }

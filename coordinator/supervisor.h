@@ -90,6 +90,7 @@ class Supervisor {
   std::vector<std::string> worker_args_;
   std::vector<Rank> ranks_;
   PidfdWatcher watcher_;
+  bool told_polling_ = false;  // the watcher's fallback is logged once
   bool stopping_ = false;
 };
 

@@ -121,14 +121,43 @@ std::string PidfdWatcher::Exit::describe() const {
 
 PidfdWatcher::~PidfdWatcher() {
   for (const Entry& e : entries_)
-    close(e.fd);
+    if (e.fd >= 0) close(e.fd);
 }
 
 Status PidfdWatcher::watch(uint32_t pid) {
   const long fd = syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
-  if (fd < 0) return system_error(fmt::format("pidfd_open({})", pid), errno);
-  entries_.push_back(Entry{pid, static_cast<int>(fd)});
+  if (fd < 0) {
+    const int err = errno;
+    // A child that is not there cannot be watched either way; any other
+    // refusal (EPERM or ENOSYS from a filter or an old kernel, EMFILE) is
+    // answered by polling it.
+    if (err == ESRCH) return system_error(fmt::format("pidfd_open({})", pid), err);
+    if (polling_reason_.empty())
+      polling_reason_ = system_error(fmt::format("pidfd_open({})", pid), err).message;
+  }
+  entries_.push_back(Entry{pid, static_cast<int>(fd < 0 ? -1 : fd)});
   return {};
+}
+
+std::optional<PidfdWatcher::Exit> PidfdWatcher::reap(const Entry& e) const {
+  // By pid, not by pidfd: the child's pid is its own until it is reaped
+  // (P_PIDFD needs Linux 5.4, and a polled child has no pidfd).
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(e.pid), &info, WEXITED | WNOHANG) != 0) {
+    // Not our child, or reaped by somebody else: a readable pidfd, or a
+    // polled pid that is nobody's child any more, means it has gone. Its
+    // status cannot be known.
+    if (errno != ECHILD) return std::nullopt;
+    return Exit{e.pid, -1, 0};
+  }
+  if (info.si_pid == 0) return std::nullopt;  // still running (or not yet reapable)
+  Exit exit{e.pid, -1, 0};
+  if (info.si_code == CLD_EXITED) {
+    exit.exit_code = info.si_status;
+  } else if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) {
+    exit.signal = info.si_status;
+  }
+  return exit;
 }
 
 std::vector<PidfdWatcher::Exit> PidfdWatcher::wait(Deadline deadline) {
@@ -136,38 +165,31 @@ std::vector<PidfdWatcher::Exit> PidfdWatcher::wait(Deadline deadline) {
   if (entries_.empty()) return exits;
   std::vector<pollfd> fds;
   fds.reserve(entries_.size());
-  for (const Entry& e : entries_)
-    fds.push_back(pollfd{e.fd, POLLIN, 0});
-  for (;;) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining());
-    // Round up so that a sub-millisecond remainder still sleeps.
-    const int timeout = deadline.passed() ? 0 : static_cast<int>(ms.count()) + 1;
-    const int n = poll(fds.data(), fds.size(), timeout);
-    if (n >= 0) break;
-    if (errno != EINTR) return exits;
+  bool polled = false;
+  for (const Entry& e : entries_) {
+    fds.push_back(pollfd{e.fd, POLLIN, 0});  // poll() skips a negative fd
+    polled = polled || e.fd < 0;
   }
-  for (size_t i = 0; i < fds.size(); ++i) {
-    if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-    siginfo_t info{};
-    if (waitid(P_PIDFD, static_cast<id_t>(entries_[i].fd), &info, WEXITED | WNOHANG) != 0) {
-      if (errno != ECHILD) continue;  // not our child (cannot reap): still report the exit
-    } else if (info.si_pid == 0) {
-      continue;  // readable but not yet reapable: look again next time
+  for (;;) {
+    Nanos remaining = deadline.passed() ? Nanos(0) : deadline.remaining();
+    if (polled) remaining = std::min(remaining, kPollEvery);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(remaining);
+    // Round up so that a sub-millisecond remainder still sleeps.
+    const int timeout = remaining.count() == 0 ? 0 : static_cast<int>(ms.count()) + 1;
+    const int n = poll(fds.data(), fds.size(), timeout);
+    if (n < 0 && errno != EINTR) return exits;
+    for (size_t i = 0; n >= 0 && i < fds.size(); ++i) {
+      const bool readable = (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+      if (entries_[i].fd >= 0 && !readable) continue;
+      if (std::optional<Exit> exit = reap(entries_[i])) exits.push_back(*exit);
     }
-    Exit exit;
-    exit.pid = entries_[i].pid;
-    if (info.si_code == CLD_EXITED) {
-      exit.exit_code = info.si_status;
-    } else if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) {
-      exit.signal = info.si_status;
-    }
-    exits.push_back(exit);
+    if (!exits.empty() || deadline.passed() || (!polled && n >= 0)) break;
   }
   for (const Exit& x : exits) {
     auto it = std::find_if(entries_.begin(), entries_.end(),
                            [&](const Entry& e) { return e.pid == x.pid; });
     if (it != entries_.end()) {
-      close(it->fd);
+      if (it->fd >= 0) close(it->fd);
       entries_.erase(it);
     }
   }

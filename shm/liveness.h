@@ -109,6 +109,10 @@ class CachedPeerJudge {
 };
 
 // Watches child processes through pidfds. Not thread-safe; one owner.
+//
+// Where pidfd_open is refused (a container's seccomp profile that predates
+// it, a kernel before 5.3), a child is watched by polling instead: wait()
+// then looks at it with waitid() every kPollEvery. Nothing else changes.
 class PidfdWatcher {
  public:
   struct Exit {
@@ -117,6 +121,7 @@ class PidfdWatcher {
     int signal = 0;                // when killed by a signal
     std::string describe() const;  // "exit code 3" / "killed by SIGKILL"
   };
+  static constexpr Nanos kPollEvery = std::chrono::milliseconds(5);
 
   PidfdWatcher() = default;
   PidfdWatcher(const PidfdWatcher&) = delete;
@@ -129,13 +134,19 @@ class PidfdWatcher {
   // reaps every exited child and returns them (possibly none).
   std::vector<Exit> wait(Deadline deadline);
   size_t watched() const { return entries_.size(); }
+  // Why children are polled rather than watched through pidfds (the first
+  // refused pidfd_open); empty while every child has a pidfd.
+  const std::string& polling_reason() const { return polling_reason_; }
 
  private:
   struct Entry {
     uint32_t pid;
-    int fd;
+    int fd;  // -1: polled
   };
+  // Reaps `e` if it has exited (a readable pidfd, or a polled child).
+  std::optional<Exit> reap(const Entry& e) const;
   std::vector<Entry> entries_;
+  std::string polling_reason_;
 };
 
 }  // namespace kvrelay

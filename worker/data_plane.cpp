@@ -195,18 +195,20 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
     owned = std::move(pool).value();
   }
   // Watch the memory's owner: once it exits, nobody may hold its memory.
-  UniqueFd owner;
+  ProcessExitWatch owner;
   if (where != Location::HOST_SEGMENT && d.getOwnerPid() != 0) {
-    owner.reset(static_cast<int>(syscall(SYS_pidfd_open, d.getOwnerPid(), 0)));
-    if (!owner.valid() && errno == ESRCH) {
+    Result<ProcessExitWatch> watch = ProcessExitWatch::start(d.getOwnerPid());
+    if (!watch) {
       out.message =
           fmt::format("the process that allocated the pool (pid {}) has exited", d.getOwnerPid());
       return out;
     }
-    if (!owner.valid())
-      spdlog::warn("rank {}: cannot watch pid {}, the owner of its {} pool: {}", rank_,
-                   d.getOwnerPid(), tier == PoolTier::kHost ? "host" : "device",
-                   std::strerror(errno));
+    owner = std::move(watch).value();
+    if (!owner.polling_reason().empty())
+      spdlog::info(
+          "rank {}: {} (a seccomp filter without it, or a kernel before 5.3): watching pid {}, "
+          "the owner of its {} pool, through /proc instead",
+          rank_, owner.polling_reason(), owner.pid(), tier == PoolTier::kHost ? "host" : "device");
   }
   // A pool this worker created and the engine's now replaces is nobody's
   // any more: its name goes (the coordinator removes only the pools the
@@ -236,7 +238,6 @@ PoolRegistration DataPlane::register_pool(schema::PoolDescriptor::Reader d) {
   }
   const uint32_t t = static_cast<uint32_t>(tier);
   owner_[t] = std::move(owner);
-  owner_pid_[t] = owner_[t].valid() ? d.getOwnerPid() : 0;
   return serve(tier, std::move(owned));
 }
 
@@ -269,22 +270,19 @@ PoolRegistration DataPlane::release_orphaned_pools() {
   PoolRegistration out;
   for (PoolTier tier : {PoolTier::kDevice, PoolTier::kHost}) {
     const uint32_t t = static_cast<uint32_t>(tier);
-    if (!owner_[t].valid()) continue;
-    pollfd p{owner_[t].get(), POLLIN, 0};
-    if (poll(&p, 1, 0) <= 0) continue;  // the owner lives
+    if (!owner_[t].exited()) continue;  // the owner lives (or none is watched)
     if (busy()) continue;
     // --pool none: there is nothing of its own to fall back on.
     const bool none = tier == PoolTier::kDevice && control_.config().engine_pools != 0;
     spdlog::warn(
         "rank {}: pid {}, which registered its {} pool {}, exited: letting go of its "
         "memory and {}",
-        rank_, owner_pid_[t], tier == PoolTier::kHost ? "host" : "device",
+        rank_, owner_[t].pid(), tier == PoolTier::kHost ? "host" : "device",
         (tier == PoolTier::kHost ? host_pool_ : device_pool_)->name(),
         none ? "serving nothing until the engine registers another (--pool none)"
              : "serving a pool of its own");
-    const uint32_t exited = owner_pid_[t];
-    owner_[t].reset();
-    owner_pid_[t] = 0;
+    const uint32_t exited = owner_[t].pid();
+    owner_[t] = ProcessExitWatch();
     if (fd_server_) fd_server_->unpublish(tier);
     if (none) {
       stop_serving();

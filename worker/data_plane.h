@@ -29,6 +29,7 @@
 #include "instance/control_segment.h"
 #include "kernels/host_pinning.h"
 #include "schemas/kvrelay.capnp.h"
+#include "shm/process_exit_watch.h"
 #include "shm/wait_event.h"
 #include "worker/fd_socket_server.h"
 #include "worker/local_pool.h"
@@ -118,10 +119,9 @@ class DataPlane {
   PoolRegistration serve(PoolTier tier, std::unique_ptr<LocalPool> pool);
 
   std::unique_ptr<FdSocketServer> fd_server_;
-  // Per tier: the process that owns the engine-registered pool being served
-  // (a pidfd, readable once it exited), or none.
-  UniqueFd owner_[2];
-  uint32_t owner_pid_[2] = {0, 0};
+  // Per tier: the process that owns the engine-registered pool being served,
+  // or none.
+  ProcessExitWatch owner_[2];
   uint32_t exited_owner_pid_ = 0;  // --pool none: the exited owner of the pool let go of
   std::string no_fd_server_;  // why there is none
   std::unique_ptr<LocalPool> device_pool_;

@@ -399,8 +399,10 @@ int run_worker(const WorkerOptions& o) {
   // A coordinator that started us passed on its short scheduler slice
   // (shm/scheduler_slice.h): the copies take the kernel's default, so that
   // the coordinator's wake-ups preempt them and not the other way round.
+  // Refused (a seccomp filter), the coordinator could not take its slice
+  // either: ours is the default already, so this is no warning.
   if (Result<Nanos> s = set_scheduler_slice(Nanos(0)); !s && s.code() != Errc::kUnsupported)
-    spdlog::warn("rank {}: {}", o.rank, s.error().message);
+    spdlog::info("rank {}: scheduler slice left as it is: {}", o.rank, s.error().message);
   // A tcp peer that goes away is an error on its connection, never a signal
   // that takes the worker down (sends use MSG_NOSIGNAL too).
   signal(SIGPIPE, SIG_IGN);

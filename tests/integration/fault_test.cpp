@@ -48,11 +48,7 @@ class Faults : public ::testing::Test {
   // A request through all four layers on both ranks.
   void run_request(const std::string& id, const sim::RequestBlocks& r, uint64_t step,
                    uint32_t slot) {
-    env_->fill(r);
-    ASSERT_TRUE(env_->submit_task(id, r, r.src.size() * 16, slot).ok());
-    ASSERT_TRUE(env_->submit_dest(id, r).ok());
-    env_->prefill_step(
-        step, {{slot, 0, static_cast<uint32_t>(r.src.size() * 16), Client::request_tag(id)}}, 4);
+    env_->send_whole_request(id, r, step, slot, 4);
   }
   std::unique_ptr<TwoInstances> env_;
 };

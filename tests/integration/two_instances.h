@@ -141,6 +141,16 @@ class TwoInstances {
             engine().push_layer_done(rank, step, l, Deadline::after(std::chrono::seconds(5))).ok());
     }
   }
+  // A whole request of `block_tokens`-token blocks: its bytes, both halves,
+  // and one step of slot `slot` through every one of `layers`.
+  void send_whole_request(const std::string& id, const sim::RequestBlocks& r, uint64_t step,
+                          uint32_t slot, uint32_t layers, uint32_t block_tokens = 16) {
+    fill(r);
+    const auto tokens = static_cast<uint32_t>(r.src.size() * block_tokens);
+    ASSERT_TRUE(submit_task(id, r, tokens, slot).ok());
+    ASSERT_TRUE(submit_dest(id, r).ok());
+    prefill_step(step, {{slot, 0, tokens, Client::request_tag(id)}}, layers);
+  }
   // Waits for the completion of `id`, keeping others for later.
   Completion wait_for(const std::string& id,
                       std::chrono::milliseconds within = std::chrono::seconds(20)) {

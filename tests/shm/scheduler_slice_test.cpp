@@ -12,13 +12,10 @@ namespace kvrelay {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::fork_child;
-using testing::wait_child;
 
 // Runs `body` in a child; its return value is the child's exit code.
 int in_child(const std::function<int()>& body) {
-  const std::optional<testing::ChildExit> e = wait_child(fork_child(body), 30s);
-  return e && e->exited ? e->code : -1;
+  return testing::run_in_child(body);
 }
 
 // Whether this kernel keeps a slice per task (Linux 6.12+) and lets this

@@ -59,6 +59,11 @@ void kill_child(pid_t pid) {
   }
 }
 
+int run_in_child(const std::function<int()>& body, std::chrono::milliseconds timeout) {
+  const std::optional<ChildExit> e = wait_child(fork_child(body), timeout);
+  return e && e->exited ? e->code : -1;
+}
+
 std::string unique_instance(const std::string& suffix) {
   std::string name = "t" + std::to_string(getpid()) + "-";
   for (char c : suffix) {

@@ -29,6 +29,12 @@ std::optional<ChildExit> wait_child(pid_t pid, std::chrono::milliseconds timeout
 // Kills with SIGKILL and reaps.
 void kill_child(pid_t pid);
 
+// Runs `body` in a child and waits for it (up to `timeout`): its exit code,
+// or -1 when it did not exit normally in time. For cases that change the
+// process for good (a seccomp filter, a scheduler slice).
+int run_in_child(const std::function<int()>& body,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
 // "t<pid>-<suffix>": unique per test process, a valid instance name (other
 // characters become '_', long names keep their start and end).
 std::string unique_instance(const std::string& suffix);
