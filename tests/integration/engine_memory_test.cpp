@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "client/views.h"
+#include "integration/memfd_pool_spec.h"
 #include "integration/request_driver.h"
 #include "kernels/copy_engine.h"
 #include "support/memfd_pool.h"
@@ -34,26 +35,10 @@ EnginePool make_pool(const PoolGeometry& g, uint32_t rank, const std::string& na
   return p;
 }
 
-PoolSpec spec_of(const MemfdPool& pool, uint32_t rank) {
-  PoolSpec s;
-  s.rank = rank;
-  s.location = PoolLocation::kHostFd;
-  const std::vector<int> fds = pool.fds();
-  for (size_t m = 0; m < pool.memories(); ++m) {
-    PoolMemorySpec memory;
-    memory.bytes = pool.memory_bytes(m);
-    memory.fd = fds[m];
-    s.memories.push_back(memory);
-  }
-  const PoolGeometry& g = pool.geometry();
-  for (uint32_t t = 0; t < g.total_layers() * g.tensors_per_layer(); ++t)
-    s.tensors.push_back(TensorPlacement{pool.memory_of(t), pool.offset_of(t)});
-  return s;
-}
-
 void register_all(Client& engine, const std::vector<EnginePool>& pools) {
   for (uint32_t rank = 0; rank < pools.size(); ++rank) {
-    ASSERT_TRUE(engine.register_pool(spec_of(*pools[rank].memory, rank), Deadline::after(5s)));
+    ASSERT_TRUE(
+        engine.register_pool(memfd_pool_spec(*pools[rank].memory, rank), Deadline::after(5s)));
     Result<Completion> c = engine.wait(Deadline::after(20s));
     ASSERT_TRUE(c) << c.error().message;
     ASSERT_EQ(c->kind, CompletionKind::kRegisterPool);
@@ -180,7 +165,7 @@ TEST(EngineMemory, ARegistrationWhoseMemfdIsNotSealedFailsWithTheReasonAndTheRan
   const PoolGeometry g = env.decode().client().info().device_pool;
   MemfdPool unsealed(g, g.tensors_per_layer(), /*seal=*/false);
   Client& engine = env.decode().client();
-  ASSERT_TRUE(engine.register_pool(spec_of(unsealed, 1), Deadline::after(5s)));
+  ASSERT_TRUE(engine.register_pool(memfd_pool_spec(unsealed, 1), Deadline::after(5s)));
   Result<Completion> c = engine.wait(Deadline::after(20s));
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_EQ(c->kind, CompletionKind::kRegisterPool);
