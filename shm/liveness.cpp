@@ -172,15 +172,26 @@ std::vector<PidfdWatcher::Exit> PidfdWatcher::wait(Deadline deadline) {
   }
   for (;;) {
     Nanos remaining = deadline.passed() ? Nanos(0) : deadline.remaining();
-    if (polled) remaining = std::min(remaining, kPollEvery);
+    if (polled) {  // sleep no longer than until the polled children are due
+      const uint64_t now = mono_now_ns();
+      remaining = std::min(
+          remaining, Nanos(static_cast<int64_t>(next_look_ns_ > now ? next_look_ns_ - now : 0)));
+    }
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(remaining);
     // Round up so that a sub-millisecond remainder still sleeps.
     const int timeout = remaining.count() == 0 ? 0 : static_cast<int>(ms.count()) + 1;
     const int n = poll(fds.data(), fds.size(), timeout);
     if (n < 0 && errno != EINTR) return exits;
+    // A waitid per polled child costs as much as the one poll() for all
+    // pidfds: the polled ones are looked at every kPollEvery, however
+    // often the caller asks.
+    const uint64_t now = mono_now_ns();
+    const bool look = polled && now >= next_look_ns_;
+    if (look) next_look_ns_ = now + ns_of(kPollEvery);
     for (size_t i = 0; n >= 0 && i < fds.size(); ++i) {
-      const bool readable = (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
-      if (entries_[i].fd >= 0 && !readable) continue;
+      const bool due =
+          entries_[i].fd >= 0 ? (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0 : look;
+      if (!due) continue;
       if (std::optional<Exit> exit = reap(entries_[i])) exits.push_back(*exit);
     }
     if (!exits.empty() || deadline.passed() || (!polled && n >= 0)) break;

@@ -112,7 +112,8 @@ class CachedPeerJudge {
 //
 // Where pidfd_open is refused (a container's seccomp profile that predates
 // it, a kernel before 5.3), a child is watched by polling instead: wait()
-// then looks at it with waitid() every kPollEvery. Nothing else changes.
+// then looks at it with waitid() at most every kPollEvery, however often it
+// is called (and at least that often while it waits). Nothing else changes.
 class PidfdWatcher {
  public:
   struct Exit {
@@ -147,6 +148,7 @@ class PidfdWatcher {
   std::optional<Exit> reap(const Entry& e) const;
   std::vector<Entry> entries_;
   std::string polling_reason_;
+  uint64_t next_look_ns_ = 0;  // when the polled children are due again
 };
 
 }  // namespace kvrelay
